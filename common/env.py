@@ -1,0 +1,90 @@
+"""Where the code runs, read from Kaggle's own signals, and the environment block every entry point logs first.
+
+Signals (Kaggle/docker-python images):
+- KAGGLE_KERNEL_RUN_TYPE (Interactive | Batch) is set in every Kaggle kernel, notebook or script.
+- ISTPUVM=1, TPU_ACCELERATOR_TYPE (v3-8, v5litepod-8, ...) are set by the TPU VM image; /dev/accel* or /dev/vfio are
+  the TPU chips themselves.
+- TPU_NAME (a grpc:// address) is set on the old TPU Node, whose workers read data only from GCS.
+- /proc/driver/nvidia/gpus or /dev/nvidia0 exist on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import os
+import platform as _platform
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Platform:
+    kind: str  # local | kaggle-cpu | kaggle-gpu | kaggle-tpu-vm | kaggle-tpu-node
+    on_kaggle: bool
+    tpu_signals: tuple[str, ...]  # why we think TPU hardware is here (empty: none)
+
+    @property
+    def needs_gcs(self) -> bool:
+        """The old TPU Node reads input from GCS only; a TPU VM reads /kaggle/input directly."""
+        return self.kind == "kaggle-tpu-node"
+
+
+def tpu_hardware_signals(environ: Mapping[str, str] | None = None, dev: Path = Path("/dev")) -> tuple[str, ...]:
+    environ = os.environ if environ is None else environ
+    names = ("ISTPUVM", "TPU_ACCELERATOR_TYPE", "TPU_NAME")
+    signals = [f"{name}={environ[name]}" for name in names if environ.get(name)]
+    if dev.is_dir():
+        signals += [str(p) for p in sorted(dev.glob("accel*"))[:1]]
+    return tuple(signals)
+
+
+def _has_nvidia_gpu(proc: Path = Path("/proc/driver/nvidia/gpus"), dev: Path = Path("/dev/nvidia0")) -> bool:
+    return (proc.is_dir() and any(proc.iterdir())) or dev.exists()
+
+
+def detect_platform(environ: Mapping[str, str] | None = None, dev: Path = Path("/dev")) -> Platform:
+    environ = os.environ if environ is None else environ
+    on_kaggle = "KAGGLE_KERNEL_RUN_TYPE" in environ
+    tpu = tpu_hardware_signals(environ, dev)
+    if not on_kaggle:
+        kind = "local"
+    elif environ.get("ISTPUVM") == "1" or (tpu and not environ.get("TPU_NAME")):
+        kind = "kaggle-tpu-vm"
+    elif environ.get("TPU_NAME"):
+        kind = "kaggle-tpu-node"
+    elif _has_nvidia_gpu():
+        kind = "kaggle-gpu"
+    else:
+        kind = "kaggle-cpu"
+    return Platform(kind=kind, on_kaggle=on_kaggle, tpu_signals=tpu)
+
+
+def _version(module_name: str) -> str:
+    try:
+        module = __import__(module_name)
+    except ImportError:
+        return "not installed"
+    return getattr(module, "__version__", "unknown")
+
+
+def environment_report(strategy=None) -> str:
+    """The block logged at start: where, which versions, which devices, which strategy and how many replicas."""
+    import tensorflow as tf
+
+    where = detect_platform()
+    signals = f" (TPU signals: {', '.join(where.tpu_signals)})" if where.tpu_signals else ""
+    devices = ", ".join(f"{d.device_type}:{d.name.rsplit(':', 1)[-1]}" for d in tf.config.list_logical_devices())
+    keras_in_use = tf.keras.__name__.split(".")[0]
+    lines = [
+        "=== environment ===",
+        f"platform      {where.kind}{signals}",
+        f"python        {_platform.python_version()}",
+        f"tensorflow    {tf.__version__}",
+        f"keras         tf.keras is {keras_in_use} {_version('tf_keras')} (Keras 3: {_version('keras')})",
+        f"hub           {_version('tensorflow_hub')}",
+        f"devices       {devices}",
+    ]
+    if strategy is not None:
+        lines.append(f"strategy      {type(strategy).__name__}")
+        lines.append(f"replicas      {strategy.num_replicas_in_sync}")
+    return "\n".join(lines)

@@ -1,0 +1,103 @@
+"""Hardware is decided here, once: a tf.distribute strategy, the global batch, the learning-rate scaling rule.
+
+    strategy = get_strategy(cfg.runtime.strategy, cfg.runtime.tpu_address)
+    batch = global_batch_size(cfg.train.batch_size_per_replica, strategy.num_replicas_in_sync)
+    lr = scaled_learning_rate(cfg.train.learning_rate, batch, cfg.train.lr_reference_batch)
+
+`auto` picks a TPU when TPU hardware is present, else MirroredStrategy over several GPUs (or several logical CPUs,
+see split_cpu), else the default strategy. There is no silent fallback: TPU hardware that TensorFlow cannot see, or a
+forced `tpu` without a TPU, is an error that says what to do.
+"""
+
+from __future__ import annotations
+
+import os
+
+import tensorflow as tf
+
+from common.env import tpu_hardware_signals
+from common.errors import StrategyError
+
+# The Kaggle TPU image installs tensorflow-cpu since Sep 2025; a TPU build has to be installed in the kernel.
+TPU_NOT_VISIBLE_FIX = (
+    "Fix: install a TPU build of TensorFlow matching this version before anything imports tensorflow, e.g. "
+    "`pip install tensorflow-tpu=={version} -f https://storage.googleapis.com/libtpu-tf-releases/index.html` "
+    "in the kernel's first cell, then restart it; or pin the kernel to an environment whose TensorFlow sees the "
+    "TPU. To train on the CPU on purpose, set runtime.strategy=default."
+)
+
+
+def split_cpu(n_devices: int) -> None:
+    """Split the host CPU into n logical devices, so MirroredStrategy has n replicas without a GPU.
+
+    Must run before TensorFlow runs its first op (the device list is fixed then)."""
+    if n_devices <= 1:
+        return
+    cpus = tf.config.list_physical_devices("CPU")
+    current = tf.config.get_logical_device_configuration(cpus[0])
+    if current is not None and len(current) == n_devices:
+        return
+    try:
+        tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration()] * n_devices)
+    except RuntimeError as err:
+        raise StrategyError(
+            f"runtime.cpu_devices={n_devices} must be applied before TensorFlow runs any op; "
+            "call split_cpu() first thing in the entry point") from err
+
+
+def _connect_tpu(address: str) -> tf.distribute.TPUStrategy:
+    # "local" = the TPU is attached to this VM; None = the resolver reads $TPU_NAME (TPU Node).
+    resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=address or None)
+    tf.config.experimental_connect_to_cluster(resolver)
+    tf.tpu.experimental.initialize_tpu_system(resolver)
+    if not tf.config.list_logical_devices("TPU"):
+        raise StrategyError("the TPU system initialised but TensorFlow lists no TPU device")
+    return tf.distribute.TPUStrategy(resolver)
+
+
+def _tpu_strategy(address: str, signals: tuple[str, ...]) -> tf.distribute.TPUStrategy:
+    if not address:
+        address = "local" if os.environ.get("ISTPUVM") == "1" or not os.environ.get("TPU_NAME") else ""
+    try:
+        return _connect_tpu(address)
+    except Exception as err:  # re-raised below with the fix; never swallowed
+        if signals:
+            raise StrategyError(
+                f"TPU hardware is present ({', '.join(signals)}) but TensorFlow {tf.__version__} sees no TPU: "
+                f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}. "
+                + TPU_NOT_VISIBLE_FIX.format(version=tf.__version__)) from err
+        raise StrategyError(f"runtime.strategy=tpu but no TPU answered at {address or '$TPU_NAME'!r}: {err}") from err
+
+
+def get_strategy(kind: str = "auto", tpu_address: str = "") -> tf.distribute.Strategy:
+    """The one place that looks at the hardware. kind: auto | tpu | mirrored | default."""
+    signals = tpu_hardware_signals()
+    if kind == "tpu" or (kind == "auto" and signals):
+        if not signals and not tpu_address:
+            raise StrategyError(
+                "runtime.strategy=tpu but this machine has no TPU (no ISTPUVM, TPU_ACCELERATOR_TYPE, TPU_NAME or "
+                "/dev/accel*). Fix: run on a TPU kernel (machine_shape TpuV5E8), set runtime.tpu_address, or set "
+                "runtime.strategy=auto")
+        return _tpu_strategy(tpu_address, signals)
+    if kind not in ("auto", "mirrored", "default"):
+        raise StrategyError(f"runtime.strategy={kind!r} is not one of auto, tpu, mirrored, default")
+    if kind == "default":
+        return tf.distribute.get_strategy()
+    gpus = tf.config.list_logical_devices("GPU")
+    devices = gpus if gpus else tf.config.list_logical_devices("CPU")
+    if kind == "mirrored" or len(devices) > 1:
+        # Collective all-reduce over NCCL is GPU-only; on logical CPU devices use the portable reduction.
+        cross = None if gpus else tf.distribute.ReductionToOneDevice()
+        return tf.distribute.MirroredStrategy([d.name for d in devices], cross_device_ops=cross)
+    return tf.distribute.get_strategy()
+
+
+def global_batch_size(per_replica: int, replicas: int) -> int:
+    if per_replica < 1:
+        raise StrategyError(f"train.batch_size_per_replica must be >= 1, got {per_replica}")
+    return per_replica * replicas
+
+
+def scaled_learning_rate(base_lr: float, global_batch: int, reference_batch: int = 256) -> float:
+    """Linear scaling rule (Goyal et al. 2017): base_lr is right for reference_batch; scale with the global batch."""
+    return base_lr * global_batch / reference_batch

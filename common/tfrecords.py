@@ -1,0 +1,343 @@
+"""TFRecords for TPU input: the record schema, the manifest, and the conversion of a Kaggle-style competition.
+
+    manifest = convert_competition("data/demo", "data/demo-tfrec", cfg.data)   # what `tpu2gpu tfrecords` runs
+    train_files, val_files = split_files(read_manifest("data/demo-tfrec"), "data/demo-tfrec", fold=0)
+
+A competition folder holds a CSV of ids and labels, a folder of JPEG/PNG images and a test folder (ids from
+sample_submission.csv when there is one). Labelled rows are split into stratified K folds (or one hold-out split) with
+scikit-learn, shuffled, and written as shards named `<split>-<index>-n<count>.tfrec`, sized by the Kaggle guidance
+(10-100 files of 10-100 MB). Everything is checked and written into a hidden temporary folder that is renamed into
+place at the end, with manifest.json (class names, counts, shards, schema) written last: a folder with a manifest is
+complete, and a failed conversion leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import sys
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from common.atomic import staged_dir
+from common.errors import DataError
+
+MANIFEST_NAME = "manifest.json"
+MANIFEST_FORMAT = "tpu2gpu-tfrecords/1"
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+MB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class RecordSchema:
+    """Feature names inside each tf.train.Example. Kaggle's Flowers records: RecordSchema('image', 'class', 'id')."""
+
+    image: str = "image"
+    label: str = "label"
+    id: str = "id"
+
+
+def schema_from_config(data_cfg) -> RecordSchema:
+    return RecordSchema(data_cfg.image_feature, data_cfg.label_feature, data_cfg.id_feature)
+
+
+# ---------------------------------------------------------------------------------------------------------- records
+def serialize_example(image_bytes: bytes, record_id: str, label: int | None, schema: RecordSchema) -> bytes:
+    import tensorflow as tf
+
+    feature = {
+        schema.image: tf.train.Feature(bytes_list=tf.train.BytesList(value=[image_bytes])),
+        schema.id: tf.train.Feature(bytes_list=tf.train.BytesList(value=[record_id.encode()])),
+    }
+    if label is not None:
+        feature[schema.label] = tf.train.Feature(int64_list=tf.train.Int64List(value=[label]))
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+
+# --------------------------------------------------------------------------------------------------------- manifest
+def read_manifest(tfrecord_dir: str | Path) -> dict:
+    path = Path(tfrecord_dir) / MANIFEST_NAME
+    if not path.is_file():
+        raise DataError(f"{tfrecord_dir} has no {MANIFEST_NAME}: it is not a complete tpu2gpu conversion. Fix: run "
+                        "`tpu2gpu tfrecords` again, or for other TFRecords set data.class_names and the feature names")
+    manifest = json.loads(path.read_text())
+    if manifest.get("format") != MANIFEST_FORMAT or not manifest.get("complete"):
+        raise DataError(f"{path} is not a complete {MANIFEST_FORMAT} manifest")
+    return manifest
+
+
+def split_names(manifest: dict) -> list[str]:
+    return [name for name in manifest["splits"] if name != "test"]
+
+
+def split_files(manifest: dict, tfrecord_dir: str, fold: int) -> tuple[list[str], list[str]]:
+    """(train files, validation files) for one fold; a hold-out conversion has one 'fold', 0."""
+    split = manifest["split"]
+    if split["kind"] == "kfold":
+        if not 0 <= fold < split["folds"]:
+            raise DataError(f"train.fold={fold} but the records have {split['folds']} folds (0..{split['folds'] - 1})")
+        val_names = [f"fold{fold}"]
+    else:
+        if fold != 0:
+            raise DataError(f"train.fold={fold} but the records have one hold-out split; use train.fold=0")
+        val_names = ["valid"]
+    train_names = [n for n in split_names(manifest) if n not in val_names]
+    return shard_paths(manifest, tfrecord_dir, train_names), shard_paths(manifest, tfrecord_dir, val_names)
+
+
+def shard_paths(manifest: dict, tfrecord_dir: str, names: Iterable[str]) -> list[str]:
+    root = str(tfrecord_dir).rstrip("/")
+    return [f"{root}/{shard['file']}" for name in names for shard in manifest["splits"][name]["shards"]]
+
+
+# ------------------------------------------------------------------------------------------------ competition input
+@dataclass(frozen=True)
+class Sample:
+    id: str
+    path: Path
+    source: str  # "train.csv line 7" -- named in every error about this sample
+    label: int | None = None
+
+
+def read_csv_columns(csv_path: Path, columns: Sequence[str]) -> list[tuple[int, dict]]:
+    """Rows of a CSV as (line number, row); a missing column is an error listing the columns there are."""
+    if not csv_path.is_file():
+        raise DataError(f"{csv_path} does not exist. Fix: set data.train_csv / data.test_csv or the competition folder")
+    with csv_path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        header = reader.fieldnames or []
+        for column in columns:
+            if column not in header:
+                key = "data.id_column" if column == columns[0] else "data.label_column"
+                raise DataError(f"{csv_path.name} has no column '{column}' (columns: {', '.join(header)}). "
+                                f"Fix: --set {key}=<one of those>")
+        rows = [(line, row) for line, row in enumerate(reader, start=2)]
+    if not rows:
+        raise DataError(f"{csv_path} has a header but no rows")
+    return rows
+
+
+def index_images(image_dir: Path) -> dict[str, Path]:
+    """file name and stem -> path, for the images directly inside image_dir."""
+    if not image_dir.is_dir():
+        raise DataError(f"image folder {image_dir} does not exist. Fix: set data.train_images / data.test_images")
+    index: dict[str, Path] = {}
+    for path in sorted(image_dir.iterdir()):
+        if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file():
+            index.setdefault(path.name, path)
+            index.setdefault(path.stem, path)
+    if not index:
+        raise DataError(f"image folder {image_dir} holds no {'/'.join(IMAGE_SUFFIXES)} images")
+    return index
+
+
+def _find_image(index: dict[str, Path], image_dir: Path, sample_id: str, source: str) -> Path:
+    if sample_id in index:
+        return index[sample_id]
+    raise DataError(f"{source} (id '{sample_id}'): no image {sample_id}[{'|'.join(IMAGE_SUFFIXES)}] in {image_dir}. "
+                    "Fix: add the image, drop the row, or check data.id_column")
+
+
+def class_names_of(raw_labels: Sequence[str]) -> tuple[list[str], str]:
+    """Stable class order: integer labels numerically (so label k keeps index k when labels are 0..K-1), else
+    strings alphabetically. Returns (names, 'int' | 'str')."""
+    unique = set(raw_labels)
+    try:
+        return [str(v) for v in sorted({int(v) for v in unique})], "int"
+    except ValueError:
+        return sorted(unique), "str"
+
+
+def read_train_samples(comp_dir: Path, data_cfg) -> tuple[list[Sample], list[str], str]:
+    csv_path = comp_dir / data_cfg.train_csv
+    rows = read_csv_columns(csv_path, [data_cfg.id_column, data_cfg.label_column])
+    image_dir = comp_dir / data_cfg.train_images
+    index = index_images(image_dir)
+    raw = []
+    for line, row in rows:
+        value = (row[data_cfg.label_column] or "").strip()
+        if not value:
+            raise DataError(f"{csv_path.name} line {line} (id '{row[data_cfg.id_column]}'): empty label in column "
+                            f"'{data_cfg.label_column}'")
+        raw.append(value)
+    names, label_type = class_names_of(raw)
+    to_index = {name: i for i, name in enumerate(names)}
+    samples = []
+    seen: dict[str, int] = {}
+    for (line, row), value in zip(rows, raw, strict=True):
+        sample_id = row[data_cfg.id_column].strip()
+        source = f"{csv_path.name} line {line}"
+        if sample_id in seen:
+            raise DataError(f"{source}: id '{sample_id}' already appears on line {seen[sample_id]}")
+        seen[sample_id] = line
+        key = str(int(value)) if label_type == "int" else value
+        samples.append(Sample(sample_id, _find_image(index, image_dir, sample_id, source), source, to_index[key]))
+    return samples, names, label_type
+
+
+def read_test_samples(comp_dir: Path, data_cfg) -> list[Sample]:
+    """Test ids in the order of sample_submission.csv when it exists, else the sorted test folder."""
+    image_dir = comp_dir / data_cfg.test_images
+    if not image_dir.is_dir():
+        return []
+    index = index_images(image_dir)
+    csv_path = comp_dir / data_cfg.test_csv
+    if csv_path.is_file():
+        rows = read_csv_columns(csv_path, [data_cfg.id_column])
+        ids = [(row[data_cfg.id_column].strip(), f"{csv_path.name} line {line}") for line, row in rows]
+    else:
+        ids = sorted({(p.stem, f"{image_dir.name}/{p.name}") for p in index.values()})
+    return [Sample(i, _find_image(index, image_dir, i, source), source) for i, source in ids]
+
+
+def assign_splits(labels: Sequence[int], folds: int, val_fraction: float, seed: int) -> tuple[list[str], dict]:
+    """A split name per sample ('fold0'..'foldK-1', or 'train' / 'valid'), stratified by label with scikit-learn."""
+    from sklearn.model_selection import StratifiedKFold, train_test_split
+
+    labels = np.asarray(labels)
+    smallest = int(np.bincount(labels).min())
+    if folds >= 2:
+        if smallest < folds:
+            raise DataError(f"data.folds={folds} but the rarest class has {smallest} samples; every fold needs one. "
+                            f"Fix: --set data.folds={max(2, smallest)} or data.folds=0 (hold-out split)")
+        names = np.empty(len(labels), dtype=object)
+        splitter = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
+        for k, (_, val_idx) in enumerate(splitter.split(np.zeros(len(labels)), labels)):
+            names[val_idx] = f"fold{k}"
+        return list(names), {"kind": "kfold", "folds": folds, "seed": seed}
+    if not 0 < val_fraction < 1:
+        raise DataError(f"data.val_fraction must be in (0, 1), got {val_fraction}")
+    idx = np.arange(len(labels))
+    stratify = labels if smallest >= 2 else None
+    _, val_idx = train_test_split(idx, test_size=val_fraction, random_state=seed, stratify=stratify)
+    names = np.full(len(labels), "train", dtype=object)
+    names[val_idx] = "valid"
+    return list(names), {"kind": "holdout", "val_fraction": val_fraction, "seed": seed}
+
+
+def shard_count(n_samples: int, total_bytes: int, target_mb: float) -> int:
+    """Shards of about target_mb each, never empty. Kaggle's TPU guidance is 10-100 files of 10-100 MB."""
+    return max(1, min(n_samples, math.ceil(total_bytes / (target_mb * MB))))
+
+
+# ------------------------------------------------------------------------------------------------ image preparation
+def prepare_image(path: Path, source: str, convert_size: int = 0, reencode: str = "keep",
+                  jpeg_quality: int = 95) -> tuple[bytes, str]:
+    """The bytes to store for one image and their format, after decoding it fully (a corrupt file fails here)."""
+    from PIL import Image, UnidentifiedImageError
+
+    raw = path.read_bytes()
+    try:
+        with Image.open(io.BytesIO(raw)) as img:
+            img.load()
+            fmt = (img.format or "").lower()
+            if fmt not in ("jpeg", "png"):
+                raise DataError(f"{source}: {path} is {img.format}, not JPEG or PNG. Fix: convert it, or --set "
+                                "data.reencode=jpeg")
+            if convert_size <= 0 and reencode == "keep":
+                return raw, fmt
+            img = img.convert("RGB")
+            if convert_size > 0:
+                img = img.resize((convert_size, convert_size), Image.BICUBIC)
+            target = "png" if reencode == "png" else "jpeg"
+            out = io.BytesIO()
+            img.save(out, format=target.upper(), **({"quality": jpeg_quality} if target == "jpeg" else {}))
+            return out.getvalue(), target
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
+        if isinstance(err, DataError):
+            raise
+        raise DataError(f"{source}: {path} is not a readable image ({err}). Fix: replace or remove it") from err
+
+
+# ----------------------------------------------------------------------------------------------------- conversion
+def _progress(label: str, done: int, total: int) -> None:
+    end = "\n" if done == total else ""
+    print(f"\r[tfrecords] {label}: {done}/{total} images", end=end, file=sys.stderr, flush=True)
+
+
+def _write_split(name: str, samples: list[Sample], out_dir: Path, data_cfg, schema: RecordSchema,
+                 pool: ThreadPoolExecutor, target_mb: float) -> tuple[dict, set[str]]:
+    import tensorflow as tf
+
+    def prepare(sample: Sample) -> tuple[bytes, str]:
+        return prepare_image(sample.path, sample.source, data_cfg.convert_size, data_cfg.reencode,
+                             data_cfg.jpeg_quality)
+
+    # Size the shards from the stored bytes: the file sizes, or a re-encoded sample of them.
+    if data_cfg.convert_size <= 0 and data_cfg.reencode == "keep":
+        total = sum(s.path.stat().st_size for s in samples)
+    else:
+        probe = samples[:: max(1, len(samples) // 32)]
+        total = int(np.mean([len(b) for b, _ in pool.map(prepare, probe)]) * len(samples))
+    n_shards = shard_count(len(samples), total, target_mb)
+    shards, formats, done = [], set(), 0
+    for index, chunk in enumerate(np.array_split(np.arange(len(samples)), n_shards)):
+        file_name = f"{name}-{index:03d}-n{len(chunk)}.tfrec"
+        chunk_samples = [samples[i] for i in chunk]
+        with tf.io.TFRecordWriter(str(out_dir / file_name)) as writer:
+            for sample, (image_bytes, fmt) in zip(chunk_samples, pool.map(prepare, chunk_samples), strict=True):
+                writer.write(serialize_example(image_bytes, sample.id, sample.label, schema))
+                formats.add(fmt)
+        done += len(chunk)
+        _progress(name, done, len(samples))
+        shards.append({"file": file_name, "count": len(chunk), "bytes": (out_dir / file_name).stat().st_size})
+    counts = Counter(s.label for s in samples if s.label is not None)
+    split = {"count": len(samples), "shards": shards}
+    if counts:
+        split["label_counts"] = {str(k): counts[k] for k in sorted(counts)}
+    return split, formats
+
+
+def convert_competition(comp_dir: str | Path, out_dir: str | Path, data_cfg, overwrite: bool = False) -> dict:
+    """Convert a Kaggle-style competition folder into sharded TFRecords + manifest (see the module doc)."""
+    comp_dir, out_dir = Path(comp_dir), Path(out_dir)
+    if out_dir.exists() and not overwrite:
+        raise DataError(f"{out_dir} already exists. Fix: pass --overwrite to replace it, or choose another --out")
+    if not comp_dir.is_dir():
+        raise DataError(f"competition folder {comp_dir} does not exist")
+    samples, class_names, label_type = read_train_samples(comp_dir, data_cfg)
+    test_samples = read_test_samples(comp_dir, data_cfg)
+    split_of, split_info = assign_splits([s.label for s in samples], data_cfg.folds, data_cfg.val_fraction,
+                                         data_cfg.split_seed)
+    order = np.random.default_rng(data_cfg.split_seed).permutation(len(samples))  # shards mix the classes
+    by_split: dict[str, list[Sample]] = {}
+    for i in order:
+        by_split.setdefault(split_of[i], []).append(samples[i])
+    by_split = dict(sorted(by_split.items(), key=lambda kv: (len(kv[0]), kv[0])))  # fold2 before fold10
+    if test_samples:
+        by_split["test"] = test_samples
+
+    schema = schema_from_config(data_cfg)
+    with staged_dir(out_dir, overwrite=overwrite) as tmp:
+        splits, formats = {}, set()
+        workers = data_cfg.workers or os.cpu_count() or 1
+        # Pillow releases the GIL while decoding and encoding, so threads use every core.
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            for name, split_samples in by_split.items():
+                splits[name], split_formats = _write_split(name, split_samples, tmp, data_cfg, schema, pool,
+                                                           data_cfg.shard_target_mb)
+                formats |= split_formats
+        manifest = {
+            "format": MANIFEST_FORMAT,
+            "schema": asdict(schema),
+            "image_formats": sorted(formats),
+            "image_size": data_cfg.convert_size or None,  # None: images kept at their own sizes
+            "class_names": class_names,
+            "label_type": label_type,
+            "split": split_info,
+            "splits": splits,
+            "source": {"competition_dir": str(comp_dir), "train_csv": data_cfg.train_csv,
+                       "id_column": data_cfg.id_column, "label_column": data_cfg.label_column},
+            "complete": True,
+        }
+        (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")  # last: it marks completeness
+    return manifest
+
