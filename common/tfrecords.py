@@ -258,9 +258,13 @@ def prepare_image(path: Path, source: str, convert_size: int = 0, reencode: str 
 
 
 # ----------------------------------------------------------------------------------------------------- conversion
-def _progress(label: str, done: int, total: int) -> None:
-    end = "\n" if done == total else ""
-    print(f"\r[tfrecords] {label}: {done}/{total} images", end=end, file=sys.stderr, flush=True)
+def _progress(label: str, done: int, total: int, previous: int) -> None:
+    """One updating line in a terminal; in a Kaggle log (not a terminal) a line per quarter."""
+    if sys.stderr.isatty():
+        print(f"\r[tfrecords] {label}: {done}/{total} images", end="\n" if done == total else "", file=sys.stderr,
+              flush=True)
+    elif done == total or done * 4 // total > previous * 4 // total:
+        print(f"[tfrecords] {label}: {done}/{total} images", file=sys.stderr, flush=True)
 
 
 def _write_split(name: str, samples: list[Sample], out_dir: Path, data_cfg, schema: RecordSchema,
@@ -286,8 +290,8 @@ def _write_split(name: str, samples: list[Sample], out_dir: Path, data_cfg, sche
             for sample, (image_bytes, fmt) in zip(chunk_samples, pool.map(prepare, chunk_samples), strict=True):
                 writer.write(serialize_example(image_bytes, sample.id, sample.label, schema))
                 formats.add(fmt)
+        _progress(name, done + len(chunk), len(samples), done)
         done += len(chunk)
-        _progress(name, done, len(samples))
         shards.append({"file": file_name, "count": len(chunk), "bytes": (out_dir / file_name).stat().st_size})
     counts = Counter(s.label for s in samples if s.label is not None)
     split = {"count": len(samples), "shards": shards}

@@ -1,0 +1,67 @@
+import json
+
+import pytest
+
+from common.config import Config, load_config, parse_override, save_config
+from common.errors import ConfigError
+
+
+def test_defaults_file_then_overrides(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("train:\n  epochs: 7\n  learning_rate: 3e-4\ndata:\n  image_size: 64\n")
+    cfg = load_config(path, ["train.epochs=3", "runtime.strategy=mirrored", "data.class_names=[a, b]"])
+    assert cfg.train.epochs == 3  # the override wins over the file
+    assert cfg.train.learning_rate == pytest.approx(3e-4)  # YAML 1.1 reads 3e-4 as a string: coerced to float
+    assert cfg.data.image_size == 64
+    assert cfg.runtime.strategy == "mirrored"
+    assert cfg.data.class_names == ("a", "b")
+    assert cfg.train.batch_size_per_replica == Config().train.batch_size_per_replica  # untouched default
+
+
+def test_json_round_trip(tmp_path):
+    cfg = load_config(None, ["train.epochs=2", "data.class_names=x,y,z", "model.dropout=0.5"])
+    save_config(cfg, tmp_path / "config.json")
+    again = load_config(tmp_path / "config.json")
+    assert again == cfg
+    assert json.loads((tmp_path / "config.json").read_text())["data"]["class_names"] == ["x", "y", "z"]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("train.epoch=3", "unknown config key 'train.epoch' (did you mean 'epochs'?)"),
+        ("trian.epochs=3", "unknown config section 'trian' (did you mean 'train'?)"),
+        ("train.epochs=three", "config key 'train.epochs' must be int, got 'three'"),
+        ("train.epochs=2.5", "config key 'train.epochs' must be int, got 2.5"),
+        ("train.epochs=true", "config key 'train.epochs' must be int, got True"),
+        ("model.trainable=yes please", "config key 'model.trainable' must be bool"),
+        ("runtime.strategy=gpu", "config key 'runtime.strategy' must be one of ['auto', 'tpu', 'mirrored', 'default']"),
+        ("epochs=3", "must look like section.key=value"),
+    ],
+)
+def test_bad_overrides_name_the_key(override, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    assert message in str(err.value)
+
+
+def test_unknown_key_in_file_is_named(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"data": {"image_size": 32, "lable_column": "y"}}))
+    with pytest.raises(ConfigError, match=r"unknown config key 'data.lable_column' \(did you mean 'label_column'\?\)"):
+        load_config(path)
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+
+
+def test_parse_override_reads_yaml_values():
+    assert parse_override("train.epochs=3") == ("train", "epochs", 3)
+    assert parse_override("model.hub_handle=https://x/y=1") == ("model", "hub_handle", "https://x/y=1")
+    assert parse_override("runtime.output_dir=") == ("runtime", "output_dir", "")

@@ -1,0 +1,105 @@
+import numpy as np
+import pytest
+import tensorflow as tf
+from helpers import image_bytes, read_csv
+
+from common.config import load_config
+from common.data import augment, decode_image, images_and_labels, make_eval_dataset, make_train_dataset
+from common.strategy import get_strategy
+from common.tfrecords import RecordSchema, serialize_example, shard_paths, split_files
+
+
+def test_train_batches_are_static_uint8(demo_records):
+    out, manifest = demo_records
+    train_files, _ = split_files(manifest, str(out), fold=0)
+    cfg = load_config(None, ["data.image_size=48", "data.rotate90=true", "data.brightness=0.1"])
+    dataset = make_train_dataset(train_files, cfg.data, batch_size=32, seed=1)
+    assert dataset.element_spec[0].shape.as_list() == [32, 48, 48, 3]  # static: XLA-ready
+    assert dataset.element_spec[0].dtype == tf.uint8
+    assert dataset.element_spec[1] == tf.TensorSpec([32], tf.int32)
+    labels = np.concatenate([y.numpy() for _, y in dataset.take(12)])  # 384 > one fold: repeat() works
+    assert labels.min() >= 0 and labels.max() <= 9
+    assert len(set(labels.tolist())) == 10  # shuffled across shards and classes, not one class per batch
+
+
+def test_decode_resizes_only_when_needed():
+    png = image_bytes(0, size=32, fmt="PNG")
+    same = decode_image(tf.constant(png), 32)
+    assert same.dtype == tf.uint8 and same.shape == (32, 32, 3)
+    np.testing.assert_array_equal(same.numpy(), tf.io.decode_png(png, channels=3).numpy())  # untouched bytes
+    assert decode_image(tf.constant(png), 20).shape == (20, 20, 3)
+    gray = tf.io.encode_png(tf.zeros([8, 8, 1], tf.uint8)).numpy()
+    assert decode_image(tf.constant(gray), 8).shape == (8, 8, 3)  # grayscale -> RGB
+
+
+def test_augmentation_moves_pixels_but_keeps_them():
+    image = tf.constant(np.random.default_rng(0).integers(0, 256, (16, 16, 3), dtype=np.uint8))
+    cfg = load_config(None, ["data.flip_up_down=true", "data.rotate90=true"]).data
+    tf.random.set_seed(3)
+    outputs = [augment(image, cfg).numpy() for _ in range(8)]
+    assert all(o.dtype == np.uint8 and o.shape == (16, 16, 3) for o in outputs)
+    assert all(np.array_equal(np.sort(o, axis=None), np.sort(image.numpy(), axis=None)) for o in outputs)
+    assert any(not np.array_equal(o, image.numpy()) for o in outputs)
+    cfg = load_config(None, ["data.flip_left_right=false", "data.brightness=0.2"]).data
+    shifts = [augment(image, cfg).numpy().astype(int).mean() - image.numpy().mean() for _ in range(8)]
+    assert max(abs(s) for s in shifts) <= 0.2 * 255 + 1 and any(abs(s) > 1 for s in shifts)
+
+
+def test_inference_order_is_deterministic_and_every_id_is_kept(demo_dir, demo_records):
+    out, manifest = demo_records
+    test_files = shard_paths(manifest, out, ["test"])
+    dataset = make_eval_dataset(test_files, RecordSchema(), 32, batch_size=7, labeled=False)
+    first = [i.decode() for batch in dataset for i in batch["id"].numpy()]
+    second = [i.decode() for batch in dataset for i in batch["id"].numpy()]
+    expected = [row["id"] for row in read_csv(demo_dir / "sample_submission.csv")]
+    assert len(expected) == 360 and 360 % 7 != 0  # a partial last batch must survive
+    assert first == second == expected
+    last = list(dataset)[-1]
+    assert last["image"].shape == (360 % 7, 32, 32, 3) and last["image"].dtype == tf.uint8
+
+
+def test_validation_pairs_for_keras(demo_records):
+    out, manifest = demo_records
+    _, val_files = split_files(manifest, str(out), fold=1)
+    pairs = images_and_labels(make_eval_dataset(val_files, RecordSchema(), 32, batch_size=100, labeled=True))
+    counts = [int(y.shape[0]) for _, y in pairs]
+    assert sum(counts) == manifest["splits"]["fold1"]["count"] == 288
+
+
+def test_flowers_schema(tmp_path):
+    """Kaggle's 'Flower Classification with TPUs' records: image (JPEG), class (int64), id; test has no class."""
+    schema = RecordSchema(image="image", label="class", id="id")
+    with tf.io.TFRecordWriter(str(tmp_path / "train00-4.tfrec")) as writer:
+        for i in range(4):
+            writer.write(serialize_example(image_bytes(i, 24), f"f{i}", 100 + i, schema))
+    with tf.io.TFRecordWriter(str(tmp_path / "test00-3.tfrec")) as writer:
+        for i in range(3):
+            writer.write(serialize_example(image_bytes(10 + i, 24), f"t{i}", None, schema))
+    raw = next(iter(tf.data.TFRecordDataset(str(tmp_path / "test00-3.tfrec"))))
+    assert set(tf.train.Example.FromString(raw.numpy()).features.feature) == {"image", "id"}
+
+    cfg = load_config(None, ["data.label_feature=class", "data.image_size=24", "data.augment=false"])
+    images, labels = next(iter(make_train_dataset([tmp_path / "train00-4.tfrec"], cfg.data, batch_size=4)))
+    assert sorted(labels.numpy().tolist()) == [100, 101, 102, 103] and images.shape == (4, 24, 24, 3)
+    test = next(iter(make_eval_dataset([tmp_path / "test00-3.tfrec"], schema, 24, batch_size=8, labeled=False)))
+    assert [i.decode() for i in test["id"].numpy()] == ["t0", "t1", "t2"]
+    with pytest.raises(tf.errors.InvalidArgumentError, match="class"):
+        next(iter(make_eval_dataset([tmp_path / "test00-3.tfrec"], schema, 24, batch_size=8, labeled=True)))
+
+
+def test_per_replica_datasets_under_mirrored_strategy(demo_records):
+    out, manifest = demo_records
+    train_files, _ = split_files(manifest, str(out), fold=0)
+    strategy = get_strategy("mirrored")
+    data_cfg = load_config(None, ["data.image_size=32"]).data
+    dist = strategy.distribute_datasets_from_function(
+        lambda ctx: make_train_dataset(train_files, data_cfg, batch_size=16, input_context=ctx))
+    images, labels = next(iter(dist))
+    local = strategy.experimental_local_results(images)
+    assert len(local) == 2 and all(t.shape == (8, 32, 32, 3) for t in local)  # global 16 = 2 replicas x 8
+    assert all(t.shape == (8,) for t in strategy.experimental_local_results(labels))
+
+
+def test_no_files_is_a_clear_error():
+    with pytest.raises(ValueError, match="no TFRecord files given"):
+        make_train_dataset([], load_config().data, batch_size=4)

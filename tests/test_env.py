@@ -1,0 +1,43 @@
+import os
+import subprocess
+import sys
+
+from common.env import detect_platform, environment_report, tpu_hardware_signals
+from common.strategy import get_strategy
+
+
+def test_legacy_keras_is_set_before_tensorflow():
+    assert os.environ["TF_USE_LEGACY_KERAS"] == "1"
+    code = ("import common, tensorflow as tf, tensorflow_hub as hub, tf_keras; "
+            "layer = hub.KerasLayer(lambda x: x); "
+            "tf.keras.Sequential([layer]); print(tf.keras.__name__.split('.')[0])")
+    env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}  # a fresh shell, not ours
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "tf_keras"
+
+
+def test_platform_from_kaggle_signals(tmp_path):
+    no_dev = tmp_path / "dev"
+    assert detect_platform({}, no_dev).kind == "local"
+    assert detect_platform({"KAGGLE_KERNEL_RUN_TYPE": "Batch"}, no_dev).kind == "kaggle-cpu"
+    vm = detect_platform({"KAGGLE_KERNEL_RUN_TYPE": "Batch", "ISTPUVM": "1", "TPU_ACCELERATOR_TYPE": "v5litepod-8"},
+                         no_dev)
+    assert vm.kind == "kaggle-tpu-vm" and not vm.needs_gcs
+    assert vm.tpu_signals == ("ISTPUVM=1", "TPU_ACCELERATOR_TYPE=v5litepod-8")
+    node = detect_platform({"KAGGLE_KERNEL_RUN_TYPE": "Interactive", "TPU_NAME": "grpc://10.0.0.2:8470"}, no_dev)
+    assert node.kind == "kaggle-tpu-node" and node.needs_gcs
+    (no_dev).mkdir()
+    (no_dev / "accel0").touch()
+    assert tpu_hardware_signals({}, no_dev) == (str(no_dev / "accel0"),)
+
+
+def test_environment_report_names_versions_devices_and_replicas():
+    import tensorflow as tf
+
+    report = environment_report(get_strategy("mirrored"))
+    assert f"tensorflow    {tf.__version__}" in report
+    assert "tf.keras is tf_keras" in report
+    assert "hub           0.16" in report
+    assert "devices       CPU:0, CPU:1" in report
+    assert "strategy      MirroredStrategy" in report
+    assert "replicas      2" in report

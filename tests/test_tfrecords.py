@@ -1,0 +1,161 @@
+import json
+import math
+from pathlib import Path
+
+import pytest
+from helpers import read_csv, read_records, write_competition
+
+from common.config import Config, load_config
+from common.errors import DataError
+from common.tfrecords import MB, shard_paths, split_files
+from tpu2gpu.cli import main
+from tpu2gpu.demo_data import CLASS_NAMES
+
+
+def test_demo_round_trip(demo_dir, demo_records):
+    out, manifest = demo_records
+    train_rows = read_csv(demo_dir / "train.csv")
+    assert manifest["class_names"] == sorted(CLASS_NAMES) and manifest["label_type"] == "str"
+    assert manifest["split"] == {"kind": "kfold", "folds": 5, "seed": 42}
+    folds = [f"fold{k}" for k in range(5)]
+    assert list(manifest["splits"]) == [*folds, "test"]
+    assert sum(manifest["splits"][f]["count"] for f in folds) == len(train_rows) == 1437
+
+    records = read_records(shard_paths(manifest, out, folds))
+    assert len(records) == len(train_rows)
+    expected = {row["id"]: manifest["class_names"].index(row["label"]) for row in train_rows}
+    assert {r["id"]: int(r["label"]) for r in records} == expected  # every id once, with its own label
+
+    # Stratified: each class is spread over the 5 folds within one sample of even.
+    for class_index in range(10):
+        per_fold = [manifest["splits"][f]["label_counts"][str(class_index)] for f in folds]
+        assert max(per_fold) - min(per_fold) <= 1
+    # Shards: counts in names, manifest and files agree; sizes are the files' own.
+    for split in manifest["splits"].values():
+        for shard in split["shards"]:
+            assert shard["file"].endswith(f"-n{shard['count']}.tfrec")
+            assert len(read_records([out / shard["file"]], labeled=False)) == shard["count"]
+            assert shard["bytes"] == (out / shard["file"]).stat().st_size
+
+    # Test records: no labels, in sample_submission.csv order.
+    test_ids = [r["id"] for r in read_records(shard_paths(manifest, out, ["test"]), labeled=False)]
+    assert test_ids == [row["id"] for row in read_csv(demo_dir / "sample_submission.csv")]
+    assert json.loads((out / "manifest.json").read_text()) == manifest
+
+    train_files, val_files = split_files(manifest, str(out), fold=2)
+    assert [Path(f).name.split("-")[0] for f in val_files] == ["fold2"]
+    assert sorted(Path(f).name.split("-")[0] for f in train_files) == ["fold0", "fold1", "fold3", "fold4"]
+
+
+def test_shards_are_sized_to_the_target(demo_dir, tmp_path):
+    from common.tfrecords import convert_competition
+
+    cfg = load_config(None, ["data.shard_target_mb=0.08"])
+    manifest = convert_competition(demo_dir, tmp_path / "small", cfg.data)
+    shards = [s for split in manifest["splits"].values() for s in split["shards"]]
+    fold0_ids = {r["id"] for r in read_records(shard_paths(manifest, tmp_path / "small", ["fold0"]))}
+    fold0_bytes = sum((demo_dir / "train" / f"{i}.png").stat().st_size for i in fold0_ids)
+    assert len(manifest["splits"]["fold0"]["shards"]) == math.ceil(fold0_bytes / (0.08 * MB)) == 4
+    sizes = [s["bytes"] / MB for s in shards]
+    assert all(0.04 <= size <= 0.1 for size in sizes), sizes
+    assert sum(s["count"] for s in shards) == 1437 + 360
+
+
+def test_holdout_split_integer_labels_and_resize(tmp_path):
+    labels = [i % 3 for i in range(30)]
+    comp = write_competition(tmp_path / "comp", labels, size=20, fmt="PNG")
+    cfg = load_config(None, ["data.folds=0", "data.val_fraction=0.2", "data.convert_size=12",
+                             "data.reencode=jpeg"])
+    from common.tfrecords import convert_competition
+
+    manifest = convert_competition(comp, tmp_path / "rec", cfg.data)
+    assert manifest["class_names"] == ["0", "1", "2"] and manifest["label_type"] == "int"
+    assert manifest["split"]["kind"] == "holdout"
+    assert manifest["splits"]["train"]["count"] == 24 and manifest["splits"]["valid"]["count"] == 6
+    assert manifest["splits"]["valid"]["label_counts"] == {"0": 2, "1": 2, "2": 2}
+    assert manifest["image_size"] == 12 and manifest["image_formats"] == ["jpeg"]
+    records = read_records(shard_paths(manifest, tmp_path / "rec", ["train", "valid"]))
+    import tensorflow as tf
+
+    assert tf.io.decode_jpeg(records[0]["image"]).shape == (12, 12, 3)
+    assert {r["id"]: int(r["label"]) for r in records} == {f"img{i:03d}": i % 3 for i in range(30)}
+
+
+def _no_output_left(out: Path) -> bool:
+    return not out.exists() and not list(out.parent.glob(f".{out.name}.*"))
+
+
+def _convert_fails(comp: Path, out: Path, *overrides: str) -> str:
+    from common.tfrecords import convert_competition
+
+    with pytest.raises(DataError) as err:
+        convert_competition(comp, out, load_config(None, overrides).data)
+    return str(err.value)
+
+
+def test_image_listed_in_csv_but_missing(tmp_path):
+    comp = write_competition(tmp_path / "comp", ["a", "b"] * 6)
+    (comp / "train" / "img007.jpg").unlink()
+    message = _convert_fails(comp, tmp_path / "out", "data.folds=2")
+    assert "train.csv line 9 (id 'img007'): no image img007[.jpg|.jpeg|.png]" in message
+    assert _no_output_left(tmp_path / "out")
+
+
+def test_corrupt_image(tmp_path):
+    comp = write_competition(tmp_path / "comp", ["a", "b"] * 6)
+    good = (comp / "train" / "img004.jpg").read_bytes()
+    (comp / "train" / "img004.jpg").write_bytes(good[: len(good) // 3])  # truncated mid-scan
+    message = _convert_fails(comp, tmp_path / "out", "data.folds=2")
+    assert "train.csv line 6" in message and "img004.jpg is not a readable image" in message
+    assert _no_output_left(tmp_path / "out")
+
+
+def test_missing_label_column_names_the_columns(tmp_path):
+    comp = write_competition(tmp_path / "comp", ["a", "b"] * 6)
+    message = _convert_fails(comp, tmp_path / "out", "data.label_column=species")
+    assert "train.csv has no column 'species' (columns: id, label)" in message
+    assert "--set data.label_column=" in message
+    assert _no_output_left(tmp_path / "out")
+
+
+def test_empty_images_folder(tmp_path):
+    comp = write_competition(tmp_path / "comp", ["a", "b"] * 6)
+    for image in (comp / "train").iterdir():
+        image.unlink()
+    message = _convert_fails(comp, tmp_path / "out")
+    assert f"image folder {comp / 'train'} holds no .jpg/.jpeg/.png images" in message
+    assert _no_output_left(tmp_path / "out")
+
+
+def test_a_failed_rerun_keeps_the_previous_complete_output(tmp_path):
+    from common.tfrecords import convert_competition
+
+    comp = write_competition(tmp_path / "comp", ["a", "b"] * 6)
+    out = tmp_path / "out"
+    first = convert_competition(comp, out, load_config(None, ["data.folds=2"]).data)
+    with pytest.raises(DataError, match="already exists.*--overwrite"):
+        convert_competition(comp, out, Config().data)
+    (comp / "train" / "img003.jpg").write_bytes(b"not an image")
+    with pytest.raises(DataError, match="img003.jpg is not a readable image"):
+        convert_competition(comp, out, load_config(None, ["data.folds=2"]).data, overwrite=True)
+    assert json.loads((out / "manifest.json").read_text()) == first
+    assert not list(tmp_path.glob(".out.*"))
+
+
+def test_too_few_samples_for_the_folds(tmp_path):
+    comp = write_competition(tmp_path / "comp", ["a"] * 8 + ["b"] * 2)
+    message = _convert_fails(comp, tmp_path / "out", "data.folds=5")
+    assert "data.folds=5 but the rarest class has 2 samples" in message
+
+
+def test_cli_errors_are_one_line_and_exit_2(tmp_path, capsys):
+    comp = write_competition(tmp_path / "comp", ["a", "b"] * 6)
+    code = main(["tfrecords", "--competition", str(comp), "--out", str(tmp_path / "o"), "--set", "data.fold=2"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "tpu2gpu tfrecords: error: unknown config key 'data.fold' (did you mean 'folds'?)" in err
+    assert "Traceback" not in err
+
+    assert main(["tfrecords", "--competition", str(comp), "--out", str(tmp_path / "o"), "--set",
+                 "data.folds=2"]) == 0
+    assert (tmp_path / "o" / "manifest.json").is_file()
