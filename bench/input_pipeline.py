@@ -1,0 +1,142 @@
+"""Training input pipeline throughput at 512x512 against a JPEG-decode-only baseline, on 1 and on 2 cores.
+
+    .venv/bin/python bench/input_pipeline.py [--images 512] [--seconds 3] [--cores 1 2]
+
+The records hold real photographs (scikit-learn's two bundled sample images, randomly cropped and resized to
+512x512, JPEG quality 90) in 8 shards. Each core count runs in its own process pinned to that many cores, and
+measures the three variants back to back, 5 rounds, and reports the median rate of each and the median of the
+per-round ratios to decode-only (adjacent measurements, so drift in this shared machine's speed cancels):
+  decode-only   TFRecordDataset -> parse -> tf.io.decode_jpeg   (the floor: nothing can be faster than decoding)
+  pipeline@512  make_train_dataset at image_size 512: read, parse, decode, (resize skipped: already 512),
+                shuffle, flip augmentation, batch 64, prefetch -- what the TPU kernel runs on records converted
+                at the training size
+  pipeline@384  the same at image_size 384: a real bilinear resize on every image
+Target: pipeline@512 keeps >= 0.85 of the decode-only rate, and both scale with cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def write_records(out_dir: Path, n_images: int, n_shards: int = 8) -> list[str]:
+    import io
+
+    import numpy as np
+    from PIL import Image
+    from sklearn.datasets import load_sample_images
+
+    import common  # noqa: F401
+    import tensorflow as tf
+
+    from common.tfrecords import RecordSchema, serialize_example
+
+    photos = load_sample_images().images  # two 427x640 RGB photographs
+    rng = np.random.default_rng(0)
+    files = [str(out_dir / f"bench-{k:02d}.tfrec") for k in range(n_shards)]
+    writers = [tf.io.TFRecordWriter(f) for f in files]
+    for i in range(n_images):
+        photo = photos[i % 2]
+        side = int(rng.integers(240, 427))
+        top, left = rng.integers(0, 427 - side + 1), rng.integers(0, 640 - side + 1)
+        crop = Image.fromarray(photo[top:top + side, left:left + side]).resize((512, 512), Image.BICUBIC)
+        buf = io.BytesIO()
+        crop.save(buf, format="JPEG", quality=90)
+        writers[i % n_shards].write(serialize_example(buf.getvalue(), f"b{i}", i % 5, RecordSchema()))
+    for w in writers:
+        w.close()
+    return files
+
+
+def measure(cores: int, files: list[str], seconds: float, rounds: int) -> dict:
+    """Runs inside a process pinned to `cores` cores (before TensorFlow is imported, so its pools size to them)."""
+    os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:cores]))
+    import common  # noqa: F401
+    import tensorflow as tf
+
+    from common.config import load_config
+    from common.data import AUTOTUNE, make_train_dataset, parse_record
+    from common.tfrecords import RecordSchema
+
+    def decode_only() -> tf.data.Dataset:
+        ds = tf.data.TFRecordDataset(files, num_parallel_reads=AUTOTUNE).repeat()
+        ds = ds.map(lambda r: tf.io.decode_jpeg(parse_record(r, RecordSchema(), True)["image"], channels=3),
+                    num_parallel_calls=AUTOTUNE, deterministic=False)
+        return ds.batch(64).prefetch(AUTOTUNE)
+
+    def pipeline(size: int) -> tf.data.Dataset:
+        cfg = load_config(None, [f"data.image_size={size}", "data.shuffle_buffer=512"]).data
+        return make_train_dataset(files, cfg, batch_size=64, seed=0)
+
+    def rate(dataset: tf.data.Dataset) -> float:
+        it = iter(dataset)
+        for _ in range(3):  # warm-up: thread pools, autotuning
+            next(it)
+        n, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            n += int(next(it)[0].shape[0]) if isinstance(dataset.element_spec, tuple) else int(next(it).shape[0])
+        return n / (time.perf_counter() - start)
+
+    variants = {"decode-only": decode_only, "pipeline@512": lambda: pipeline(512), "pipeline@384": lambda: pipeline(384)}
+    rates: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, make in variants.items():
+            rates[name].append(rate(make()))
+    result = {"cores": len(os.sched_getaffinity(0))}
+    for name, values in rates.items():
+        result[name] = statistics.median(values)
+        result[f"{name} ratio"] = statistics.median(v / b for v, b in zip(values, rates["decode-only"], strict=True))
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--images", type=int, default=512)
+    parser.add_argument("--seconds", type=float, default=4.0, help="per measurement")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--cores", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        spec = json.loads(args.worker)
+        print(json.dumps(measure(spec["cores"], spec["files"], args.seconds, args.rounds)))
+        return
+    available = len(os.sched_getaffinity(0))
+    with tempfile.TemporaryDirectory() as tmp:
+        files = write_records(Path(tmp), args.images)
+        mb = sum(os.path.getsize(f) for f in files) / 1e6
+        print(f"{args.images} JPEGs 512x512 in {len(files)} shards ({mb:.1f} MB); {available} cores available")
+        rows = []
+        for cores in args.cores:
+            if cores > available:
+                print(f"skipping {cores} cores: only {available} here")
+                continue
+            spec = json.dumps({"cores": cores, "files": files})
+            out = subprocess.run([sys.executable, __file__, "--seconds", str(args.seconds), "--rounds",
+                                  str(args.rounds), "--worker", spec],
+                                 capture_output=True, text=True, check=True)
+            rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    print(f"\n{'cores':>5} {'decode-only':>12} {'pipeline@512':>13} {'ratio':>6} {'pipeline@384':>13} {'ratio':>6}")
+    for r in rows:
+        base = r["decode-only"]
+        print(f"{r['cores']:>5} {base:>10.0f}/s {r['pipeline@512']:>11.0f}/s {r['pipeline@512 ratio']:>6.2f} "
+              f"{r['pipeline@384']:>11.0f}/s {r['pipeline@384 ratio']:>6.2f}")
+    if len(rows) >= 2:
+        print(f"scaling {rows[0]['cores']} -> {rows[-1]['cores']} cores: decode-only "
+              f"x{rows[-1]['decode-only'] / rows[0]['decode-only']:.2f}, pipeline@512 "
+              f"x{rows[-1]['pipeline@512'] / rows[0]['pipeline@512']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
