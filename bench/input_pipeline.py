@@ -33,14 +33,13 @@ sys.path.insert(0, str(REPO))
 def write_records(out_dir: Path, n_images: int, n_shards: int = 8) -> list[str]:
     import io
 
+    import common  # noqa: F401
+    from common.tfrecords import RecordSchema, serialize_example
+
     import numpy as np
+    import tensorflow as tf
     from PIL import Image
     from sklearn.datasets import load_sample_images
-
-    import common  # noqa: F401
-    import tensorflow as tf
-
-    from common.tfrecords import RecordSchema, serialize_example
 
     photos = load_sample_images().images  # two 427x640 RGB photographs
     rng = np.random.default_rng(0)
@@ -63,11 +62,11 @@ def measure(cores: int, files: list[str], seconds: float, rounds: int) -> dict:
     """Runs inside a process pinned to `cores` cores (before TensorFlow is imported, so its pools size to them)."""
     os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:cores]))
     import common  # noqa: F401
-    import tensorflow as tf
-
     from common.config import load_config
     from common.data import AUTOTUNE, make_train_dataset, parse_record
     from common.tfrecords import RecordSchema
+
+    import tensorflow as tf
 
     def decode_only() -> tf.data.Dataset:
         ds = tf.data.TFRecordDataset(files, num_parallel_reads=AUTOTUNE).repeat()
@@ -88,7 +87,8 @@ def measure(cores: int, files: list[str], seconds: float, rounds: int) -> dict:
             n += int(next(it)[0].shape[0]) if isinstance(dataset.element_spec, tuple) else int(next(it).shape[0])
         return n / (time.perf_counter() - start)
 
-    variants = {"decode-only": decode_only, "pipeline@512": lambda: pipeline(512), "pipeline@384": lambda: pipeline(384)}
+    variants = {"decode-only": decode_only, "pipeline@512": lambda: pipeline(512),
+                "pipeline@384": lambda: pipeline(384)}
     rates: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(rounds):
         for name, make in variants.items():

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
 from common.errors import ConfigError
+
+import yaml
 
 
 @dataclass

@@ -13,9 +13,9 @@ signature takes; normalisation happens inside the model graph.
 
 from __future__ import annotations
 
-import tensorflow as tf
-
 from common.tfrecords import RecordSchema, schema_from_config
+
+import tensorflow as tf
 
 AUTOTUNE = tf.data.AUTOTUNE
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import os
 
-import tensorflow as tf
-
 from common.env import tpu_hardware_signals
 from common.errors import StrategyError
+
+import tensorflow as tf
 
 # The Kaggle TPU image installs tensorflow-cpu since Sep 2025; a TPU build has to be installed in the kernel.
 TPU_NOT_VISIBLE_FIX = (

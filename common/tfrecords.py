@@ -25,10 +25,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
-
 from common.atomic import staged_dir
 from common.errors import DataError
+
+import numpy as np
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "tpu2gpu-tfrecords/1"

@@ -6,10 +6,11 @@ from common.strategy import split_cpu
 
 split_cpu(2)
 
-import pytest  # noqa: E402
-
 from common.config import Config  # noqa: E402
 from common.tfrecords import convert_competition  # noqa: E402
+
+import pytest  # noqa: E402
+
 from tpu2gpu.demo_data import make_demo_competition  # noqa: E402
 
 

@@ -47,10 +47,10 @@ def read_csv(path: Path) -> list[dict]:
 
 def read_records(files, schema=None, labeled=True) -> list[dict]:
     """Every record of the files, parsed with the project's own parser: [{'id', 'image' (bytes), 'label'?}]."""
-    import tensorflow as tf
-
     from common.data import parse_record
     from common.tfrecords import RecordSchema
+
+    import tensorflow as tf
 
     schema = schema or RecordSchema()
     dataset = tf.data.TFRecordDataset([str(f) for f in files]).map(lambda r: parse_record(r, schema, labeled))

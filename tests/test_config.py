@@ -1,9 +1,9 @@
 import json
 
-import pytest
-
 from common.config import Config, load_config, parse_override, save_config
 from common.errors import ConfigError
+
+import pytest
 
 
 def test_defaults_file_then_overrides(tmp_path):

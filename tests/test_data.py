@@ -1,12 +1,13 @@
-import numpy as np
-import pytest
-import tensorflow as tf
-from helpers import image_bytes, read_csv
-
 from common.config import load_config
 from common.data import augment, decode_image, images_and_labels, make_eval_dataset, make_train_dataset
 from common.strategy import get_strategy
 from common.tfrecords import RecordSchema, serialize_example, shard_paths, split_files
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from helpers import image_bytes, read_csv
 
 
 def test_train_batches_are_static_uint8(demo_records):

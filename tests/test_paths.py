@@ -1,10 +1,10 @@
 import sys
 import types
 
-import pytest
-
 from common.errors import DataPathError
 from common.paths import KAGGLE_ROOT_ENV, kaggle_working_dir, resolve_data_path
+
+import pytest
 
 SECRET = "ya29.TOKEN-that-must-never-be-seen"
 

@@ -1,11 +1,11 @@
 import subprocess
 import sys
 
-import pytest
-import tensorflow as tf
-
 from common.errors import StrategyError
 from common.strategy import get_strategy, global_batch_size, scaled_learning_rate
+
+import pytest
+import tensorflow as tf
 
 
 def test_default_strategy_on_cpu():

@@ -2,14 +2,16 @@ import json
 import math
 from pathlib import Path
 
-import pytest
-from helpers import read_csv, read_records, write_competition
-
 from common.config import Config, load_config
 from common.errors import DataError
 from common.tfrecords import MB, shard_paths, split_files
+
+import pytest
+
 from tpu2gpu.cli import main
 from tpu2gpu.demo_data import CLASS_NAMES
+
+from helpers import read_csv, read_records, write_competition
 
 
 def test_demo_round_trip(demo_dir, demo_records):

@@ -13,7 +13,7 @@ import common  # noqa: F401  (environment bootstrap first)
 from common.config import format_config, load_config
 from common.errors import UserError
 
-DEFAULT_DEMO_DIR = Path("data/demo")
+DEFAULT_DEMO_DIR = Path("runs/demo/competition")
 
 
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-import numpy as np
-
 from common.atomic import staged_dir
+
+import numpy as np
 
 CLASS_NAMES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 COMPLETE_MARK = "solution.csv"  # written last
