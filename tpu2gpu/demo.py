@@ -13,6 +13,7 @@ from pathlib import Path
 import common  # noqa: F401  (environment bootstrap first)
 from common.config import load_config
 from common.tfrecords import convert_competition, split_files
+
 from tpu2gpu.demo_data import make_demo_competition
 
 DEMO_ROOT = Path("runs/demo")
