@@ -37,9 +37,12 @@ class DataConfig:
     image_feature: str = "image"
     label_feature: str = "label"
     id_feature: str = "id"
-    # Needed only for TFRecords without a tpu2gpu manifest (e.g. Kaggle's Flowers records): the class list, in
-    # label-index order.
+    # Only for TFRecords without a tpu2gpu manifest (e.g. Kaggle's Flowers records): the class list in label-index
+    # order, and file patterns relative to runtime.tfrecords.
     class_names: tuple[str, ...] = ()
+    train_files: str = "train/*.tfrec"
+    val_files: str = "val/*.tfrec"
+    test_files: str = "test/*.tfrec"
     image_size: int = 224  # pixels, square; images are resized to this in the pipeline
     # Conversion to TFRecords.
     folds: int = 5  # >= 2: stratified K folds; 0 or 1: one stratified hold-out split of val_fraction
@@ -76,6 +79,8 @@ class ModelConfig:
 class TrainConfig:
     epochs: int = 10
     batch_size_per_replica: int = 16  # global batch = this x replicas (8 TPU cores -> 128)
+    batch_size: int = 0  # > 0: the global batch instead; must divide over the replicas
+    steps_per_epoch: int = 0  # 0 = one pass over the training records; > 0 caps it (quick local runs)
     learning_rate: float = 1e-3  # for a global batch of lr_reference_batch; scaled linearly with the global batch
     lr_reference_batch: int = 256
     warmup_epochs: float = 1.0

@@ -51,33 +51,52 @@ def _mounted(input_dir: Path) -> list[str]:
 def find_kaggle_mount(name: str) -> Path | None:
     """Find an attached input by 'slug', 'owner/slug' or a model handle 'owner/model/framework/variation/version'.
 
-    Both mount layouts are searched: /kaggle/input/<slug> and /kaggle/input/{datasets,competitions,models}/<owner>/...
-    """
+    Both mount layouts are searched: /kaggle/input/<slug> (models: <model>/<framework>/<variation>/<version>) and
+    /kaggle/input/{datasets,competitions,models}/<owner>/... Names compare case-insensitively (TensorFlow2 is
+    mounted as tensorflow2)."""
     input_dir = kaggle_input_dir()
-    parts = tuple(p for p in name.strip("/").split("/") if p)
+    parts = tuple(p.lower() for p in name.strip("/").split("/") if p)
     if not parts or not input_dir.is_dir():
         return None
     matches: list[Path] = []
-    legacy = input_dir / parts[-1]
-    if legacy.is_dir() and legacy.name not in _MOUNT_KINDS:
-        matches.append(legacy)
+    for k in range(len(parts), 0, -1):  # old layout: the longest tail of the name that is mounted
+        legacy = input_dir.joinpath(*parts[len(parts) - k:])
+        if legacy.is_dir() and parts[len(parts) - k] not in _MOUNT_KINDS:
+            matches.append(legacy)
+            break
     for kind in _MOUNT_KINDS:
         base = input_dir / kind
         if not base.is_dir():
             continue
         for dirpath, dirnames, _ in os.walk(base):
-            here = Path(dirpath)
-            depth = len(here.relative_to(base).parts)
-            if depth and here.relative_to(base).parts[-len(parts):] == parts:
-                matches.append(here)
+            relative = tuple(p.lower() for p in Path(dirpath).relative_to(base).parts)
+            if relative and relative[-len(parts):] == parts:
+                matches.append(Path(dirpath))
                 dirnames.clear()  # a match's own sub-folders are its content, not other mounts
-            elif depth >= _MAX_MOUNT_DEPTH:
+            elif len(relative) >= _MAX_MOUNT_DEPTH:
                 dirnames.clear()
     if len(matches) > 1:
         listing = ", ".join(str(m) for m in matches)
         raise DataPathError(f"'{name}' matches several attached inputs ({listing}); name it as owner/slug or give "
                             "the path")
     return matches[0] if matches else None
+
+
+def resolve_hub_handle(handle: str) -> str:
+    """A local directory for a TF Hub / Kaggle Models handle when the model is attached, else the handle itself.
+
+    'https://www.kaggle.com/models/google/efficientnet-v2/TensorFlow2/<variation>/1' and the bare
+    'google/efficientnet-v2/tensorflow2/<variation>/1' both find an attached model, so a kernel with the internet off
+    loads it from /kaggle/input instead of trying to download it."""
+    if Path(handle).expanduser().exists():
+        return str(Path(handle).expanduser().resolve())
+    models_url = "https://www.kaggle.com/models/"
+    bare = handle[len(models_url):] if handle.startswith(models_url) else handle
+    if "://" not in bare and len(bare.strip("/").split("/")) == 5:
+        mount = find_kaggle_mount(bare)
+        if mount is not None:
+            return str(mount)
+    return handle
 
 
 def set_private_credentials() -> None:

@@ -1,7 +1,7 @@
 """Hardware is decided here, once: a tf.distribute strategy, the global batch, the learning-rate scaling rule.
 
     strategy = get_strategy(cfg.runtime.strategy, cfg.runtime.tpu_address)
-    batch = global_batch_size(cfg.train.batch_size_per_replica, strategy.num_replicas_in_sync)
+    batch = global_batch_size(cfg.train.batch_size_per_replica, strategy.num_replicas_in_sync, cfg.train.batch_size)
     lr = scaled_learning_rate(cfg.train.learning_rate, batch, cfg.train.lr_reference_batch)
 
 `auto` picks a TPU when TPU hardware is present, else MirroredStrategy over several GPUs (or several logical CPUs,
@@ -92,7 +92,15 @@ def get_strategy(kind: str = "auto", tpu_address: str = "") -> tf.distribute.Str
     return tf.distribute.get_strategy()
 
 
-def global_batch_size(per_replica: int, replicas: int) -> int:
+def global_batch_size(per_replica: int, replicas: int, global_batch: int = 0) -> int:
+    """per_replica x replicas, or an explicit global batch, which must split evenly over the replicas."""
+    if global_batch:
+        if global_batch % replicas:
+            raise StrategyError(
+                f"train.batch_size={global_batch} does not divide over {replicas} replicas. Fix: --set "
+                f"train.batch_size={max(replicas, global_batch // replicas * replicas)}, or set train.batch_size=0 "
+                "and train.batch_size_per_replica instead")
+        return global_batch
     if per_replica < 1:
         raise StrategyError(f"train.batch_size_per_replica must be >= 1, got {per_replica}")
     return per_replica * replicas
@@ -101,3 +109,23 @@ def global_batch_size(per_replica: int, replicas: int) -> int:
 def scaled_learning_rate(base_lr: float, global_batch: int, reference_batch: int = 256) -> float:
     """Linear scaling rule (Goyal et al. 2017): base_lr is right for reference_batch; scale with the global batch."""
     return base_lr * global_batch / reference_batch
+
+
+def choose_precision(setting: str, strategy: tf.distribute.Strategy) -> str:
+    """auto: mixed_bfloat16 on TPU, mixed_float16 on GPUs with tensor cores (compute capability >= 7.0, e.g. T4),
+    float32 on the CPU. bfloat16 on a GPU without it (T4 is 7.5) is refused: it would run emulated and slowly."""
+    gpus = tf.config.list_physical_devices("GPU")
+    capabilities = [tf.config.experimental.get_device_details(g).get("compute_capability", (0, 0)) for g in gpus]
+    on_tpu = isinstance(strategy, tf.distribute.TPUStrategy)
+    if setting == "auto":
+        if on_tpu:
+            return "mixed_bfloat16"
+        return "mixed_float16" if capabilities and min(capabilities) >= (7, 0) else "float32"
+    if setting == "mixed_bfloat16" and not on_tpu and capabilities and min(capabilities) < (8, 0):
+        raise StrategyError(f"train.precision=mixed_bfloat16 on a GPU of compute capability {min(capabilities)}: "
+                            "no bfloat16 there. Fix: train.precision=auto (float16 on this GPU) or float32")
+    return setting
+
+
+def set_precision(policy: str) -> None:
+    tf.keras.mixed_precision.set_global_policy(policy)

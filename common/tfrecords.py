@@ -64,14 +64,24 @@ def serialize_example(image_bytes: bytes, record_id: str, label: int | None, sch
 
 # --------------------------------------------------------------------------------------------------------- manifest
 def read_manifest(tfrecord_dir: str | Path) -> dict:
-    path = Path(tfrecord_dir) / MANIFEST_NAME
-    if not path.is_file():
+    """The manifest of a tpu2gpu conversion, from a local path or a gs:// URL."""
+    import tensorflow as tf
+
+    path = f"{str(tfrecord_dir).rstrip('/')}/{MANIFEST_NAME}"
+    if not tf.io.gfile.exists(path):
         raise DataError(f"{tfrecord_dir} has no {MANIFEST_NAME}: it is not a complete tpu2gpu conversion. Fix: run "
-                        "`tpu2gpu tfrecords` again, or for other TFRecords set data.class_names and the feature names")
-    manifest = json.loads(path.read_text())
+                        "`tpu2gpu tfrecords` again, or for other TFRecords set data.class_names and the file patterns")
+    with tf.io.gfile.GFile(path) as f:
+        manifest = json.loads(f.read())
     if manifest.get("format") != MANIFEST_FORMAT or not manifest.get("complete"):
         raise DataError(f"{path} is not a complete {MANIFEST_FORMAT} manifest")
     return manifest
+
+
+def has_manifest(tfrecord_dir: str | Path) -> bool:
+    import tensorflow as tf
+
+    return tf.io.gfile.exists(f"{str(tfrecord_dir).rstrip('/')}/{MANIFEST_NAME}")
 
 
 def split_names(manifest: dict) -> list[str]:
@@ -93,9 +103,69 @@ def split_files(manifest: dict, tfrecord_dir: str, fold: int) -> tuple[list[str]
     return shard_paths(manifest, tfrecord_dir, train_names), shard_paths(manifest, tfrecord_dir, val_names)
 
 
+def count_records(files: Sequence[str]) -> int:
+    """Records in the files: from names ending -<count>.tfrec / -n<count>.tfrec (Kaggle's and ours), else counted."""
+    import re
+
+    import tensorflow as tf
+
+    total = 0
+    for f in files:
+        match = re.search(r"-n?(\d+)\.tfrec(ord)?$", str(f))
+        total += int(match.group(1)) if match else int(tf.data.TFRecordDataset(str(f)).reduce(0, lambda n, _: n + 1))
+    return total
+
+
+def glob_files(root: str, pattern: str) -> list[str]:
+    import tensorflow as tf
+
+    return sorted(tf.io.gfile.glob(f"{root.rstrip('/')}/{pattern}"))
+
+
 def shard_paths(manifest: dict, tfrecord_dir: str, names: Iterable[str]) -> list[str]:
     root = str(tfrecord_dir).rstrip("/")
     return [f"{root}/{shard['file']}" for name in names for shard in manifest["splits"][name]["shards"]]
+
+
+@dataclass
+class RecordSet:
+    """Where a fold's data is and what it holds; from a manifest or from declared file patterns."""
+
+    train_files: list[str]
+    val_files: list[str]
+    train_count: int
+    val_count: int
+    class_names: list[str]
+    schema: RecordSchema
+    label_type: str = "str"
+
+
+def record_set(tfrecord_dir: str, data_cfg, fold: int) -> RecordSet:
+    """A fold's files and facts: from manifest.json when there is one, else from data.train_files / data.val_files
+    patterns with data.class_names (TFRecords made elsewhere, e.g. Kaggle's Flowers)."""
+    if has_manifest(tfrecord_dir):
+        manifest = read_manifest(tfrecord_dir)
+        train_files, val_files = split_files(manifest, tfrecord_dir, fold)
+        split = manifest["split"]
+        val_names = [f"fold{fold}"] if split["kind"] == "kfold" else ["valid"]
+        counts = {n: manifest["splits"][n]["count"] for n in split_names(manifest)}
+        return RecordSet(train_files, val_files, sum(c for n, c in counts.items() if n not in val_names),
+                         sum(counts[n] for n in val_names), list(manifest["class_names"]),
+                         RecordSchema(**manifest["schema"]), manifest["label_type"])
+    if not data_cfg.class_names:
+        raise DataError(f"{tfrecord_dir} has no {MANIFEST_NAME}, so data.class_names must list the classes in label "
+                        "order. Fix: --set data.class_names=[...], or convert the data with `tpu2gpu tfrecords`")
+    if fold != 0:
+        raise DataError(f"train.fold={fold}, but records without a manifest have one split (data.train_files / "
+                        "data.val_files): use train.fold=0")
+    train_files = glob_files(tfrecord_dir, data_cfg.train_files)
+    val_files = glob_files(tfrecord_dir, data_cfg.val_files)
+    for key, files in (("data.train_files", train_files), ("data.val_files", val_files)):
+        if not files:
+            pattern = getattr(data_cfg, key.split(".")[1])
+            raise DataError(f"{key}={pattern!r} matches no file under {tfrecord_dir}")
+    return RecordSet(train_files, val_files, count_records(train_files), count_records(val_files),
+                     list(data_cfg.class_names), schema_from_config(data_cfg), "str")
 
 
 # ------------------------------------------------------------------------------------------------ competition input

@@ -1,0 +1,147 @@
+"""The train -> infer contract: an export folder that a GPU kernel with another TensorFlow version can load.
+
+    export/fold0/
+      saved_model/         serving_default: images uint8 [N, S, S, 3] (RGB 0..255) -> probabilities float32 [N, K]
+      model_card.json      class names, image size, input/output schema, record schema, config, metrics, versions
+      verify_batch.npz     a few validation images and the probabilities the exported model must give for them
+      history.csv, *.png   training curves and the confusion matrix
+
+    write_export(export_dir, float32_model, card, verify_images, extra_files)   # training kernel
+    card, predict = load_export(export_dir)                                       # inference kernel
+
+The folder is written to a hidden temporary name, reloaded in a fresh Python process in which importing tf_keras or
+tensorflow_hub fails, its probabilities compared with the in-memory model's (max abs difference < 1e-4), and only then
+marked complete (card "complete": true) and renamed into place. Loading needs TensorFlow alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from common.atomic import staged_dir
+from common.errors import DataError
+
+import numpy as np
+import tensorflow as tf
+
+EXPORT_FORMAT = "tpu2gpu-export/1"
+CARD_NAME = "model_card.json"
+SAVED_MODEL_DIR = "saved_model"
+VERIFY_NAME = "verify_batch.npz"
+VERIFY_TOLERANCE = 1e-4
+BLOCKED_IN_CHECK = ("tf_keras", "tensorflow_hub")
+
+
+class ExportError(DataError):
+    """An export that is missing, incomplete, or does not reproduce its own probabilities."""
+
+
+def library_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version(), "tensorflow": tf.__version__}
+    for name in BLOCKED_IN_CHECK:
+        module = sys.modules.get(name)
+        versions[name] = getattr(module, "__version__", "not loaded") if module else "not loaded"
+    return versions
+
+
+def _serving_module(model: tf.keras.Model, image_size: int) -> tf.Module:
+    module = tf.Module()
+    module.model = model  # tracked: its variables are saved
+
+    @tf.function(input_signature=[tf.TensorSpec([None, image_size, image_size, 3], tf.uint8, name="images")])
+    def serve(images):
+        return {"probabilities": tf.cast(model(images, training=False), tf.float32)}
+
+    module.serve = serve
+    return module
+
+
+def write_export(export_dir: str | Path, model: tf.keras.Model, card: dict, verify_images: np.ndarray,
+                 extra_files: dict[str, Path] | None = None) -> dict:
+    """Save, reload in a fresh process, compare, then publish export_dir (replacing an older one). Returns the card.
+
+    `model` must compute in float32 (see float32_copy): the export has to run on GPUs without bfloat16."""
+    export_dir = Path(export_dir)
+    image_size = int(card["image_size"])
+    expected = model(tf.constant(verify_images), training=False).numpy().astype(np.float32)
+    with staged_dir(export_dir, overwrite=True) as tmp:
+        module = _serving_module(model, image_size)
+        tf.saved_model.save(module, str(tmp / SAVED_MODEL_DIR), signatures={"serving_default": module.serve},
+                            options=tf.saved_model.SaveOptions(experimental_io_device="/job:localhost"))
+        np.savez(tmp / VERIFY_NAME, images=verify_images, probabilities=expected)
+        for name, source in (extra_files or {}).items():
+            if Path(source).is_file():
+                shutil.copyfile(source, tmp / name)
+        card = {**card, "format": EXPORT_FORMAT, "complete": False, "versions": library_versions()}
+        _write_card(tmp, card)
+        max_diff = verify_in_fresh_process(tmp)
+        card.update(complete=True, verification={
+            "max_abs_diff": max_diff, "tolerance": VERIFY_TOLERANCE, "images": int(len(verify_images)),
+            "loaded_without": list(BLOCKED_IN_CHECK)})
+        _write_card(tmp, card)  # last: "complete" is only ever true in a verified folder
+    return card
+
+
+def _write_card(folder: Path, card: dict) -> None:
+    (folder / CARD_NAME).write_text(json.dumps(card, indent=2, default=str) + "\n")
+
+
+def verify_in_fresh_process(folder: Path) -> float:
+    """Reload `folder` in a new interpreter without tf_keras / tensorflow_hub; return the max abs difference."""
+    package_root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run([sys.executable, "-m", "common.export_check", str(folder)], capture_output=True,
+                            text=True, env=env)
+    if result.returncode != 0:
+        tail = "\n".join(result.stderr.strip().splitlines()[-8:])
+        raise ExportError(f"the export in {folder} failed its check in a fresh process:\n{tail}")
+    return float(result.stdout.strip().splitlines()[-1])
+
+
+def read_card(export_dir: str | Path) -> dict:
+    export_dir = Path(export_dir)
+    path = export_dir / CARD_NAME
+    if not path.is_file():
+        raise ExportError(f"{export_dir} holds no {CARD_NAME}: it is not a tpu2gpu export. Fix: point the inference "
+                          "kernel at the folder the training kernel exported (e.g. export/fold0)")
+    card = json.loads(path.read_text())
+    if card.get("format") != EXPORT_FORMAT or card.get("complete") is not True:
+        raise ExportError(f"{export_dir} is not marked complete (an interrupted or failed export). Fix: run the "
+                          "training kernel again, or attach a complete export")
+    return card
+
+
+def load_export(export_dir: str | Path):
+    """(card, predict): predict(uint8 images [N, S, S, 3]) -> float32 probabilities [N, K]. TensorFlow only."""
+    card = read_card(export_dir)
+    loaded = tf.saved_model.load(str(Path(export_dir) / SAVED_MODEL_DIR),
+                                 options=tf.saved_model.LoadOptions(experimental_io_device="/job:localhost"))
+    serve = loaded.signatures["serving_default"]
+
+    def predict(images) -> tf.Tensor:
+        return serve(images=tf.convert_to_tensor(images, tf.uint8))["probabilities"]
+
+    predict.loaded = loaded  # keeps the variables alive as long as predict is
+    return card, predict
+
+
+def check_export(folder: str) -> float:
+    """The fresh-process half of verify_in_fresh_process (run by `python -m common.export_check FOLDER`)."""
+    card = json.loads((Path(folder) / CARD_NAME).read_text())
+    loaded = tf.saved_model.load(str(Path(folder) / SAVED_MODEL_DIR))
+    serve = loaded.signatures["serving_default"]
+    batch = np.load(Path(folder) / VERIFY_NAME)
+    probs = serve(images=tf.constant(batch["images"]))["probabilities"]
+    if probs.dtype != tf.float32 or probs.shape[-1] != len(card["class_names"]):
+        raise SystemExit(f"serving output {probs.dtype.name} {probs.shape} is not float32 [N, "
+                         f"{len(card['class_names'])}]")
+    max_diff = float(np.max(np.abs(probs.numpy() - batch["probabilities"])))
+    if not max_diff < VERIFY_TOLERANCE:
+        raise SystemExit(f"reloaded probabilities differ by {max_diff:.2e} (tolerance {VERIFY_TOLERANCE:.0e})")
+    return max_diff
