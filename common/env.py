@@ -74,7 +74,7 @@ def environment_report(strategy=None) -> str:
     where = detect_platform()
     signals = f" (TPU signals: {', '.join(where.tpu_signals)})" if where.tpu_signals else ""
     devices = ", ".join(f"{d.device_type}:{d.name.rsplit(':', 1)[-1]}" for d in tf.config.list_logical_devices())
-    keras_in_use = tf.keras.__name__.split(".")[0]
+    keras_in_use = tf.keras.Model.__module__.split(".")[0]  # tf_keras (Keras 2) or keras (Keras 3)
     lines = [
         "=== environment ===",
         f"platform      {where.kind}{signals}",

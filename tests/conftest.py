@@ -11,6 +11,7 @@ from common.tfrecords import convert_competition  # noqa: E402
 
 import pytest  # noqa: E402
 
+from tpu2gpu.backbones import save_tiny_backbone  # noqa: E402
 from tpu2gpu.demo_data import make_demo_competition  # noqa: E402
 
 
@@ -25,3 +26,29 @@ def demo_records(demo_dir, tmp_path_factory):
     """(tfrecord dir, manifest) of the demo converted with 5 folds."""
     out = tmp_path_factory.mktemp("records") / "tfrec"
     return out, convert_competition(demo_dir, out, Config().data)
+
+
+@pytest.fixture(scope="session")
+def tiny_backbone(tmp_path_factory):
+    """A small SavedModel with the TF Hub feature-vector contract, loaded through hub.KerasLayer like EfficientNet."""
+    return save_tiny_backbone(tmp_path_factory.mktemp("hub") / "tiny_backbone", width=8)
+
+
+@pytest.fixture(scope="session")
+def plain_backbone(tmp_path_factory):
+    """The same without batch normalisation: its gradient does not depend on how a batch is split over replicas."""
+    return save_tiny_backbone(tmp_path_factory.mktemp("hub") / "plain_backbone", width=8, batch_norm=False)
+
+
+@pytest.fixture
+def train_argv(demo_records, tiny_backbone, tmp_path):
+    """argv for train_tpu.train on the demo records: 16 px, tiny backbone, a few short epochs, output in tmp_path."""
+    records_dir, _ = demo_records
+
+    def argv(*overrides: str) -> list[str]:
+        base = [f"runtime.tfrecords={records_dir}", f"model.hub_handle={tiny_backbone}", "data.image_size=16",
+                "train.fold=0", "train.epochs=2", "train.steps_per_epoch=4", "train.steps_per_execution=2",
+                "train.batch_size_per_replica=16", "train.learning_rate=0.05", f"runtime.output_dir={tmp_path / 'out'}"]
+        return [arg for item in [*base, *overrides] for arg in ("--set", item)]
+
+    return argv

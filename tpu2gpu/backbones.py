@@ -16,20 +16,27 @@ from common.atomic import staged_dir
 import tensorflow as tf
 
 
-def save_tiny_backbone(out_dir: str | Path, width: int = 32, seed: int = 0, overwrite: bool = False) -> Path:
-    """Write the SavedModel to out_dir (reused when it is already there, unless overwrite)."""
+def save_tiny_backbone(out_dir: str | Path, width: int = 32, batch_norm: bool = True, seed: int = 0,
+                       overwrite: bool = False) -> Path:
+    """Write the SavedModel to out_dir (reused when it is already there, unless overwrite).
+
+    batch_norm=False gives a net whose gradient does not depend on how a batch is split over replicas (batch
+    statistics are per replica), for comparing a distributed step with a single-device one."""
     out_dir = Path(out_dir)
     if (out_dir / "saved_model.pb").is_file() and not overwrite:
         return out_dir
     tf.keras.utils.set_random_seed(seed)
     layers = tf.keras.layers
-    model = tf.keras.Sequential([
-        tf.keras.Input((None, None, 3)),
-        layers.Conv2D(width, 3, padding="same", activation="relu"),
-        layers.Conv2D(2 * width, 3, strides=2, padding="same", activation="relu"),
-        layers.Conv2D(4 * width, 3, strides=2, padding="same", activation="relu"),
-        layers.GlobalAveragePooling2D(),
-    ], name="tiny_backbone")
+    blocks = []
+    for filters, stride in ((width, 1), (2 * width, 2), (4 * width, 2)):
+        blocks.append(layers.Conv2D(filters, 3, strides=stride, padding="same", use_bias=not batch_norm))
+        if batch_norm:
+            # As in EfficientNet: without it this net sits at chance for hundreds of steps. Momentum 0.9 so the
+            # moving statistics are usable after a short run.
+            blocks.append(layers.BatchNormalization(momentum=0.9))
+        blocks.append(layers.ReLU())
+    model = tf.keras.Sequential([tf.keras.Input((None, None, 3)), *blocks, layers.GlobalAveragePooling2D()],
+                                name="tiny_backbone")
     with staged_dir(out_dir, overwrite=True) as tmp:
         tf.saved_model.save(model, str(tmp))
     return out_dir

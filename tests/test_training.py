@@ -1,0 +1,170 @@
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from common.config import load_config
+from common.errors import ConfigError, StrategyError
+from common.export import CARD_NAME, ExportError, load_export, read_card, write_export
+from common.model import build_model
+from common.strategy import get_strategy
+from common.training import PROGRESS_NAME, CustomLoop
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from train_tpu.train import main as train_main
+
+REPO = Path(__file__).resolve().parents[1]
+BLOCK_KERAS_AND_HUB = "import sys; sys.modules['tf_keras'] = None; sys.modules['tensorflow_hub'] = None; "
+
+
+def test_custom_loop_step_on_two_replicas_equals_the_single_device_step(plain_backbone):
+    cfg = load_config(None, [f"model.hub_handle={plain_backbone}", "model.dropout=0"])
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (8, 16, 16, 3), dtype=np.uint8)
+    labels = np.array([0, 1, 2, 3, 0, 1, 2, 3], dtype=np.int32)
+    tf.keras.utils.set_random_seed(0)
+    initial = build_model(cfg.model, 4, 16).get_weights()
+
+    def one_step(strategy):
+        with strategy.scope():
+            model = build_model(cfg.model, 4, 16)
+            model.set_weights(initial)
+            model.compile(optimizer=tf.keras.optimizers.SGD(0.5))
+            model.optimizer.build(model.trainable_variables)
+        loop = CustomLoop(strategy, model, num_classes=4, label_smoothing=0.1, global_batch=8)
+        batch = tf.data.Dataset.from_tensor_slices((images, labels)).batch(8)
+        batches = strategy.experimental_distribute_dataset(batch)
+        loop.train_steps(iter(batches), tf.constant(1))
+        return model.get_weights(), float(loop.loss.result())
+
+    mirrored = get_strategy("mirrored")
+    assert mirrored.num_replicas_in_sync == 2  # each replica sees 4 of the 8 examples
+    weights_2, loss_2 = one_step(mirrored)
+    weights_1, loss_1 = one_step(get_strategy("default"))
+    assert loss_2 == pytest.approx(loss_1, rel=1e-5)
+    moved = [np.abs(w1 - w0).max() for w1, w0 in zip(weights_1, initial, strict=True)]
+    assert min(moved) > 1e-4  # the step changed every variable ...
+    for w2, w1 in zip(weights_2, weights_1, strict=True):
+        np.testing.assert_allclose(w2, w1, atol=1e-5)  # ... identically on one device and on two replicas
+
+
+def test_train_export_reload_in_a_fresh_process(train_argv, tmp_path):
+    assert train_main(train_argv()) == 0
+    export = tmp_path / "out" / "export" / "fold0"
+    card = read_card(export)
+    assert card["complete"] and card["verification"]["max_abs_diff"] < 1e-4
+    assert card["class_names"] == sorted(card["class_names"]) and len(card["class_names"]) == 10
+    assert card["input"]["dtype"] == "uint8" and card["input"]["shape"] == [None, 16, 16, 3]
+    assert card["config"]["data"]["image_size"] == 16 and card["metrics"]["count"] == 288
+    assert 0.0 <= card["metrics"]["macro_f1"] <= 1.0 and card["metrics"]["epochs"] == 2
+    assert {"history.csv", "history.png", "confusion.png", "oof.csv", "verify_batch.npz"} <= {
+        p.name for p in export.iterdir()}
+    assert not (tmp_path / "out" / "work" / "fold0" / "checkpoints").exists()  # removed once exported
+    report = json.loads((tmp_path / "out" / "export" / "training_report.json").read_text())
+    assert report["folds"]["fold0"]["macro_f1"] == card["metrics"]["macro_f1"]
+
+    # A new process that cannot import tf_keras or tensorflow_hub reproduces the probabilities.
+    batch = np.load(export / "verify_batch.npz")
+    code = (BLOCK_KERAS_AND_HUB + "import numpy as np; from common.export import load_export; "
+            f"card, predict = load_export({str(export)!r}); b = np.load({str(export / 'verify_batch.npz')!r}); "
+            "p = predict(b['images']).numpy(); print(p.dtype, np.abs(p - b['probabilities']).max())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    dtype, diff = out.stdout.split()
+    assert dtype == "float32" and float(diff) < 1e-4
+    assert batch["probabilities"].shape == (4, 10)
+    np.testing.assert_allclose(batch["probabilities"].sum(axis=1), 1.0, atol=1e-5)
+
+
+def test_bfloat16_training_exports_a_float32_signature(train_argv, tmp_path):
+    assert train_main(train_argv("train.precision=mixed_bfloat16", "train.epochs=1")) == 0
+    assert tf.keras.mixed_precision.global_policy().name == "mixed_bfloat16"
+    tf.keras.mixed_precision.set_global_policy("float32")  # leave the process as other tests expect it
+    export = tmp_path / "out" / "export" / "fold0"
+    card = read_card(export)
+    assert card["trained_precision"] == "mixed_bfloat16" and card["export_precision"] == "float32"
+    code = (BLOCK_KERAS_AND_HUB + "import numpy as np, tensorflow as tf; "
+            f"m = tf.saved_model.load({str(export / 'saved_model')!r}); s = m.signatures['serving_default']; "
+            "spec = s.structured_input_signature[1]['images']; "
+            "out = s(images=tf.zeros([3, 16, 16, 3], tf.uint8))['probabilities']; "
+            "dtypes = {v.dtype.name for v in s.variables}; "
+            "bf16 = 'DT_BFLOAT16' in str(s.graph.as_graph_def()); "  # nested functions included
+            "print(spec.dtype.name, out.dtype.name, out.shape[0], out.shape[1], ','.join(sorted(dtypes)), bf16)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    # uint8 in, float32 out, float32 variables, and no bfloat16 anywhere in the serving graph
+    assert out.stdout.split() == ["uint8", "float32", "3", "10", "float32", "False"]
+
+
+def test_a_killed_run_resumes_at_the_next_epoch(train_argv, tmp_path):
+    argv = [sys.executable, "-m", "train_tpu.train", *train_argv("train.epochs=6", "train.steps_per_epoch=6")]
+    progress = tmp_path / "out" / "work" / "fold0" / "checkpoints" / PROGRESS_NAME
+    run = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while not (progress.is_file() and json.loads(progress.read_text())["epochs_done"] >= 2):
+            assert run.poll() is None and time.monotonic() < deadline, "training ended before epoch 2"
+            time.sleep(0.05)
+    finally:
+        run.send_signal(signal.SIGKILL)  # killed, not asked to stop
+        run.wait()
+    killed_after = json.loads(progress.read_text())["epochs_done"]
+    assert 2 <= killed_after < 6
+    assert not (tmp_path / "out" / "export" / "fold0").exists()
+
+    again = subprocess.run(argv, cwd=REPO, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert f"resuming from the checkpoint after epoch {killed_after}" in again.stdout
+    assert f"Epoch {killed_after + 1}/6" in again.stdout and f"Epoch {killed_after}/6" not in again.stdout
+    history = np.genfromtxt(tmp_path / "out" / "export" / "fold0" / "history.csv", delimiter=",", names=True)
+    assert history["epoch"].tolist() == list(range(6))  # every epoch once, none repeated, none lost
+    assert read_card(tmp_path / "out" / "export" / "fold0")["metrics"]["epochs"] == 6
+
+
+def test_the_time_budget_stops_early_and_still_exports(train_argv, tmp_path, capsys):
+    assert train_main(train_argv("train.epochs=40", "train.steps_per_epoch=8", "train.time_budget_hours=0.003")) == 0
+    card = read_card(tmp_path / "out" / "export" / "fold0")
+    assert card["metrics"]["stopped_by_time_budget"] is True
+    assert 1 <= card["metrics"]["epochs"] < 40
+    assert "time budget:" in capsys.readouterr().out
+
+
+def test_an_interrupted_export_never_looks_complete(tiny_backbone, tmp_path, monkeypatch):
+    cfg = load_config(None, [f"model.hub_handle={tiny_backbone}"])
+    model = build_model(cfg.model, 3, 16)
+    images = np.zeros((2, 16, 16, 3), np.uint8)
+    card = {"class_names": ["a", "b", "c"], "image_size": 16}
+    export = tmp_path / "export" / "fold0"
+    first = write_export(export, model, card, images)
+    assert first["complete"]
+
+    def crash(folder):
+        raise KeyboardInterrupt  # e.g. the session ends while checking
+
+    monkeypatch.setattr("common.export.verify_in_fresh_process", crash)
+    with pytest.raises(KeyboardInterrupt):
+        write_export(export, model, {**card, "fold": 1}, images)
+    assert read_card(export) == first  # the earlier complete export is untouched
+    assert [p.name for p in export.parent.iterdir()] == ["fold0"]  # no half-written folder left beside it
+    with pytest.raises(KeyboardInterrupt):
+        write_export(tmp_path / "export" / "fold1", model, card, images)
+    assert not (tmp_path / "export" / "fold1").exists()
+
+    # A folder whose card is not marked complete (a crash between saving and checking) is refused.
+    partial = tmp_path / "export" / "fold2"
+    partial.mkdir()
+    (partial / CARD_NAME).write_text(json.dumps({**first, "complete": False}))
+    with pytest.raises(ExportError, match="not marked complete"):
+        load_export(partial)
+
+
+def test_bad_inputs_name_the_value_and_the_fix(train_argv):
+    with pytest.raises(ConfigError, match=r"model.num_classes=5 but the data has 10 classes .* model.num_classes=10"):
+        train_main(train_argv("model.num_classes=5"))
+    with pytest.raises(StrategyError, match=r"train.batch_size=33 does not divide over 2 replicas.*batch_size=32"):
+        train_main(train_argv("train.batch_size=33", "runtime.cpu_devices=2"))
+    with pytest.raises(ConfigError, match="model.hub_handle='/missing/model' could not be loaded"):
+        train_main(train_argv("model.hub_handle=/missing/model"))
