@@ -168,3 +168,25 @@ def test_bad_inputs_name_the_value_and_the_fix(train_argv):
         train_main(train_argv("train.batch_size=33", "runtime.cpu_devices=2"))
     with pytest.raises(ConfigError, match="model.hub_handle='/missing/model' could not be loaded"):
         train_main(train_argv("model.hub_handle=/missing/model"))
+
+
+def test_all_folds_in_turn_give_out_of_fold_scores(tmp_path, tiny_backbone):
+    from common.tfrecords import convert_competition
+
+    from helpers import write_competition
+
+    labels = ["cat", "dog", "emu"] * 12
+    comp = write_competition(tmp_path / "comp", labels, size=16)
+    convert_competition(comp, tmp_path / "rec", load_config(None, ["data.folds=3"]).data)
+    argv = [f"runtime.tfrecords={tmp_path / 'rec'}", f"model.hub_handle={tiny_backbone}", "data.image_size=16",
+            "train.fold=-1", "train.epochs=1", "train.steps_per_epoch=2", "train.batch_size_per_replica=4",
+            f"runtime.output_dir={tmp_path / 'out'}"]
+    assert train_main([a for item in argv for a in ("--set", item)]) == 0
+    report = json.loads((tmp_path / "out" / "export" / "training_report.json").read_text())
+    assert sorted(report["folds"]) == ["fold0", "fold1", "fold2"]
+    oof = report["out_of_fold"]
+    assert oof["count"] == oof["unique_ids"] == 36  # every training image predicted exactly once, by its own fold
+    assert np.array(oof["confusion_matrix"]).sum() == 36
+    assert set(oof["per_class"]) >= {"cat", "dog", "emu", "macro avg"}
+    for fold in range(3):
+        assert read_card(tmp_path / "out" / "export" / f"fold{fold}")["fold"] == fold

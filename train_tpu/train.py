@@ -133,11 +133,35 @@ def main(argv: list[str] | None = None) -> int:
         report["folds"][f"fold{fold}"] = card["metrics"]
         print(f"[train] fold {fold}: export verified and complete in {export_dir}", flush=True)
 
+    report["out_of_fold"] = out_of_fold_scores(out / "export", report["folds"])
     report_path = out / "export" / "training_report.json"
     report_path.parent.mkdir(parents=True, exist_ok=True)
     report_path.write_text(json.dumps(report, indent=2) + "\n")
     print(f"\n[train] report: {report_path}", flush=True)
     return 0
+
+
+def out_of_fold_scores(export_root: Path, folds: dict) -> dict | None:
+    """Scores of every exported fold's validation predictions together (the out-of-fold estimate)."""
+    import csv
+
+    import numpy as np
+
+    ids, labels, probs, class_names = [], [], [], None
+    for fold in folds:
+        card = read_card(export_root / fold)
+        class_names = card["class_names"]
+        with (export_root / fold / "oof.csv").open(newline="") as f:
+            for row in csv.DictReader(f):
+                ids.append(row["id"])
+                labels.append(class_names.index(row["label"]))
+                probs.append([float(row[f"p_{c}"]) for c in class_names])
+    if not ids:
+        return None
+    scores = classification_scores(np.array(labels), np.array(probs), class_names)
+    print(f"[train] out-of-fold over {len(folds)} fold(s), {len(ids)} records: macro-F1 {scores['macro_f1']:.4f}, "
+          f"accuracy {scores['accuracy']:.4f}", flush=True)
+    return {"folds": list(folds), "unique_ids": len(set(ids)), **scores}
 
 
 def common_eval_batch(records, cfg, n: int = 4):
