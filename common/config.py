@@ -5,7 +5,7 @@
     save_config(cfg, "export/config.json")  # and saved with the results; load_config() reads it back
 
 An unknown section or key, or a value of the wrong type, raises ConfigError naming the key (with a close match).
-Sections follow the Model Garden split: what to learn (data, model, train) apart from where it runs (runtime).
+Sections follow the Model Garden split: what to learn (data, model, train, infer) apart from where it runs (runtime).
 Model and data code never read `runtime`.
 """
 
@@ -94,6 +94,19 @@ class TrainConfig:
 
 
 @dataclass
+class InferConfig:
+    # Export folders (paths or attached Kaggle dataset names); each may hold several fold exports. Empty = every
+    # export found under /kaggle/input.
+    exports: tuple[str, ...] = ()
+    batch_size: int = 128  # global
+    tta: tuple[str, ...] = ()  # e.g. [flip_left_right]; probabilities of all views averaged (identity included)
+    xla: bool = False  # compile the prediction step with XLA
+    check_images: bool = True  # refuse test images whose size or colour mode differ from the training images
+    save_probabilities: bool = True  # probabilities.csv beside submission.csv, for blending
+    submission: str = "submission.csv"
+
+
+@dataclass
 class RuntimeConfig:
     strategy: Literal["auto", "tpu", "mirrored", "default"] = "auto"
     tpu_address: str = ""  # "" = Kaggle's own (local on a TPU VM, $TPU_NAME on a TPU Node)
@@ -101,7 +114,7 @@ class RuntimeConfig:
     competition_dir: str = ""  # a Kaggle-style folder (CSV + images); a path or an attached Kaggle input name
     tfrecords: str = ""  # folder of TFRecords + manifest: a path, gs:// URL or an attached Kaggle dataset name
     private_dataset: bool = False  # read through GCS with the kernel's gcloud credential (TPU Node only)
-    output_dir: str = ""  # "" = /kaggle/working on Kaggle, ./runs locally
+    output_dir: str = ""  # "" = /kaggle/working on Kaggle, ./runs/<train|infer> locally
 
 
 @dataclass
@@ -109,6 +122,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    infer: InferConfig = field(default_factory=InferConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
 

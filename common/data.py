@@ -132,6 +132,19 @@ def make_eval_dataset(files, schema: RecordSchema, image_size: int, batch_size: 
     return dataset.batch(batch_size, drop_remainder=drop_remainder).prefetch(AUTOTUNE)
 
 
+def make_image_file_dataset(paths, ids, image_size: int, batch_size: int) -> tf.data.Dataset:
+    """Like make_eval_dataset, from image files (a competition's test folder): dict batches {'image', 'id'}, in the
+    order given, the last partial batch kept. The same decode_image as training."""
+    if len(paths) != len(ids) or not len(paths):
+        raise ValueError(f"need one id per image path and at least one image, got {len(paths)} paths, {len(ids)} ids")
+    dataset = tf.data.Dataset.from_tensor_slices({"path": [str(p) for p in paths], "id": list(ids)})
+
+    def load(item):
+        return {"image": decode_image(tf.io.read_file(item["path"]), image_size), "id": item["id"]}
+
+    return dataset.map(load, num_parallel_calls=AUTOTUNE, deterministic=True).batch(batch_size).prefetch(AUTOTUNE)
+
+
 def images_and_labels(dataset: tf.data.Dataset) -> tf.data.Dataset:
     """(image, label) pairs from eval-dataset dicts, the form Keras fit/evaluate take."""
     return dataset.map(lambda batch: (batch["image"], batch["label"]))

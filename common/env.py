@@ -10,6 +10,7 @@ Signals (Kaggle/docker-python images):
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform as _platform
 from collections.abc import Mapping
@@ -59,12 +60,13 @@ def detect_platform(environ: Mapping[str, str] | None = None, dev: Path = Path("
     return Platform(kind=kind, on_kaggle=on_kaggle, tpu_signals=tpu)
 
 
-def _version(module_name: str) -> str:
+def _version(distribution: str) -> str:
+    """Installed version, read from package metadata: nothing is imported (the inference kernel must not import
+    tf_keras or tensorflow_hub)."""
     try:
-        module = __import__(module_name)
-    except ImportError:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
         return "not installed"
-    return getattr(module, "__version__", "unknown")
 
 
 def environment_report(strategy=None) -> str:
@@ -74,14 +76,15 @@ def environment_report(strategy=None) -> str:
     where = detect_platform()
     signals = f" (TPU signals: {', '.join(where.tpu_signals)})" if where.tpu_signals else ""
     devices = ", ".join(f"{d.device_type}:{d.name.rsplit(':', 1)[-1]}" for d in tf.config.list_logical_devices())
-    keras_in_use = tf.keras.Model.__module__.split(".")[0]  # tf_keras (Keras 2) or keras (Keras 3)
+    legacy = os.environ.get("TF_USE_LEGACY_KERAS") == "1"
     lines = [
         "=== environment ===",
         f"platform      {where.kind}{signals}",
         f"python        {_platform.python_version()}",
         f"tensorflow    {tf.__version__}",
-        f"keras         tf.keras is {keras_in_use} {_version('tf_keras')} (Keras 3: {_version('keras')})",
-        f"hub           {_version('tensorflow_hub')}",
+        f"keras         tf-keras {_version('tf-keras')}, keras {_version('keras')}; tf.keras is "
+        f"{'tf-keras (TF_USE_LEGACY_KERAS=1)' if legacy else 'keras 3'}",
+        f"hub           {_version('tensorflow-hub')}",
         f"devices       {devices}",
     ]
     if strategy is not None:

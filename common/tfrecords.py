@@ -138,6 +138,7 @@ class RecordSet:
     class_names: list[str]
     schema: RecordSchema
     label_type: str = "str"
+    source_images: dict | None = None  # sizes and colour modes of the training images, when known
 
 
 def record_set(tfrecord_dir: str, data_cfg, fold: int) -> RecordSet:
@@ -151,7 +152,7 @@ def record_set(tfrecord_dir: str, data_cfg, fold: int) -> RecordSet:
         counts = {n: manifest["splits"][n]["count"] for n in split_names(manifest)}
         return RecordSet(train_files, val_files, sum(c for n, c in counts.items() if n not in val_names),
                          sum(counts[n] for n in val_names), list(manifest["class_names"]),
-                         RecordSchema(**manifest["schema"]), manifest["label_type"])
+                         RecordSchema(**manifest["schema"]), manifest["label_type"], manifest.get("source_images"))
     if not data_cfg.class_names:
         raise DataError(f"{tfrecord_dir} has no {MANIFEST_NAME}, so data.class_names must list the classes in label "
                         "order. Fix: --set data.class_names=[...], or convert the data with `tpu2gpu tfrecords`")
@@ -300,8 +301,9 @@ def shard_count(n_samples: int, total_bytes: int, target_mb: float) -> int:
 
 # ------------------------------------------------------------------------------------------------ image preparation
 def prepare_image(path: Path, source: str, convert_size: int = 0, reencode: str = "keep",
-                  jpeg_quality: int = 95) -> tuple[bytes, str]:
-    """The bytes to store for one image and their format, after decoding it fully (a corrupt file fails here)."""
+                  jpeg_quality: int = 95) -> tuple[bytes, str, str]:
+    """(bytes to store, their format, 'WxH MODE' of the source image), after decoding it fully: a corrupt file fails
+    here."""
     from PIL import Image, UnidentifiedImageError
 
     raw = path.read_bytes()
@@ -312,15 +314,16 @@ def prepare_image(path: Path, source: str, convert_size: int = 0, reencode: str 
             if fmt not in ("jpeg", "png"):
                 raise DataError(f"{source}: {path} is {img.format}, not JPEG or PNG. Fix: convert it, or --set "
                                 "data.reencode=jpeg")
+            geometry = f"{img.width}x{img.height} {img.mode}"
             if convert_size <= 0 and reencode == "keep":
-                return raw, fmt
+                return raw, fmt, geometry
             img = img.convert("RGB")
             if convert_size > 0:
                 img = img.resize((convert_size, convert_size), Image.BICUBIC)
             target = "png" if reencode == "png" else "jpeg"
             out = io.BytesIO()
             img.save(out, format=target.upper(), **({"quality": jpeg_quality} if target == "jpeg" else {}))
-            return out.getvalue(), target
+            return out.getvalue(), target, geometry
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
         if isinstance(err, DataError):
             raise
@@ -328,6 +331,14 @@ def prepare_image(path: Path, source: str, convert_size: int = 0, reencode: str 
 
 
 # ----------------------------------------------------------------------------------------------------- conversion
+def source_images(geometries: set[str], max_sizes: int = 8) -> dict:
+    """What the training images looked like before conversion: their colour modes, and their sizes unless varied.
+    Inference compares test images with this: a model trained on 512x512 RGB scans should not silently get 256x256
+    grayscale ones."""
+    sizes = sorted({g.split()[0] for g in geometries})
+    return {"modes": sorted({g.split()[1] for g in geometries}), "sizes": sizes if len(sizes) <= max_sizes else None}
+
+
 def _progress(label: str, done: int, total: int, previous: int) -> None:
     """One updating line in a terminal; in a Kaggle log (not a terminal) a line per quarter."""
     if sys.stderr.isatty():
@@ -338,10 +349,10 @@ def _progress(label: str, done: int, total: int, previous: int) -> None:
 
 
 def _write_split(name: str, samples: list[Sample], out_dir: Path, data_cfg, schema: RecordSchema,
-                 pool: ThreadPoolExecutor, target_mb: float) -> tuple[dict, set[str]]:
+                 pool: ThreadPoolExecutor, target_mb: float) -> tuple[dict, set[str], set[str]]:
     import tensorflow as tf
 
-    def prepare(sample: Sample) -> tuple[bytes, str]:
+    def prepare(sample: Sample) -> tuple[bytes, str, str]:
         return prepare_image(sample.path, sample.source, data_cfg.convert_size, data_cfg.reencode,
                              data_cfg.jpeg_quality)
 
@@ -350,16 +361,18 @@ def _write_split(name: str, samples: list[Sample], out_dir: Path, data_cfg, sche
         total = sum(s.path.stat().st_size for s in samples)
     else:
         probe = samples[:: max(1, len(samples) // 32)]
-        total = int(np.mean([len(b) for b, _ in pool.map(prepare, probe)]) * len(samples))
+        total = int(np.mean([len(b) for b, _, _ in pool.map(prepare, probe)]) * len(samples))
     n_shards = shard_count(len(samples), total, target_mb)
-    shards, formats, done = [], set(), 0
+    shards, formats, geometries, done = [], set(), set(), 0
     for index, chunk in enumerate(np.array_split(np.arange(len(samples)), n_shards)):
         file_name = f"{name}-{index:03d}-n{len(chunk)}.tfrec"
         chunk_samples = [samples[i] for i in chunk]
         with tf.io.TFRecordWriter(str(out_dir / file_name)) as writer:
-            for sample, (image_bytes, fmt) in zip(chunk_samples, pool.map(prepare, chunk_samples), strict=True):
+            for sample, (image_bytes, fmt, geometry) in zip(chunk_samples, pool.map(prepare, chunk_samples),
+                                                            strict=True):
                 writer.write(serialize_example(image_bytes, sample.id, sample.label, schema))
                 formats.add(fmt)
+                geometries.add(geometry)
         _progress(name, done + len(chunk), len(samples), done)
         done += len(chunk)
         shards.append({"file": file_name, "count": len(chunk), "bytes": (out_dir / file_name).stat().st_size})
@@ -367,7 +380,7 @@ def _write_split(name: str, samples: list[Sample], out_dir: Path, data_cfg, sche
     split = {"count": len(samples), "shards": shards}
     if counts:
         split["label_counts"] = {str(k): counts[k] for k in sorted(counts)}
-    return split, formats
+    return split, formats, geometries
 
 
 def convert_competition(comp_dir: str | Path, out_dir: str | Path, data_cfg, overwrite: bool = False) -> dict:
@@ -391,19 +404,22 @@ def convert_competition(comp_dir: str | Path, out_dir: str | Path, data_cfg, ove
 
     schema = schema_from_config(data_cfg)
     with staged_dir(out_dir, overwrite=overwrite) as tmp:
-        splits, formats = {}, set()
+        splits, formats, train_geometries = {}, set(), set()
         workers = data_cfg.workers or os.cpu_count() or 1
         # Pillow releases the GIL while decoding and encoding, so threads use every core.
         with ThreadPoolExecutor(max_workers=workers) as pool:
             for name, split_samples in by_split.items():
-                splits[name], split_formats = _write_split(name, split_samples, tmp, data_cfg, schema, pool,
-                                                           data_cfg.shard_target_mb)
+                splits[name], split_formats, geometries = _write_split(name, split_samples, tmp, data_cfg, schema,
+                                                                       pool, data_cfg.shard_target_mb)
                 formats |= split_formats
+                if name != "test":
+                    train_geometries |= geometries
         manifest = {
             "format": MANIFEST_FORMAT,
             "schema": asdict(schema),
             "image_formats": sorted(formats),
             "image_size": data_cfg.convert_size or None,  # None: images kept at their own sizes
+            "source_images": source_images(train_geometries),
             "class_names": class_names,
             "label_type": label_type,
             "split": split_info,

@@ -36,7 +36,7 @@ def test_environment_report_names_versions_devices_and_replicas():
 
     report = environment_report(get_strategy("mirrored"))
     assert f"tensorflow    {tf.__version__}" in report
-    assert "tf.keras is tf_keras" in report
+    assert "tf.keras is tf-keras (TF_USE_LEGACY_KERAS=1)" in report and "tf-keras 2.21" in report
     assert "hub           0.16" in report
     assert "devices       CPU:0, CPU:1" in report
     assert "strategy      MirroredStrategy" in report

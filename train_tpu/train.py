@@ -118,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         card = {
             "fold": fold, "class_names": records.class_names, "label_type": records.label_type,
             "image_size": cfg.data.image_size, "record_schema": records.schema.__dict__,
+            "source_images": records.source_images,
             "input": {"signature": "serving_default", "name": "images", "dtype": "uint8",
                       "shape": [None, cfg.data.image_size, cfg.data.image_size, 3], "channels": "RGB",
                       "range": [0, 255]},

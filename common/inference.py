@@ -1,0 +1,251 @@
+"""Inference: find exports, check test data against their cards, predict with TTA and fold ensembles, write a
+validated submission.csv. TensorFlow only: no tf_keras, no tensorflow_hub, no training config.
+
+    exports = find_exports(["model-dataset"])                      # every export/fold<k> under it
+    models = [load_export(e) for e in exports]                     # (card, predict) pairs
+    probs = ensemble_probabilities(models, batches, tta=["flip_left_right"], strategy=strategy)
+    rows = submission_rows(template, ids, probs, class_names)     # validated, in sample_submission order
+    write_csv_atomically(out / "submission.csv", template.header, rows)
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from common.errors import DataError
+from common.export import CARD_NAME, ExportError
+from common.paths import kaggle_input_dir, resolve_data_path
+
+import numpy as np
+import tensorflow as tf
+
+_MAX_SEARCH_DEPTH = 6
+
+# Test-time views of a uint8 batch [N, H, W, 3]. Each keeps the image square and the labels unchanged.
+TTA_TRANSFORMS = {
+    "identity": lambda x: x,
+    "flip_left_right": lambda x: tf.reverse(x, [2]),
+    "flip_up_down": lambda x: tf.reverse(x, [1]),
+    "rotate90": lambda x: tf.image.rot90(x, 1),
+    "rotate180": lambda x: tf.image.rot90(x, 2),
+    "rotate270": lambda x: tf.image.rot90(x, 3),
+    "transpose": lambda x: tf.transpose(x, [0, 2, 1, 3]),
+}
+
+
+# ------------------------------------------------------------------------------------------------------------ exports
+def _exports_under(root: Path) -> list[Path]:
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        if CARD_NAME in filenames:
+            found.append(here)
+            dirnames.clear()
+        elif len(here.relative_to(root).parts) >= _MAX_SEARCH_DEPTH:
+            dirnames.clear()
+        dirnames.sort()
+    return found
+
+
+def find_exports(names_or_paths) -> list[Path]:
+    """Export folders (holding model_card.json) under each given path / attached dataset, or under /kaggle/input."""
+    roots = [Path(resolve_data_path(n)) for n in names_or_paths] or [kaggle_input_dir()]
+    exports = [e for root in roots for e in _exports_under(root)]
+    if not exports:
+        where = ", ".join(str(r) for r in roots)
+        raise ExportError(f"no export (a folder with {CARD_NAME}) found under {where}. Fix: attach the model dataset "
+                          "the training kernel's export became (dataset_sources), or set infer.exports to its path")
+    return exports
+
+
+def check_same_classes(cards: list[dict], exports: list[Path]) -> list[str]:
+    names = cards[0]["class_names"]
+    for card, export in zip(cards[1:], exports[1:], strict=True):
+        if card["class_names"] != names:
+            raise ExportError(f"{export} predicts classes {card['class_names'][:5]}... but {exports[0]} predicts "
+                              f"{names[:5]}...: exports of different class lists cannot be averaged")
+    return list(names)
+
+
+# -------------------------------------------------------------------------------------------------------- test data
+@dataclass
+class SubmissionTemplate:
+    """sample_submission.csv: its columns, its ids in order, and how predictions fill it."""
+
+    header: list[str]
+    ids: list[str]
+    id_column: str
+    label_column: str | None  # one label column; None when the columns are the class names (probabilities)
+    label_values: set[str]
+
+
+def read_template(csv_path: Path, id_column: str) -> SubmissionTemplate:
+    with Path(csv_path).open(newline="") as f:
+        reader = csv.DictReader(f)
+        header = list(reader.fieldnames or [])
+        rows = list(reader)
+    if id_column not in header:
+        raise DataError(f"{csv_path.name} has no id column '{id_column}' (columns: {', '.join(header)}). Fix: --set "
+                        "data.id_column=<one of those>")
+    others = [c for c in header if c != id_column]
+    label_column = others[0] if len(others) == 1 else None
+    values = {r[label_column] for r in rows} if label_column else set()
+    return SubmissionTemplate(header, [r[id_column] for r in rows], id_column, label_column, values)
+
+
+def check_template_classes(template: SubmissionTemplate, class_names: list[str], csv_name: str) -> None:
+    """The template's label values (or probability columns) must be classes the model knows."""
+    if template.label_column is None:
+        columns = [c for c in template.header if c != template.id_column]
+        if sorted(columns) != sorted(class_names):
+            raise DataError(f"{csv_name} has probability columns {columns[:5]}... but the model's classes are "
+                            f"{class_names[:5]}...: the export was trained for another competition or label set")
+        return
+    unknown = sorted(template.label_values - set(class_names))
+    if unknown:
+        raise DataError(f"{csv_name} uses labels {unknown[:5]} in column '{template.label_column}' that the model "
+                        f"does not know (its classes: {class_names[:8]}{'...' if len(class_names) > 8 else ''}). "
+                        "Fix: attach the export trained on this competition's labels")
+
+
+def test_image_paths(image_dir: Path, ids: list[str], csv_name: str) -> list[Path]:
+    from common.tfrecords import IMAGE_SUFFIXES, index_images
+
+    index = index_images(image_dir)
+    missing = [i for i in ids if i not in index]
+    if missing:
+        raise DataError(f"{len(missing)} test id(s) of {csv_name} have no image in {image_dir}, e.g. '{missing[0]}' "
+                        f"(tried {'|'.join(IMAGE_SUFFIXES)}). Fix: check data.test_images and data.id_column")
+    return [index[i] for i in ids]
+
+
+def check_test_images(paths: list[Path], card: dict) -> None:
+    """Test images must look like the training images (card source_images): same colour mode, and the same size
+    when the training images all had one size. Reads headers only."""
+    from PIL import Image
+
+    expected = card.get("source_images") or {}
+    modes, sizes = set(expected.get("modes") or []), expected.get("sizes")
+    for path in paths:
+        with Image.open(path) as img:
+            size, mode = f"{img.width}x{img.height}", img.mode
+        if (modes and mode not in modes) or (sizes and size not in sizes):
+            raise DataError(
+                f"test image {path} is {size} {mode}, but the model was trained on {'/'.join(sizes or ['any size'])} "
+                f"{'/'.join(sorted(modes))} images (model_card.json source_images). Fix: give test images prepared "
+                "like the training images, or set infer.check_images=false to let the pipeline resize and convert "
+                "them to RGB anyway")
+
+
+def check_record_ids(ids_in_records: list[str], template_ids: list[str], csv_name: str) -> None:
+    counts: dict[str, int] = {}
+    for i in ids_in_records:
+        counts[i] = counts.get(i, 0) + 1
+    missing = [i for i in template_ids if i not in counts]
+    if missing:
+        raise DataError(f"{len(missing)} test id(s) of {csv_name} are missing from the test records, e.g. "
+                        f"'{missing[0]}'. Fix: attach the complete test TFRecords, or check data.id_feature")
+    repeated = [i for i, n in counts.items() if n > 1]
+    if repeated:
+        raise DataError(f"test id '{repeated[0]}' appears {counts[repeated[0]]} times in the test records")
+
+
+# ------------------------------------------------------------------------------------------------------- prediction
+def _tta_views(tta) -> list:
+    names = list(tta) or ["identity"]
+    unknown = [n for n in names if n not in TTA_TRANSFORMS]
+    if unknown:
+        raise DataError(f"infer.tta has unknown transforms {unknown}; choose from {sorted(TTA_TRANSFORMS)}")
+    return [TTA_TRANSFORMS[n] for n in names]
+
+
+def make_predict_step(predicts, tta, xla: bool = False):
+    """One function from a uint8 batch to the mean, over models and TTA views, of their probabilities."""
+    views = _tta_views(tta)
+
+    def step(images):
+        total = None
+        for predict in predicts:
+            for view in views:
+                probs = predict(view(images))
+                total = probs if total is None else total + probs
+        return total / (len(predicts) * len(views))
+
+    return tf.function(step, jit_compile=xla)
+
+
+def ensemble_probabilities(predicts, batches, tta=(), strategy: tf.distribute.Strategy | None = None,
+                           xla: bool = False) -> tuple[list[str], np.ndarray]:
+    """(ids, probabilities) over every batch of dicts {'image', 'id'}, averaged over `predicts` and TTA views,
+    in the batches' order. With a multi-replica strategy each global batch is split over the replicas."""
+    step = make_predict_step(predicts, tta, xla)
+    ids, probs = [], []
+    if strategy is None or strategy.num_replicas_in_sync == 1:
+        for batch in batches:
+            probs.append(step(batch["image"]).numpy())
+            ids += [i.decode() for i in batch["id"].numpy()]
+    else:
+        for batch in strategy.experimental_distribute_dataset(batches):
+            per_replica = strategy.run(step, args=(batch["image"],))
+            probs += [t.numpy() for t in strategy.experimental_local_results(per_replica)]
+            ids += [i.decode() for t in strategy.experimental_local_results(batch["id"]) for i in t.numpy()]
+    return ids, np.concatenate(probs)
+
+
+# ------------------------------------------------------------------------------------------------------- submission
+def submission_rows(template: SubmissionTemplate, ids: list[str], probs: np.ndarray,
+                    class_names: list[str]) -> list[list[str]]:
+    """Rows in the template's id order: the argmax class name, or one probability per class column."""
+    if not np.all(np.isfinite(probs)):
+        bad = ids[int(np.argwhere(~np.isfinite(probs))[0][0])]
+        raise DataError(f"the model gave non-finite probabilities (e.g. for '{bad}'): the export or its precision is "
+                        "broken; try infer with the float32 export, or retrain")
+    position = {i: k for k, i in enumerate(ids)}
+    missing = [i for i in template.ids if i not in position]
+    if missing:
+        raise DataError(f"{len(missing)} test id(s) got no prediction, e.g. '{missing[0]}'")
+    rows = []
+    for sample_id in template.ids:
+        p = probs[position[sample_id]]
+        if template.label_column is None:
+            by_class = dict(zip(class_names, p, strict=True))
+            rows.append([sample_id] + [f"{by_class[c]:.6f}" for c in template.header if c != template.id_column])
+        else:
+            rows.append([sample_id, class_names[int(np.argmax(p))]])
+    validate_submission(template, rows, class_names)
+    return rows
+
+
+def validate_submission(template: SubmissionTemplate, rows: list[list[str]], class_names: list[str]) -> None:
+    """Every test id exactly once and in order, no NaN, every label a class."""
+    got = [r[0] for r in rows]
+    if got != template.ids:
+        missing = sorted(set(template.ids) - set(got))
+        raise DataError(f"submission ids differ from the template's ({len(got)} vs {len(template.ids)}; missing "
+                        f"e.g. {missing[:3]})")
+    for row in rows:
+        if len(row) != len(template.header):
+            raise DataError(f"submission row for '{row[0]}' has {len(row)} fields, the header {len(template.header)}")
+        if template.label_column is not None and row[1] not in class_names:
+            raise DataError(f"submission label {row[1]!r} for '{row[0]}' is not a class")
+        if template.label_column is None and not all(math.isfinite(float(v)) for v in row[1:]):
+            raise DataError(f"submission row for '{row[0]}' holds a non-finite probability")
+
+
+def write_csv_atomically(path: Path, header: list[str], rows: list[list]) -> None:
+    """Written beside, then renamed: a reader never sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.partial-{os.getpid()}"
+    try:
+        with tmp.open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(header)
+            writer.writerows(rows)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)

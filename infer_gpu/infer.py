@@ -1,0 +1,129 @@
+"""The GPU inference kernel: exports -> test pipeline from the model card -> TTA / fold ensemble -> submission.csv.
+
+    python -m infer_gpu.infer --set infer.exports=[runs/demo/train/export] \
+        --set runtime.competition_dir=runs/demo/competition                   # locally
+    tpu2gpu build, then kaggle kernels push                                  # on Kaggle (GPU T4 x2, internet off)
+
+Needs TensorFlow only (no tf_keras, no tensorflow_hub) and no training config: image size, classes and schema come
+from each export's model_card.json. Test images come from the competition folder (data.test_images, ids and column
+order from data.test_csv, i.e. sample_submission.csv) or from test TFRecords (runtime.tfrecords). Writes
+submission.csv (validated: every test id once, no NaN, every label a class; written atomically) and
+probabilities.csv into runtime.output_dir (/kaggle/working on Kaggle, ./runs/infer locally).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import common  # noqa: F401
+from common.config import format_config, load_config
+from common.env import detect_platform, environment_report
+from common.errors import UserError
+from common.export import load_export
+from common.inference import (
+    check_record_ids,
+    check_same_classes,
+    check_template_classes,
+    check_test_images,
+    ensemble_probabilities,
+    find_exports,
+    read_template,
+    submission_rows,
+    test_image_paths,
+    write_csv_atomically,
+)
+from common.paths import kaggle_working_dir, resolve_data_path
+from common.strategy import get_strategy, split_cpu
+
+
+def output_dir(runtime_cfg) -> Path:
+    if runtime_cfg.output_dir:
+        return Path(runtime_cfg.output_dir)
+    return kaggle_working_dir() if detect_platform().on_kaggle else Path("runs/infer")
+
+
+def test_batches(cfg, card: dict, template, csv_name: str):
+    """Batches of {'image', 'id'} at the card's image size: from the competition's test images, or test records."""
+    from common.data import make_eval_dataset, make_image_file_dataset
+    from common.tfrecords import RecordSchema, glob_files, has_manifest, read_manifest, shard_paths
+
+    size = card["image_size"]
+    if cfg.runtime.competition_dir and not cfg.runtime.tfrecords:
+        image_dir = Path(resolve_data_path(cfg.runtime.competition_dir)) / cfg.data.test_images
+        paths = test_image_paths(image_dir, template.ids, csv_name)
+        if cfg.infer.check_images:
+            check_test_images(paths, card)
+        return make_image_file_dataset(paths, template.ids, size, cfg.infer.batch_size)
+    root = resolve_data_path(cfg.runtime.tfrecords)
+    files = (shard_paths(read_manifest(root), root, ["test"]) if has_manifest(root)
+             else glob_files(root, cfg.data.test_files))
+    schema = RecordSchema(**card["record_schema"])
+    ids = [i.decode() for b in make_eval_dataset(files, schema, size, 1024, labeled=False).map(lambda b: b["id"])
+           for i in b.numpy()]
+    check_record_ids(ids, template.ids, csv_name)
+    return make_eval_dataset(files, schema, size, cfg.infer.batch_size, labeled=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", metavar="FILE")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+
+    # ---- config and environment
+    cfg = load_config(args.config, args.overrides)
+    print(format_config(cfg), flush=True)
+    split_cpu(cfg.runtime.cpu_devices)
+    strategy = get_strategy(cfg.runtime.strategy, cfg.runtime.tpu_address)
+    print(environment_report(strategy), flush=True)
+
+    # ---- exports: the cards say everything the pipeline needs
+    exports = find_exports(cfg.infer.exports)
+    with strategy.scope():  # variables mirrored onto every replica
+        models = [load_export(e) for e in exports]
+    cards = [card for card, _ in models]
+    class_names = check_same_classes(cards, exports)
+    print(f"[infer] {len(exports)} export(s): " + ", ".join(str(e) for e in exports), flush=True)
+
+    # ---- test data, checked against the cards and the competition's template
+    competition = Path(resolve_data_path(cfg.runtime.competition_dir)) if cfg.runtime.competition_dir else None
+    if competition is None or not (competition / cfg.data.test_csv).is_file():
+        raise UserError(f"no {cfg.data.test_csv} found: set runtime.competition_dir to the competition folder, which "
+                        "gives the test ids and the submission's columns")
+    template = read_template(competition / cfg.data.test_csv, cfg.data.id_column)
+    check_template_classes(template, class_names, cfg.data.test_csv)
+
+    # ---- predict: exports grouped by image size share one pass over the test data
+    total, weight, ids = None, 0, None
+    for size in sorted({card["image_size"] for card in cards}):
+        group = [(card, predict) for card, predict in models if card["image_size"] == size]
+        batches = test_batches(cfg, group[0][0], template, cfg.data.test_csv)
+        ids, probs = ensemble_probabilities([p for _, p in group], batches, cfg.infer.tta, strategy, cfg.infer.xla)
+        total = probs * len(group) if total is None else total + probs * len(group)
+        weight += len(group)
+    probs = total / weight
+
+    # ---- write
+    out = output_dir(cfg.runtime)
+    rows = submission_rows(template, ids, probs, class_names)
+    submission = out / cfg.infer.submission
+    write_csv_atomically(submission, template.header, rows)
+    if cfg.infer.save_probabilities:
+        position = {i: k for k, i in enumerate(ids)}
+        write_csv_atomically(out / "probabilities.csv", [template.id_column, *class_names],
+                             [[i, *(f"{v:.6f}" for v in probs[position[i]])] for i in template.ids])
+    print(f"[infer] {len(rows)} predictions, {len(exports)} export(s) x {max(1, len(cfg.infer.tta))} view(s), "
+          f"{len(rows) / (time.perf_counter() - start):.0f} images/s overall; wrote {submission}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except UserError as err:
+        print(f"infer_gpu: error: {err}", file=sys.stderr)
+        sys.exit(2)
