@@ -112,7 +112,7 @@ def check_template_classes(template: SubmissionTemplate, class_names: list[str],
                         "Fix: attach the export trained on this competition's labels")
 
 
-def test_image_paths(image_dir: Path, ids: list[str], csv_name: str) -> list[Path]:
+def find_test_images(image_dir: Path, ids: list[str], csv_name: str) -> list[Path]:
     from common.tfrecords import IMAGE_SUFFIXES, index_images
 
     index = index_images(image_dir)

@@ -30,9 +30,9 @@ from common.inference import (
     check_test_images,
     ensemble_probabilities,
     find_exports,
+    find_test_images,
     read_template,
     submission_rows,
-    test_image_paths,
     write_csv_atomically,
 )
 from common.paths import kaggle_working_dir, resolve_data_path
@@ -53,7 +53,7 @@ def test_batches(cfg, card: dict, template, csv_name: str):
     size = card["image_size"]
     if cfg.runtime.competition_dir and not cfg.runtime.tfrecords:
         image_dir = Path(resolve_data_path(cfg.runtime.competition_dir)) / cfg.data.test_images
-        paths = test_image_paths(image_dir, template.ids, csv_name)
+        paths = find_test_images(image_dir, template.ids, csv_name)
         if cfg.infer.check_images:
             check_test_images(paths, card)
         return make_image_file_dataset(paths, template.ids, size, cfg.infer.batch_size)

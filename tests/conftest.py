@@ -52,3 +52,17 @@ def train_argv(demo_records, tiny_backbone, tmp_path):
         return [arg for item in [*base, *overrides] for arg in ("--set", item)]
 
     return argv
+
+
+@pytest.fixture(scope="session")
+def trained_export(demo_records, tiny_backbone, tmp_path_factory):
+    """The export root of a tiny model trained through the real training entry point (2 short epochs, fold 0)."""
+    from train_tpu.train import main as train_main
+
+    records_dir, _ = demo_records
+    out = tmp_path_factory.mktemp("trained")
+    settings = [f"runtime.tfrecords={records_dir}", f"model.hub_handle={tiny_backbone}", "data.image_size=16",
+                "train.fold=0", "train.epochs=2", "train.steps_per_epoch=4", "train.batch_size_per_replica=16",
+                "train.learning_rate=0.05", f"runtime.output_dir={out}"]
+    assert train_main([a for s in settings for a in ("--set", s)]) == 0
+    return out / "export"

@@ -1,0 +1,149 @@
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from common.config import load_config
+from common.data import make_image_file_dataset
+from common.errors import DataError
+from common.export import ExportError, load_export
+from common.inference import ensemble_probabilities, find_test_images, read_template
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from PIL import Image
+
+from infer_gpu.infer import main as infer_main
+
+from helpers import read_csv, write_csv
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _argv(*settings):
+    return [a for s in settings for a in ("--set", s)]
+
+
+def test_trained_export_to_a_valid_submission_without_tf_keras_or_hub(trained_export, demo_dir, tmp_path):
+    out = tmp_path / "out"
+    argv = _argv(f"infer.exports=[{trained_export}]", f"runtime.competition_dir={demo_dir}",
+                 f"runtime.output_dir={out}", "infer.tta=[identity, flip_up_down]", "infer.batch_size=50")
+    code = ("import sys; sys.modules['tf_keras'] = None; sys.modules['tensorflow_hub'] = None; "
+            f"from infer_gpu.infer import main; sys.exit(main({argv!r}))")
+    run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "360 predictions, 1 export(s) x 2 view(s)" in run.stdout
+
+    template = read_csv(demo_dir / "sample_submission.csv")
+    submission = read_csv(out / "submission.csv")
+    assert [r["id"] for r in submission] == [r["id"] for r in template]  # every test id once, in template order
+    card = json.loads((trained_export / "fold0" / "model_card.json").read_text())
+    assert {r["label"] for r in submission} <= set(card["class_names"])
+    probabilities = read_csv(out / "probabilities.csv")
+    sums = [sum(float(v) for k, v in row.items() if k != "id") for row in probabilities]
+    np.testing.assert_allclose(sums, 1.0, atol=1e-4)
+    best = [max(card["class_names"], key=lambda c, row=row: float(row[c])) for row in probabilities]
+    assert best == [r["label"] for r in submission]  # labels are the argmax of the saved probabilities
+    assert not list(out.glob(".*partial*"))
+
+
+def test_tta_and_ensemble_arithmetic(trained_export, demo_dir):
+    card, predict = load_export(trained_export / "fold0")
+    template = read_template(demo_dir / "sample_submission.csv", "id")
+    paths = find_test_images(demo_dir / "test", template.ids[:37], "sample_submission.csv")
+    batches = make_image_file_dataset(paths, template.ids[:37], card["image_size"], 16)
+    ids, single = ensemble_probabilities([predict], batches)
+    assert ids == template.ids[:37] and single.shape == (37, 10)
+    _, twice = ensemble_probabilities([predict, predict], batches)
+    np.testing.assert_allclose(twice, single, atol=1e-6)  # an ensemble of one export twice is that export
+    _, identity = ensemble_probabilities([predict], batches, tta=["identity"])
+    np.testing.assert_allclose(identity, single, atol=1e-6)  # TTA with the identity view is no TTA
+    _, flipped = ensemble_probabilities([predict], batches.map(lambda b: {**b, "image": tf.reverse(b["image"], [2])}))
+    _, tta = ensemble_probabilities([predict], batches, tta=["identity", "flip_left_right"])
+    np.testing.assert_allclose(tta, (single + flipped) / 2, atol=1e-6)  # views are averaged before the argmax
+    assert not np.allclose(flipped, single)  # the flip is a different view, so the average means something
+    _, mirrored = ensemble_probabilities([predict], batches, tta=["identity", "flip_left_right"],
+                                         strategy=_mirrored())
+    np.testing.assert_allclose(mirrored, tta, atol=1e-5)  # split over two replicas, same numbers, same order
+
+
+def _mirrored():
+    from common.strategy import get_strategy
+
+    return get_strategy("mirrored")
+
+
+@pytest.fixture
+def competition_copy(demo_dir, tmp_path):
+    copy = tmp_path / "competition"
+    shutil.copytree(demo_dir, copy)
+    return copy
+
+
+def _fails(tmp_path, error, match, *settings):
+    out = tmp_path / "out"
+    with pytest.raises(error, match=match):
+        infer_main(_argv(*settings, f"runtime.output_dir={out}"))
+    assert not out.exists() or not list(out.iterdir())  # no submission.csv, nothing half-written
+
+
+def test_no_export_found(tmp_path, demo_dir):
+    (tmp_path / "empty").mkdir()
+    _fails(tmp_path, ExportError, r"no export \(a folder with model_card.json\) found under .*empty.*dataset_sources",
+           f"infer.exports=[{tmp_path / 'empty'}]", f"runtime.competition_dir={demo_dir}")
+
+
+def test_export_not_marked_complete(tmp_path, trained_export, demo_dir):
+    broken = tmp_path / "export" / "fold0"
+    shutil.copytree(trained_export / "fold0", broken)
+    card = json.loads((broken / "model_card.json").read_text())
+    (broken / "model_card.json").write_text(json.dumps({**card, "complete": False}))
+    _fails(tmp_path, ExportError, "is not marked complete", f"infer.exports=[{tmp_path / 'export'}]",
+           f"runtime.competition_dir={demo_dir}")
+
+
+def test_classes_that_disagree_with_sample_submission(tmp_path, trained_export, competition_copy):
+    rows = read_csv(competition_copy / "sample_submission.csv")
+    write_csv(competition_copy / "sample_submission.csv", ["id", "label"], [(r["id"], "cat") for r in rows])
+    _fails(tmp_path, DataError, r"uses labels \['cat'\] in column 'label' that the model does not know",
+           f"infer.exports=[{trained_export}]", f"runtime.competition_dir={competition_copy}")
+
+
+@pytest.mark.parametrize(("size", "mode", "shown"), [(64, "RGB", "64x64 RGB"), (32, "L", "32x32 L")])
+def test_test_images_unlike_the_training_images(tmp_path, trained_export, competition_copy, size, mode, shown):
+    victim = sorted((competition_copy / "test").iterdir())[3]
+    Image.new(mode, (size, size)).save(victim)
+    _fails(tmp_path, DataError, rf"test image .*{victim.name} is {shown}, but the model was trained on 32x32 RGB",
+           f"infer.exports=[{trained_export}]", f"runtime.competition_dir={competition_copy}")
+    # The documented way out: let the pipeline resize / convert anyway.
+    out = tmp_path / "out2"
+    assert infer_main(_argv(f"infer.exports=[{trained_export}]", f"runtime.competition_dir={competition_copy}",
+                            "infer.check_images=false", f"runtime.output_dir={out}")) == 0
+    assert len(read_csv(out / "submission.csv")) == 360
+
+
+def test_a_test_id_missing_from_the_records(tmp_path, trained_export, competition_copy, demo_records):
+    records_dir, _ = demo_records
+    rows = [(r["id"], r["label"]) for r in read_csv(competition_copy / "sample_submission.csv")]
+    write_csv(competition_copy / "sample_submission.csv", ["id", "label"], [*rows, ("digit_9999", rows[0][1])])
+    _fails(tmp_path, DataError, r"1 test id\(s\) of sample_submission.csv are missing from the test records, e.g. "
+           "'digit_9999'", f"infer.exports=[{trained_export}]", f"runtime.competition_dir={competition_copy}",
+           f"runtime.tfrecords={records_dir}")
+    # From the complete records, the same ids as from the images.
+    out = tmp_path / "from_records"
+    write_csv(competition_copy / "sample_submission.csv", ["id", "label"], rows)
+    assert infer_main(_argv(f"infer.exports=[{trained_export}]", f"runtime.competition_dir={competition_copy}",
+                            f"runtime.tfrecords={records_dir}", f"runtime.output_dir={out}")) == 0
+    assert [r["id"] for r in read_csv(out / "submission.csv")] == [r[0] for r in rows]
+
+
+def test_unknown_tta_transform_is_named():
+    with pytest.raises(DataError, match=r"infer.tta has unknown transforms \['mirror'\]"):
+        ensemble_probabilities([lambda x: x], [], tta=["mirror"])
+
+
+def test_config_has_no_training_dependency():
+    cfg = load_config(None, ["infer.tta=[flip_left_right]", "infer.xla=true"])
+    assert cfg.infer.tta == ("flip_left_right",) and cfg.infer.xla is True
