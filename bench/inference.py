@@ -1,0 +1,112 @@
+"""Inference throughput: the inference kernel's path against a naive `keras_model.predict`, same model, same images.
+
+    .venv/bin/python bench/inference.py [--images 256] [--image-size 224] [--batch 32]
+
+Model: EfficientNet-B0 (efficientnet package, random weights: speed does not depend on them) with the project's
+preprocessing and head, 10 classes. Data: JPEGs cut from scikit-learn's two sample photographs, stored at
+1.25 x image size, in a Kaggle-style test folder. About 3 minutes on 2 CPU cores with the defaults.
+  kernel        load_export (SavedModel, TensorFlow only) -> make_image_file_dataset (parallel decode + resize)
+                -> ensemble_probabilities (one tf.function per batch)
+  kernel+XLA    the same with infer.xla=true (jit_compile); by default only where a GPU is present
+  naive         the notebook habit: a Python loop of PIL open / resize / np.stack, then keras_model.predict
+Each is timed over all images after one warm-up pass, best of 3. Where a GPU is present the same command measures it
+(float32; see bench/README.md for what a lent GPU measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import common  # noqa: F401,E402
+from common.config import load_config  # noqa: E402
+from common.data import make_image_file_dataset  # noqa: E402
+from common.export import load_export, write_export  # noqa: E402
+from common.inference import ensemble_probabilities  # noqa: E402
+from common.model import build_model  # noqa: E402
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from PIL import Image  # noqa: E402
+
+
+def write_images(folder: Path, n: int, side: int) -> list[Path]:
+    from sklearn.datasets import load_sample_images
+
+    photos = load_sample_images().images
+    rng = np.random.default_rng(0)
+    folder.mkdir(parents=True)
+    paths = []
+    for i in range(n):
+        crop = int(rng.integers(200, 427))
+        top, left = rng.integers(0, 427 - crop + 1), rng.integers(0, 640 - crop + 1)
+        image = Image.fromarray(photos[i % 2][top:top + crop, left:left + crop]).resize((side, side), Image.BICUBIC)
+        paths.append(folder / f"img{i:05d}.jpg")
+        image.save(paths[-1], quality=90)
+    return paths
+
+
+def best_rate(run, n_images: int, repeats: int = 3) -> float:
+    run()  # warm-up: tracing, XLA compilation, thread pools
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - start)
+    return n_images / best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--images", type=int, default=256)
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--xla", action=argparse.BooleanOptionalAction, default=None,
+                        help="also time kernel+XLA (default: only where a GPU is present; on CPU XLA is slower)")
+    args = parser.parse_args()
+    if args.xla is None:
+        args.xla = bool(tf.config.list_logical_devices("GPU"))
+    size, tmp = args.image_size, Path(tempfile.mkdtemp(prefix="bench-infer-"))
+    paths = write_images(tmp / "test", args.images, int(size * 1.25))
+    ids = [p.stem for p in paths]
+
+    cfg = load_config(None, ["model.backbone=efficientnet", "model.efficientnet_weights=none"])
+    tf.keras.utils.set_random_seed(0)
+    keras_model = build_model(cfg.model, 10, size)
+    card = {"class_names": [str(i) for i in range(10)], "image_size": size}
+    verify = np.stack([np.asarray(Image.open(p).convert("RGB").resize((size, size))) for p in paths[:4]])
+    write_export(tmp / "export", keras_model, card, verify)
+    _, predict = load_export(tmp / "export")
+
+    def kernel(xla: bool):
+        def run():
+            batches = make_image_file_dataset(paths, ids, size, args.batch)
+            return ensemble_probabilities([predict], batches, xla=xla)[1]
+        return run
+
+    def naive():
+        images = np.stack([np.asarray(Image.open(p).convert("RGB").resize((size, size), Image.BILINEAR))
+                           for p in paths])
+        return keras_model.predict(images, batch_size=args.batch, verbose=0)
+
+    # Same model, same images: the three paths agree (bilinear resizes differ slightly between PIL and TF).
+    agree = np.mean(kernel(False)().argmax(1) == naive().argmax(1))
+    rows = {"kernel": best_rate(kernel(False), len(paths))}
+    if args.xla:
+        rows["kernel+XLA"] = best_rate(kernel(True), len(paths))
+    rows["naive keras predict"] = best_rate(naive, len(paths))
+    devices = ", ".join(d.name for d in tf.config.list_logical_devices() if d.device_type != "CPU") or "CPU"
+    print(f"EfficientNet-B0 at {size}x{size}, batch {args.batch}, {len(paths)} JPEGs of {int(size * 1.25)} px, "
+          f"TF {tf.__version__}, {devices}; argmax agreement kernel vs naive {agree:.3f}")
+    base = rows["naive keras predict"]
+    for name, rate in rows.items():
+        print(f"{name:<20} {rate:8.1f} images/s   x{rate / base:.2f}")
+
+
+if __name__ == "__main__":
+    main()
