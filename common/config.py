@@ -90,6 +90,7 @@ class TrainConfig:
     fold: int = 0  # -1 = every fold in turn
     precision: Literal["auto", "float32", "mixed_bfloat16", "mixed_float16"] = "auto"
     time_budget_hours: float = 8.25  # a 9 h Kaggle session minus time to export and write outputs
+    export_float16: bool = True  # add a float16 signature to the export (T4 tensor cores); doubles its size
     seed: int = 42
 
 
@@ -101,6 +102,7 @@ class InferConfig:
     batch_size: int = 128  # global
     tta: tuple[str, ...] = ()  # e.g. [flip_left_right]; probabilities of all views averaged (identity included)
     xla: bool = False  # compile the prediction step with XLA
+    precision: Literal["auto", "float32", "float16"] = "auto"  # auto: float16 on tensor-core GPUs when exported
     check_images: bool = True  # refuse test images whose size or colour mode differ from the training images
     save_probabilities: bool = True  # probabilities.csv beside submission.csv, for blending
     submission: str = "submission.csv"

@@ -35,6 +35,8 @@ CARD_NAME = "model_card.json"
 SAVED_MODEL_DIR = "saved_model"
 VERIFY_NAME = "verify_batch.npz"
 VERIFY_TOLERANCE = 1e-4
+FLOAT16_TOLERANCE = 1e-2  # float16 arithmetic: about 3 significant digits
+SIGNATURES = {"float32": "serving_default", "float16": "serving_float16"}
 BLOCKED_IN_CHECK = ("tf_keras", "tensorflow_hub")
 
 
@@ -50,40 +52,49 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
-def _serving_module(model: tf.keras.Model, image_size: int) -> tf.Module:
+def _serving_module(models: dict[str, tf.keras.Model], image_size: int) -> tf.Module:
+    """One tf.function per precision, each taking uint8 images and returning float32 probabilities."""
     module = tf.Module()
-    module.model = model  # tracked: its variables are saved
+    module.models = models  # tracked: their variables are saved
+    spec = tf.TensorSpec([None, image_size, image_size, 3], tf.uint8, name="images")
+    def serving_function(model):
+        def serve(images):
+            return {"probabilities": tf.cast(model(images, training=False), tf.float32)}
 
-    @tf.function(input_signature=[tf.TensorSpec([None, image_size, image_size, 3], tf.uint8, name="images")])
-    def serve(images):
-        return {"probabilities": tf.cast(model(images, training=False), tf.float32)}
+        return tf.function(serve, input_signature=[spec])
 
-    module.serve = serve
+    for precision, model in models.items():
+        setattr(module, SIGNATURES[precision], serving_function(model))
     return module
 
 
 def write_export(export_dir: str | Path, model: tf.keras.Model, card: dict, verify_images: np.ndarray,
-                 extra_files: dict[str, Path] | None = None) -> dict:
+                 extra_files: dict[str, Path] | None = None, float16_model: tf.keras.Model | None = None) -> dict:
     """Save, reload in a fresh process, compare, then publish export_dir (replacing an older one). Returns the card.
 
-    `model` must compute in float32 (see float32_copy): the export has to run on GPUs without bfloat16."""
+    `model` must compute in float32 (see inference_copy): the export has to run on GPUs without bfloat16.
+    `float16_model`, the same weights built under mixed_float16, adds the signature serving_float16 for GPUs with
+    tensor cores; it is checked against the float32 probabilities within FLOAT16_TOLERANCE."""
     export_dir = Path(export_dir)
     image_size = int(card["image_size"])
     expected = model(tf.constant(verify_images), training=False).numpy().astype(np.float32)
     with staged_dir(export_dir, overwrite=True) as tmp:
-        module = _serving_module(model, image_size)
-        tf.saved_model.save(module, str(tmp / SAVED_MODEL_DIR), signatures={"serving_default": module.serve},
+        models = {"float32": model, **({"float16": float16_model} if float16_model is not None else {})}
+        module = _serving_module(models, image_size)
+        tf.saved_model.save(module, str(tmp / SAVED_MODEL_DIR),
+                            signatures={SIGNATURES[p]: getattr(module, SIGNATURES[p]) for p in models},
                             options=tf.saved_model.SaveOptions(experimental_io_device="/job:localhost"))
         np.savez(tmp / VERIFY_NAME, images=verify_images, probabilities=expected)
         for name, source in (extra_files or {}).items():
             if Path(source).is_file():
                 shutil.copyfile(source, tmp / name)
-        card = {**card, "format": EXPORT_FORMAT, "complete": False, "versions": library_versions()}
+        card = {**card, "format": EXPORT_FORMAT, "complete": False, "versions": library_versions(),
+                "precisions": {p: SIGNATURES[p] for p in models}}
         _write_card(tmp, card)
-        max_diff = verify_in_fresh_process(tmp)
+        diffs = verify_in_fresh_process(tmp)
         card.update(complete=True, verification={
-            "max_abs_diff": max_diff, "tolerance": VERIFY_TOLERANCE, "images": int(len(verify_images)),
-            "loaded_without": list(BLOCKED_IN_CHECK)})
+            "max_abs_diff": diffs, "tolerance": {"float32": VERIFY_TOLERANCE, "float16": FLOAT16_TOLERANCE},
+            "images": int(len(verify_images)), "loaded_without": list(BLOCKED_IN_CHECK)})
         _write_card(tmp, card)  # last: "complete" is only ever true in a verified folder
     return card
 
@@ -92,8 +103,8 @@ def _write_card(folder: Path, card: dict) -> None:
     (folder / CARD_NAME).write_text(json.dumps(card, indent=2, default=str) + "\n")
 
 
-def verify_in_fresh_process(folder: Path) -> float:
-    """Reload `folder` in a new interpreter without tf_keras / tensorflow_hub; return the max abs difference."""
+def verify_in_fresh_process(folder: Path) -> dict[str, float]:
+    """Reload `folder` in a new interpreter without tf_keras / tensorflow_hub; the max abs difference per signature."""
     package_root = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
     result = subprocess.run([sys.executable, "-m", "common.export_check", str(folder)], capture_output=True,
@@ -101,7 +112,7 @@ def verify_in_fresh_process(folder: Path) -> float:
     if result.returncode != 0:
         tail = "\n".join(result.stderr.strip().splitlines()[-8:])
         raise ExportError(f"the export in {folder} failed its check in a fresh process:\n{tail}")
-    return float(result.stdout.strip().splitlines()[-1])
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def read_card(export_dir: str | Path) -> dict:
@@ -117,12 +128,17 @@ def read_card(export_dir: str | Path) -> dict:
     return card
 
 
-def load_export(export_dir: str | Path):
-    """(card, predict): predict(uint8 images [N, S, S, 3]) -> float32 probabilities [N, K]. TensorFlow only."""
+def load_export(export_dir: str | Path, precision: str = "float32"):
+    """(card, predict): predict(uint8 images [N, S, S, 3]) -> float32 probabilities [N, K], computed in `precision`
+    (float32, or float16 where the export offers it). TensorFlow only."""
     card = read_card(export_dir)
+    offered = card.get("precisions", {"float32": "serving_default"})
+    if precision not in offered:
+        raise ExportError(f"{export_dir} offers {sorted(offered)} computation, not {precision}. Fix: "
+                          "infer.precision=auto or float32, or re-export with train.export_float16=true")
     loaded = tf.saved_model.load(str(Path(export_dir) / SAVED_MODEL_DIR),
                                  options=tf.saved_model.LoadOptions(experimental_io_device="/job:localhost"))
-    serve = loaded.signatures["serving_default"]
+    serve = loaded.signatures[offered[precision]]
 
     def predict(images) -> tf.Tensor:
         return serve(images=tf.convert_to_tensor(images, tf.uint8))["probabilities"]
@@ -131,17 +147,20 @@ def load_export(export_dir: str | Path):
     return card, predict
 
 
-def check_export(folder: str) -> float:
+def check_export(folder: str) -> dict[str, float]:
     """The fresh-process half of verify_in_fresh_process (run by `python -m common.export_check FOLDER`)."""
     card = json.loads((Path(folder) / CARD_NAME).read_text())
     loaded = tf.saved_model.load(str(Path(folder) / SAVED_MODEL_DIR))
-    serve = loaded.signatures["serving_default"]
     batch = np.load(Path(folder) / VERIFY_NAME)
-    probs = serve(images=tf.constant(batch["images"]))["probabilities"]
-    if probs.dtype != tf.float32 or probs.shape[-1] != len(card["class_names"]):
-        raise SystemExit(f"serving output {probs.dtype.name} {probs.shape} is not float32 [N, "
-                         f"{len(card['class_names'])}]")
-    max_diff = float(np.max(np.abs(probs.numpy() - batch["probabilities"])))
-    if not max_diff < VERIFY_TOLERANCE:
-        raise SystemExit(f"reloaded probabilities differ by {max_diff:.2e} (tolerance {VERIFY_TOLERANCE:.0e})")
-    return max_diff
+    diffs = {}
+    for precision, signature in card["precisions"].items():
+        probs = loaded.signatures[signature](images=tf.constant(batch["images"]))["probabilities"]
+        if probs.dtype != tf.float32 or probs.shape[-1] != len(card["class_names"]):
+            raise SystemExit(f"{signature} gives {probs.dtype.name} {probs.shape}, not float32 [N, "
+                             f"{len(card['class_names'])}]")
+        diffs[precision] = float(np.max(np.abs(probs.numpy() - batch["probabilities"])))
+        tolerance = VERIFY_TOLERANCE if precision == "float32" else FLOAT16_TOLERANCE
+        if not diffs[precision] < tolerance:
+            raise SystemExit(f"{signature}: reloaded probabilities differ by {diffs[precision]:.2e} (tolerance "
+                             f"{tolerance:.0e})")
+    return diffs

@@ -1,6 +1,8 @@
 """`python -m common.export_check EXPORT_DIR`: load an export where tf_keras and tensorflow_hub cannot be imported,
-and print the max abs difference from the probabilities recorded at export time (exit 1 if over tolerance)."""
+and print each signature's max abs difference from the probabilities recorded at export time (JSON; exit 1 if over
+tolerance)."""
 
+import json
 import sys
 
 for _blocked in ("tf_keras", "tensorflow_hub"):  # set before tensorflow is imported: any import of them now fails
@@ -9,4 +11,4 @@ for _blocked in ("tf_keras", "tensorflow_hub"):  # set before tensorflow is impo
 from common.export import check_export  # noqa: E402
 
 if __name__ == "__main__":
-    print(check_export(sys.argv[1]))
+    print(json.dumps(check_export(sys.argv[1])))

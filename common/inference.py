@@ -71,6 +71,20 @@ def check_same_classes(cards: list[dict], exports: list[Path]) -> list[str]:
     return list(names)
 
 
+def inference_precision(setting: str, cards: list[dict]) -> str:
+    """auto: float16 where every export offers it and the GPUs have tensor cores (T4), else float32."""
+    from common.strategy import gpu_compute_capability
+
+    offered = all("float16" in card.get("precisions", {}) for card in cards)
+    if setting == "float16" and not offered:
+        raise ExportError("infer.precision=float16 but not every export has a float16 signature. Fix: "
+                          "infer.precision=auto, or re-export with train.export_float16=true")
+    if setting != "auto":
+        return setting
+    capability = gpu_compute_capability()
+    return "float16" if offered and capability and capability >= (7, 0) else "float32"
+
+
 # -------------------------------------------------------------------------------------------------------- test data
 @dataclass
 class SubmissionTemplate:

@@ -111,18 +111,25 @@ def scaled_learning_rate(base_lr: float, global_batch: int, reference_batch: int
     return base_lr * global_batch / reference_batch
 
 
+def gpu_compute_capability() -> tuple[int, int] | None:
+    """The lowest compute capability among the visible GPUs (T4: (7, 5)), or None without a GPU."""
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return None
+    return min(tf.config.experimental.get_device_details(g).get("compute_capability", (0, 0)) for g in gpus)
+
+
 def choose_precision(setting: str, strategy: tf.distribute.Strategy) -> str:
     """auto: mixed_bfloat16 on TPU, mixed_float16 on GPUs with tensor cores (compute capability >= 7.0, e.g. T4),
     float32 on the CPU. bfloat16 on a GPU without it (T4 is 7.5) is refused: it would run emulated and slowly."""
-    gpus = tf.config.list_physical_devices("GPU")
-    capabilities = [tf.config.experimental.get_device_details(g).get("compute_capability", (0, 0)) for g in gpus]
+    capability = gpu_compute_capability()
     on_tpu = isinstance(strategy, tf.distribute.TPUStrategy)
     if setting == "auto":
         if on_tpu:
             return "mixed_bfloat16"
-        return "mixed_float16" if capabilities and min(capabilities) >= (7, 0) else "float32"
-    if setting == "mixed_bfloat16" and not on_tpu and capabilities and min(capabilities) < (8, 0):
-        raise StrategyError(f"train.precision=mixed_bfloat16 on a GPU of compute capability {min(capabilities)}: "
+        return "mixed_float16" if capability and capability >= (7, 0) else "float32"
+    if setting == "mixed_bfloat16" and not on_tpu and capability and capability < (8, 0):
+        raise StrategyError(f"train.precision=mixed_bfloat16 on a GPU of compute capability {capability}: "
                             "no bfloat16 there. Fix: train.precision=auto (float16 on this GPU) or float32")
     return setting
 

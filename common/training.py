@@ -226,11 +226,13 @@ def train_fold(cfg, strategy: tf.distribute.Strategy, records: RecordSet, work_d
 
 
 # ------------------------------------------------------------------------------------------------------------ export
-def float32_copy(model: tf.keras.Model, cfg, num_classes: int, hub_handle: str | None) -> tf.keras.Model:
-    """The same architecture with float32 computation, built outside any strategy scope, holding the trained weights:
-    what a T4 (no bfloat16) runs. Mixed-precision variables are float32 already, so the weights copy as they are."""
+def inference_copy(model: tf.keras.Model, cfg, num_classes: int, hub_handle: str | None,
+                   policy: str = "float32") -> tf.keras.Model:
+    """The same architecture built under `policy` (float32: what a T4, which has no bfloat16, runs; mixed_float16:
+    for tensor cores), outside any strategy scope, holding the trained weights. Mixed-precision variables are float32
+    already, so the weights copy as they are."""
     trained_policy = tf.keras.mixed_precision.global_policy().name
-    tf.keras.mixed_precision.set_global_policy("float32")
+    tf.keras.mixed_precision.set_global_policy(policy)
     try:
         copy = build_model(cfg.model, num_classes, cfg.data.image_size, hub_handle=hub_handle)
     finally:

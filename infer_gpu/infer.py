@@ -22,7 +22,7 @@ import common  # noqa: F401
 from common.config import format_config, load_config
 from common.env import detect_platform, environment_report
 from common.errors import UserError
-from common.export import load_export
+from common.export import load_export, read_card
 from common.inference import (
     check_record_ids,
     check_same_classes,
@@ -31,6 +31,7 @@ from common.inference import (
     ensemble_probabilities,
     find_exports,
     find_test_images,
+    inference_precision,
     read_template,
     submission_rows,
     write_csv_atomically,
@@ -83,11 +84,13 @@ def main(argv: list[str] | None = None) -> int:
 
     # ---- exports: the cards say everything the pipeline needs
     exports = find_exports(cfg.infer.exports)
+    precision = inference_precision(cfg.infer.precision, [read_card(e) for e in exports])
     with strategy.scope():  # variables mirrored onto every replica
-        models = [load_export(e) for e in exports]
+        models = [load_export(e, precision) for e in exports]
     cards = [card for card, _ in models]
     class_names = check_same_classes(cards, exports)
-    print(f"[infer] {len(exports)} export(s): " + ", ".join(str(e) for e in exports), flush=True)
+    print(f"[infer] {len(exports)} export(s), {precision} computation: " + ", ".join(str(e) for e in exports),
+          flush=True)
 
     # ---- test data, checked against the cards and the competition's template
     competition = Path(resolve_data_path(cfg.runtime.competition_dir)) if cfg.runtime.competition_dir else None

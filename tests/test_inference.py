@@ -147,3 +147,20 @@ def test_unknown_tta_transform_is_named():
 def test_config_has_no_training_dependency():
     cfg = load_config(None, ["infer.tta=[flip_left_right]", "infer.xla=true"])
     assert cfg.infer.tta == ("flip_left_right",) and cfg.infer.xla is True
+
+
+def test_float16_signature_where_the_export_offers_it(trained_export, demo_dir, tmp_path):
+    card, predict32 = load_export(trained_export / "fold0")
+    assert card["precisions"] == {"float32": "serving_default", "float16": "serving_float16"}
+    assert card["verification"]["max_abs_diff"]["float16"] < 1e-2
+    _, predict16 = load_export(trained_export / "fold0", "float16")
+    images = np.load(trained_export / "fold0" / "verify_batch.npz")["images"]
+    p32, p16 = predict32(images).numpy(), predict16(images).numpy()
+    assert p16.dtype == np.float32 and 0 < np.abs(p16 - p32).max() < 1e-2  # float16 arithmetic, float32 output
+    assert infer_main(_argv(f"infer.exports=[{trained_export}]", f"runtime.competition_dir={demo_dir}",
+                            "infer.precision=float16", f"runtime.output_dir={tmp_path}")) == 0
+    from common.inference import inference_precision
+
+    assert inference_precision("auto", [card]) == "float32"  # no GPU here: float16 only pays on tensor cores
+    with pytest.raises(ExportError, match="not every export has a float16 signature"):
+        inference_precision("float16", [{**card, "precisions": {"float32": "serving_default"}}])

@@ -28,7 +28,7 @@ from common.metrics import classification_scores, plot_confusion, plot_history
 from common.paths import kaggle_working_dir, resolve_data_path, resolve_hub_handle
 from common.strategy import choose_precision, get_strategy, set_precision, split_cpu
 from common.tfrecords import convert_competition, has_manifest, read_manifest, record_set
-from common.training import float32_copy, train_fold
+from common.training import inference_copy, train_fold
 
 
 def output_dir(runtime_cfg) -> Path:
@@ -128,8 +128,11 @@ def main(argv: list[str] | None = None) -> int:
             "config": config_to_dict(cfg),
         }
         verify_images = next(iter(common_eval_batch(records, cfg)))
-        exported = float32_copy(result.model, cfg, len(records.class_names), hub_handle)
-        write_export(export_dir, exported, card, verify_images, write_fold_outputs(work, result, records, scores))
+        n_classes = len(records.class_names)
+        float16 = (inference_copy(result.model, cfg, n_classes, hub_handle, "mixed_float16")
+                   if cfg.train.export_float16 else None)
+        write_export(export_dir, inference_copy(result.model, cfg, n_classes, hub_handle), card, verify_images,
+                     write_fold_outputs(work, result, records, scores), float16_model=float16)
         shutil.rmtree(work / "checkpoints", ignore_errors=True)  # exported: the checkpoints have served
         report["folds"][f"fold{fold}"] = card["metrics"]
         print(f"[train] fold {fold}: export verified and complete in {export_dir}", flush=True)
