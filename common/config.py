@@ -120,11 +120,37 @@ class RuntimeConfig:
 
 
 @dataclass
+class KaggleConfig:
+    """What `tpu2gpu build` writes into kernel-metadata.json / dataset-metadata.json (kernels never read it)."""
+
+    owner: str = ""  # your Kaggle username
+    competition: str = ""  # the competition slug, e.g. tpu-getting-started
+    code_competition: bool = True  # submissions come from a kernel with the internet off
+    train_kernel: str = "tpu2gpu-train"
+    infer_kernel: str = "tpu2gpu-infer"
+    model_dataset: str = "tpu2gpu-model"  # the training export, published as a dataset
+    # Titles; "" = the slug's words ("tpu2gpu train"). Kaggle derives the URL from the title, so it must slugify to
+    # the slug.
+    train_title: str = ""
+    infer_title: str = ""
+    dataset_title: str = ""
+    dataset_version: int = 0  # model dataset version the inference kernel attaches; 0 = the latest
+    dataset_sources: tuple[str, ...] = ()  # extra inputs of the training kernel, e.g. owner/my-tfrecords
+    model_sources: tuple[str, ...] = ()  # owner/model/framework/variation/version, e.g. a Kaggle Models EfficientNet
+    train_accelerator: str = "TpuV5E8"
+    infer_accelerator: str = "NvidiaTeslaT4"
+    train_internet: bool = False
+    infer_internet: bool = False  # must stay false for a code competition
+    private: bool = True
+
+
+@dataclass
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     infer: InferConfig = field(default_factory=InferConfig)
+    kaggle: KaggleConfig = field(default_factory=KaggleConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
 

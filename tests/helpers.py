@@ -55,3 +55,47 @@ def read_records(files, schema=None, labeled=True) -> list[dict]:
     schema = schema or RecordSchema()
     dataset = tf.data.TFRecordDataset([str(f) for f in files]).map(lambda r: parse_record(r, schema, labeled))
     return [{k: (v.decode() if k == "id" else v) for k, v in r.items()} for r in dataset.as_numpy_iterator()]
+
+
+class KaggleRecorder:
+    """Stands in for kaggle.com on 127.0.0.1:80, where the real kaggle CLI sends its API calls when
+    KAGGLE_API_ENVIRONMENT=LOCALHOST. Records each request (path, JSON body) and answers like the API: SaveKernel with
+    a ref and version, GetKernelSessionStatus with the next status queued in `statuses`."""
+
+    def __init__(self):
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.requests: list[tuple[str, dict]] = []
+        self.statuses: list[tuple[str, str]] = []
+        recorder = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                recorder.requests.append((self.path, body))
+                if self.path.endswith("GetKernelSessionStatus"):
+                    status, message = recorder.statuses.pop(0) if recorder.statuses else ("COMPLETE", "")
+                    answer = {"status": status, "failureMessage": message}
+                else:
+                    slug = body.get("slug", "owner/kernel")
+                    answer = {"ref": f"/code/{slug}", "url": f"https://www.kaggle.com/code/{slug}",
+                              "versionNumber": 1}
+                data = json.dumps(answer).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 80), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()

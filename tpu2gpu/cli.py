@@ -71,6 +71,74 @@ def cmd_tfrecords(args) -> int:
     return 0
 
 
+def cmd_build(args) -> int:
+    from tpu2gpu.build import build
+
+    folders = build(_config(args), args.out)
+    for name, folder in folders.items():
+        print(f"{name:>8}: {folder}/ " + " ".join(sorted(p.name for p in folder.iterdir())))
+    return 0
+
+
+def cmd_push(args) -> int:
+    from tpu2gpu import workflow
+
+    workflow.push(Path(args.build), args.kernel, args.dry_run)
+    return 0
+
+
+def cmd_wait(args) -> int:
+    from tpu2gpu import workflow
+
+    workflow.wait(workflow.kernel_ref(_config(args), args.kernel), args.interval, dry_run=args.dry_run)
+    return 0
+
+
+def cmd_fetch(args) -> int:
+    from tpu2gpu import workflow
+
+    workflow.fetch(workflow.kernel_ref(_config(args), args.kernel), Path(args.out), args.dry_run)
+    return 0
+
+
+def cmd_publish(args) -> int:
+    from tpu2gpu import workflow
+
+    cfg = _config(args)
+    workflow.publish(Path(args.export), Path(args.build) / "dataset" / "dataset-metadata.json",
+                     f"{cfg.kaggle.owner}/{cfg.kaggle.model_dataset}", args.message, args.dry_run)
+    return 0
+
+
+def cmd_submit(args) -> int:
+    from tpu2gpu import workflow
+
+    cfg = _config(args)
+    workflow.submit(cfg.kaggle.competition, workflow.kernel_ref(cfg, "infer"), args.version, args.message,
+                    args.dry_run)
+    return 0
+
+
+def cmd_workflow(args) -> int:
+    """Every step in order; stops at the first failure."""
+    from tpu2gpu import workflow
+    from tpu2gpu.build import build
+
+    cfg = _config(args)
+    build_dir, fetched = Path(args.build), Path(args.out)
+    build(cfg, build_dir)
+    workflow.push(build_dir, "train", args.dry_run)
+    workflow.wait(workflow.kernel_ref(cfg, "train"), args.interval, dry_run=args.dry_run)
+    workflow.fetch(workflow.kernel_ref(cfg, "train"), fetched, args.dry_run)
+    workflow.publish(fetched / "export", build_dir / "dataset" / "dataset-metadata.json",
+                     f"{cfg.kaggle.owner}/{cfg.kaggle.model_dataset}", args.message, args.dry_run)
+    workflow.push(build_dir, "infer", args.dry_run)
+    workflow.wait(workflow.kernel_ref(cfg, "infer"), args.interval, dry_run=args.dry_run)
+    if args.submit:
+        workflow.submit(cfg.kaggle.competition, workflow.kernel_ref(cfg, "infer"), 0, args.message, args.dry_run)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tpu2gpu", description="Train on Kaggle's TPU, submit from a GPU kernel.")
     steps = parser.add_subparsers(dest="command", metavar="STEP", required=True)
@@ -98,6 +166,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", help="output folder (default: runtime.tfrecords, else <competition>-tfrec)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     p.set_defaults(func=cmd_tfrecords)
+
+    def kaggle_step(name: str, help_text: str, func, kernel: bool = False):
+        step = steps.add_parser(name, help=help_text)
+        _add_config_flags(step)
+        step.add_argument("--dry-run", action="store_true", help="print the kaggle CLI commands instead of running")
+        step.add_argument("--build", default="build", help="build folder (default: %(default)s)")
+        if kernel:
+            step.add_argument("--kernel", choices=("train", "infer"), default="train")
+        step.set_defaults(func=func)
+        return step
+
+    p = steps.add_parser("build", help="write both kernel scripts and all Kaggle metadata into build/")
+    _add_config_flags(p)
+    p.add_argument("--out", default="build", help="build folder (default: %(default)s)")
+    p.set_defaults(func=cmd_build)
+    kaggle_step("push", "kaggle kernels push a built kernel", cmd_push, kernel=True)
+    p = kaggle_step("wait", "poll kaggle kernels status until the kernel completes", cmd_wait, kernel=True)
+    p.add_argument("--interval", type=float, default=60.0, help="seconds between polls")
+    p = kaggle_step("fetch", "kaggle kernels output: download a kernel's outputs and log", cmd_fetch, kernel=True)
+    p.add_argument("--out", default="runs/kaggle/train", help="download folder (default: %(default)s)")
+    p = kaggle_step("publish", "verify the export and create / version the model dataset (--dir-mode zip)",
+                    cmd_publish)
+    p.add_argument("--export", default="runs/kaggle/train/export", help="export folder (default: %(default)s)")
+    p.add_argument("-m", "--message", default="tpu2gpu export")
+    p = kaggle_step("submit", "kaggle competitions submit the inference kernel's submission.csv", cmd_submit)
+    p.add_argument("-m", "--message", default="tpu2gpu submission")
+    p.add_argument("--version", type=int, default=0, help="inference kernel version (default: the latest)")
+    p = kaggle_step("workflow", "build, push train, wait, fetch, publish, push infer, wait (, submit)", cmd_workflow)
+    p.add_argument("--out", default="runs/kaggle/train", help="where the training output is downloaded")
+    p.add_argument("--interval", type=float, default=60.0)
+    p.add_argument("-m", "--message", default="tpu2gpu")
+    p.add_argument("--submit", action="store_true", help="submit to the competition at the end")
     return parser
 
 

@@ -1,0 +1,240 @@
+"""`tpu2gpu build`: one self-contained script per kernel, its kernel-metadata.json, and the model dataset's
+dataset-metadata.json, filled from the templates in kernel-metadata/ and checked against the kaggle CLI's rules.
+
+    build/train/train.py + kernel-metadata.json      (common + train_tpu, TPU v5e-8)
+    build/infer/infer.py + kernel-metadata.json      (common + infer_gpu, GPU T4 x2, internet off)
+    build/dataset/dataset-metadata.json              (copied into the export before it is published)
+
+A Kaggle script kernel is one file with nothing of this repository beside it, so each script carries its packages as
+a base64 zip that it writes to the temp folder and puts first on sys.path (zipimport): no pip install, no internet.
+The run config (the project config adapted to Kaggle paths) is embedded too. Builds are reproducible: zip entries have
+fixed dates and order, JSON keeps the templates' order, and nothing records the time, so the same inputs give
+byte-identical files.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import io
+import json
+import re
+import zipfile
+from pathlib import Path
+
+from common.atomic import staged_dir
+from common.config import Config, config_to_dict
+from common.errors import UserError
+
+from slugify import slugify
+
+REPO = Path(__file__).resolve().parents[1]
+TEMPLATES = REPO / "kernel-metadata"
+KERNELS = {"train": ("train_tpu", "train_tpu.train"), "infer": ("infer_gpu", "infer_gpu.infer")}
+MACHINE_SHAPES = ("NvidiaTeslaT4", "NvidiaTeslaP100", "TpuV38", "Tpu1VmV38", "TpuV5E8", "TpuV6E8", "NvidiaL4",
+                  "NvidiaTeslaA100", "NvidiaH100")
+_SLUG = re.compile(r"^[a-z0-9](?:[a-z0-9-]*[a-z0-9])?$")
+
+
+class MetadataError(UserError, ValueError):
+    """kernel-metadata.json / dataset-metadata.json that the kaggle CLI or Kaggle would refuse or misread."""
+
+
+# ---------------------------------------------------------------------------------------------------- validation
+def _check_slug(field: str, slug: str, low: int, high: int) -> None:
+    if not _SLUG.match(slug) or not low <= len(slug) <= high:
+        raise MetadataError(f"{field}: slug {slug!r} must be {low}-{high} lowercase letters, digits or hyphens")
+
+
+def _check_id(field: str, value: str, slug_range: tuple[int, int]) -> None:
+    parts = value.split("/")
+    if len(parts) != 2 or not parts[0]:
+        raise MetadataError(f"{field}: {value!r} must be 'owner/slug' without a version (set kaggle.owner)")
+    _check_slug(field, parts[1], *slug_range)
+
+
+def _check_source(field: str, value: str, kind: str) -> None:
+    parts = value.split("/")
+    if kind == "competition":
+        ok = len(parts) == 1 and bool(_SLUG.match(value))
+        form = "a competition slug, e.g. tpu-getting-started"
+    elif kind == "model":
+        ok = len(parts) == 5 and all(parts) and parts[4].isdigit()
+        form = "'owner/model/framework/variation/version' with an integer version"
+    else:
+        ok = len(parts) in (2, 3) and all(parts) and (len(parts) == 2 or parts[2].isdigit())
+        form = "'owner/slug' or 'owner/slug/version'"
+    if not ok:
+        raise MetadataError(f"{field}: {value!r} is malformed; it must be {form}")
+
+
+def validate_kernel_metadata(meta: dict, folder: Path, inference: bool, code_competition: bool) -> None:
+    """The kaggle CLI's push checks, plus the Kaggle facts it does not check (KAGGLE.md)."""
+    _check_id("id", meta.get("id", ""), (5, 50))
+    title, slug = meta.get("title", ""), meta["id"].split("/")[1]
+    if len(title) < 5:
+        raise MetadataError(f"title: {title!r} is under 5 characters (the kaggle CLI refuses it)")
+    if slugify(title) != slug:
+        raise MetadataError(f"title: {title!r} slugifies to {slugify(title)!r}, not the slug {slug!r}; Kaggle would "
+                            "give the kernel another URL. Fix: a title made of the slug's words")
+    if not (folder / meta.get("code_file", "")).is_file():
+        raise MetadataError(f"code_file: {meta.get('code_file')!r} does not exist in {folder}")
+    if meta.get("language") != "python" or meta.get("kernel_type") != "script":
+        raise MetadataError("language must be 'python' and kernel_type 'script'")
+    for key, kind in (("dataset_sources", "dataset"), ("kernel_sources", "kernel"), ("model_sources", "model"),
+                      ("competition_sources", "competition")):
+        for source in meta.get(key, []):
+            _check_source(key, source, kind)
+    shape = meta.get("machine_shape")
+    if shape not in MACHINE_SHAPES:
+        raise MetadataError(f"machine_shape: {shape!r} is not one of {list(MACHINE_SHAPES)}")
+    if "docker_image" in meta:
+        raise MetadataError("docker_image: a pinned image puts a TPU kernel on the CPU image (kaggle-cli #1197); "
+                            "remove it")
+    if not isinstance(meta.get("enable_internet"), bool):
+        raise MetadataError("enable_internet must be set explicitly: the CLI's default is true")
+    if inference and code_competition and meta["enable_internet"]:
+        raise MetadataError("enable_internet: true on the inference kernel of a code competition, whose submissions "
+                            "must run offline. Fix: kaggle.infer_internet=false")
+
+
+def validate_dataset_metadata(meta: dict) -> None:
+    title = meta.get("title", "")
+    if not 6 <= len(title) <= 50:
+        raise MetadataError(f"dataset title: {title!r} must be 6-50 characters")
+    _check_id("dataset id", meta.get("id", ""), (6, 50))
+    if len(meta.get("licenses", [])) != 1:
+        raise MetadataError("dataset licenses: exactly one, e.g. [{'name': 'CC0-1.0'}]")
+
+
+# ---------------------------------------------------------------------------------------------------------- build
+def _fill(template, values: dict):
+    """'{name}' alone becomes the typed value (bool, list); inside longer text it is formatted in."""
+    if isinstance(template, str):
+        whole = re.fullmatch(r"\{(\w+)\}", template)
+        return values[whole.group(1)] if whole else template.format_map(values)
+    if isinstance(template, list):
+        return [_fill(item, values) for item in template]
+    if isinstance(template, dict):
+        return {key: _fill(value, values) for key, value in template.items()}
+    return template
+
+
+def template_values(cfg: Config) -> dict:
+    k = cfg.kaggle
+    dataset = f"{k.owner}/{k.model_dataset}" + (f"/{k.dataset_version}" if k.dataset_version else "")
+    return {
+        "owner": k.owner, "train_kernel": k.train_kernel, "infer_kernel": k.infer_kernel,
+        "model_dataset": k.model_dataset, "private": k.private,
+        "train_title": k.train_title or k.train_kernel.replace("-", " "),
+        "infer_title": k.infer_title or k.infer_kernel.replace("-", " "),
+        "dataset_title": k.dataset_title or k.model_dataset.replace("-", " "),
+        "train_internet": k.train_internet, "infer_internet": k.infer_internet,
+        "train_accelerator": k.train_accelerator, "infer_accelerator": k.infer_accelerator,
+        "train_dataset_sources": list(k.dataset_sources), "infer_dataset_sources": [dataset],
+        "competition_sources": [k.competition] if k.competition else [], "model_sources": list(k.model_sources),
+    }
+
+
+def kernel_config(cfg: Config, kernel: str) -> dict:
+    """The project config as the kernel runs it on Kaggle: inputs by their attached names, output in /kaggle/working."""
+    run = dataclasses.replace(cfg, runtime=dataclasses.replace(cfg.runtime, output_dir=""))
+    if kernel == "infer":
+        exports = cfg.infer.exports or (f"{cfg.kaggle.owner}/{cfg.kaggle.model_dataset}",)
+        run = dataclasses.replace(run, infer=dataclasses.replace(cfg.infer, exports=exports),
+                                  runtime=dataclasses.replace(run.runtime, tfrecords=""))
+    if cfg.kaggle.competition and not run.runtime.tfrecords:
+        run = dataclasses.replace(run, runtime=dataclasses.replace(run.runtime, competition_dir=cfg.kaggle.competition))
+    return config_to_dict(run)
+
+
+def bundle_zip(packages: list[str]) -> bytes:
+    """The packages' .py files in a zip with fixed dates and order: the same sources give the same bytes."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for package in packages:
+            for path in sorted((REPO / package).rglob("*.py")):
+                info = zipfile.ZipInfo(str(path.relative_to(REPO)), date_time=(1980, 1, 1, 0, 0, 0))
+                info.external_attr = 0o644 << 16
+                info.compress_type = zipfile.ZIP_DEFLATED
+                archive.writestr(info, path.read_bytes())
+    return buffer.getvalue()
+
+
+SCRIPT = '''"""tpu2gpu {kernel} kernel, built by `tpu2gpu build` (bundle sha256 {sha}).
+Do not edit: change the repository and rebuild. Carries the packages {packages} as a zip and the run config;
+needs no pip install and no internet."""
+
+import base64
+import json
+import os
+import sys
+import tempfile
+
+BUNDLE_SHA256 = "{sha}"
+CONFIG = json.loads({config!r})
+BUNDLE = (
+{chunks}
+)
+
+
+def _unpack() -> str:
+    path = os.path.join(tempfile.gettempdir(), "tpu2gpu-" + BUNDLE_SHA256[:16] + ".zip")
+    if not os.path.exists(path):
+        tmp = path + "." + str(os.getpid())
+        with open(tmp, "wb") as f:
+            f.write(base64.b64decode(BUNDLE))
+        os.replace(tmp, path)
+    return path
+
+
+sys.path.insert(0, _unpack())  # ahead of anything installed: the bundled code is the code that runs
+import common  # noqa: E402  (sets TF_USE_LEGACY_KERAS before tensorflow is imported)
+from common.errors import UserError  # noqa: E402
+from {entry} import main  # noqa: E402
+
+print("[bundle] " + BUNDLE_SHA256[:16] + ": common from " + os.path.dirname(os.path.dirname(common.__file__)),
+      flush=True)
+config_path = os.path.join(tempfile.gettempdir(), "tpu2gpu-" + BUNDLE_SHA256[:16] + "-{kernel}.json")
+with open(config_path, "w") as f:
+    json.dump(CONFIG, f)
+try:
+    code = main(["--config", config_path])  # Kaggle's own argv (e.g. ipykernel's -f) is not ours to parse
+except UserError as err:
+    print("{kernel}: error: " + str(err), file=sys.stderr, flush=True)
+    code = 2
+if code:
+    sys.exit(code)
+'''
+
+
+def build_script(cfg: Config, kernel: str) -> str:
+    package, entry = KERNELS[kernel]
+    data = bundle_zip(["common", package])
+    encoded = base64.b64encode(data).decode()
+    chunks = "\n".join(f'    "{encoded[i:i + 100]}"' for i in range(0, len(encoded), 100))
+    config = json.dumps(kernel_config(cfg, kernel), indent=1)
+    return SCRIPT.format(kernel=kernel, sha=hashlib.sha256(data).hexdigest(), packages=["common", package],
+                         config=config, chunks=chunks, entry=entry)
+
+
+def build(cfg: Config, out_dir: str | Path) -> dict[str, Path]:
+    """Write and check both kernel folders and the dataset metadata; returns {'train', 'infer', 'dataset'}.
+    Built in a hidden folder and swapped in whole: a failed check leaves the previous build as it was."""
+    out = Path(out_dir)
+    values = template_values(cfg)
+    with staged_dir(out, overwrite=True) as tmp:
+        for kernel in KERNELS:
+            folder = tmp / kernel
+            folder.mkdir()
+            meta = _fill(json.loads((TEMPLATES / f"{kernel}.json").read_text()), values)
+            (folder / meta["code_file"]).write_text(build_script(cfg, kernel))
+            validate_kernel_metadata(meta, folder, inference=kernel == "infer",
+                                     code_competition=cfg.kaggle.code_competition)
+            (folder / "kernel-metadata.json").write_text(json.dumps(meta, indent=2) + "\n")
+        dataset = _fill(json.loads((TEMPLATES / "dataset.json").read_text()), values)
+        validate_dataset_metadata(dataset)
+        (tmp / "dataset").mkdir()
+        (tmp / "dataset" / "dataset-metadata.json").write_text(json.dumps(dataset, indent=2) + "\n")
+    return {name: out / name for name in (*KERNELS, "dataset")}
