@@ -138,14 +138,17 @@ def template_values(cfg: Config) -> dict:
 
 
 def kernel_config(cfg: Config, kernel: str) -> dict:
-    """The project config as the kernel runs it on Kaggle: inputs by their attached names, output in /kaggle/working."""
-    run = dataclasses.replace(cfg, runtime=dataclasses.replace(cfg.runtime, output_dir=""))
+    """The project config as the kernel runs it on Kaggle: inputs by their attached names, output in /kaggle/working.
+    The inference kernel gets the model dataset as its exports, and keeps runtime.tfrecords only when that is the
+    competition's own data (the only input attached to both kernels)."""
+    runtime = dataclasses.replace(cfg.runtime, output_dir="",
+                                  competition_dir=cfg.kaggle.competition or cfg.runtime.competition_dir)
+    run = dataclasses.replace(cfg, runtime=runtime)
     if kernel == "infer":
         exports = cfg.infer.exports or (f"{cfg.kaggle.owner}/{cfg.kaggle.model_dataset}",)
+        shared = runtime.tfrecords if runtime.tfrecords == cfg.kaggle.competition else ""
         run = dataclasses.replace(run, infer=dataclasses.replace(cfg.infer, exports=exports),
-                                  runtime=dataclasses.replace(run.runtime, tfrecords=""))
-    if cfg.kaggle.competition and not run.runtime.tfrecords:
-        run = dataclasses.replace(run, runtime=dataclasses.replace(run.runtime, competition_dir=cfg.kaggle.competition))
+                                  runtime=dataclasses.replace(runtime, tfrecords=shared))
     return config_to_dict(run)
 
 
