@@ -21,7 +21,7 @@ from pathlib import Path
 
 import common  # noqa: F401  (TF_USE_LEGACY_KERAS before tensorflow)
 from common.config import config_to_dict, format_config, load_config
-from common.env import detect_platform, environment_report
+from common.env import detect_platform, environment_report, require_tf_keras
 from common.errors import UserError
 from common.export import read_card, write_export
 from common.metrics import classification_scores, plot_confusion, plot_history
@@ -86,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     policy = choose_precision(cfg.train.precision, strategy)
     set_precision(policy)
     print(environment_report(strategy) + f"\nprecision     {policy}", flush=True)
+    require_tf_keras()
 
     # ---- data and backbone
     out = output_dir(cfg.runtime)
