@@ -54,5 +54,5 @@ def test_missing_tf_keras_is_named_with_the_fix(monkeypatch):
     require_tf_keras()  # installed here
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tf_keras" else real(name, *a))
-    with pytest.raises(StrategyError, match=r"tf_keras is not installed .* pip install tf-keras==2\.21\.\*"):
+    with pytest.raises(StrategyError, match=r"tf_keras is not installed .* `pip install tf-keras==2\.21\.\*`"):
         require_tf_keras()
