@@ -100,7 +100,7 @@ class InferConfig:
     # export found under /kaggle/input.
     exports: tuple[str, ...] = ()
     batch_size: int = 128  # global
-    tta: tuple[str, ...] = ()  # e.g. [flip_left_right]; probabilities of all views averaged (identity included)
+    tta: tuple[str, ...] = ()  # extra views, e.g. [flip_left_right]; averaged with the original image's
     xla: bool = False  # compile the prediction step with XLA
     precision: Literal["auto", "float32", "float16"] = "auto"  # auto: float16 on tensor-core GPUs when exported
     check_images: bool = True  # refuse test images whose size or colour mode differ from the training images

@@ -169,17 +169,17 @@ def check_record_ids(ids_in_records: list[str], template_ids: list[str], csv_nam
 
 
 # ------------------------------------------------------------------------------------------------------- prediction
-def _tta_views(tta) -> list:
-    names = list(tta) or ["identity"]
-    unknown = [n for n in names if n not in TTA_TRANSFORMS]
+def tta_view_names(tta) -> list[str]:
+    """The original image plus each configured view (identity is always there, once)."""
+    unknown = [n for n in tta if n not in TTA_TRANSFORMS]
     if unknown:
         raise DataError(f"infer.tta has unknown transforms {unknown}; choose from {sorted(TTA_TRANSFORMS)}")
-    return [TTA_TRANSFORMS[n] for n in names]
+    return ["identity", *dict.fromkeys(n for n in tta if n != "identity")]
 
 
 def make_predict_step(predicts, tta, xla: bool = False):
     """One function from a uint8 batch to the mean, over models and TTA views, of their probabilities."""
-    views = _tta_views(tta)
+    views = [TTA_TRANSFORMS[name] for name in tta_view_names(tta)]
 
     def step(images):
         total = None

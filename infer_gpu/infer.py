@@ -34,6 +34,7 @@ from common.inference import (
     inference_precision,
     read_template,
     submission_rows,
+    tta_view_names,
     write_csv_atomically,
 )
 from common.paths import kaggle_working_dir, resolve_data_path
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         position = {i: k for k, i in enumerate(ids)}
         write_csv_atomically(out / "probabilities.csv", [template.id_column, *class_names],
                              [[i, *(f"{v:.6f}" for v in probs[position[i]])] for i in template.ids])
-    print(f"[infer] {len(rows)} predictions, {len(exports)} export(s) x {max(1, len(cfg.infer.tta))} view(s), "
+    print(f"[infer] {len(rows)} predictions, {len(exports)} export(s) x {len(tta_view_names(cfg.infer.tta))} view(s), "
           f"{len(rows) / (time.perf_counter() - start):.0f} images/s overall; wrote {submission}", flush=True)
     return 0
 
