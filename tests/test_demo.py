@@ -1,0 +1,37 @@
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_an_interrupted_demo_is_finished_by_the_next_run(tmp_path):
+    root = tmp_path / "demo"
+    command = [sys.executable, "-m", "tpu2gpu.demo", "--root", str(root)]
+    progress = root / "train" / "work" / "fold0" / "checkpoints" / "progress.json"
+    run = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while not (progress.is_file() and json.loads(progress.read_text())["epochs_done"] >= 3):
+            assert run.poll() is None and time.monotonic() < deadline, "the demo ended before epoch 3"
+            time.sleep(0.05)
+    finally:
+        run.send_signal(signal.SIGKILL)  # the user's Ctrl-C, or worse
+        run.wait()
+    # Nothing downstream of the interruption looks complete.
+    assert not (root / "train" / "export" / "fold0").exists()
+    assert not (root / "infer").exists() and not (root / "build").exists()
+
+    again = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert "resuming from the checkpoint after epoch" in again.stdout
+    macro_f1 = float(re.search(r"macro-F1\s+(0\.\d+) on the held-out test set", again.stdout).group(1))
+    assert macro_f1 >= 0.90
+
+    third = subprocess.run(command, cwd=REPO, capture_output=True, text=True)  # twice works: reuses, replaces
+    assert third.returncode == 0 and "already exported" in third.stdout
+    assert float(re.search(r"macro-F1\s+(0\.\d+) on", third.stdout).group(1)) == macro_f1

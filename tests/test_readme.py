@@ -1,0 +1,49 @@
+"""The README's commands run as written, from the repository root, in the order a reader meets them.
+
+Three kinds are adapted, and each adaptation is checked for what it can show here: `./dev test` is this very suite
+(only its presence in `dev` is checked); the Kaggle steps (push, wait, fetch, publish, submit, workflow) talk to
+kaggle.com, so they run with --dry-run, which builds and prints every kaggle CLI command; the benchmarks take minutes
+each, so they run with --help (their figures are recorded in bench/README.md).
+"""
+
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+README = (REPO / "README.md").read_text()
+KAGGLE_STEPS = {"push", "wait", "fetch", "publish", "submit", "workflow"}
+
+
+def bash_commands(text: str) -> list[str]:
+    commands = []
+    for block in re.findall(r"^ *```bash\n(.*?)^ *```", text, flags=re.S | re.M):
+        lines = [line.strip() for line in block.replace("\\\n", " ").splitlines()]
+        commands += [line for line in lines if line and not line.startswith("#")]
+    return commands
+
+
+def test_quickstart_opens_with_the_demo_and_the_test_command():
+    quickstart = README.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    first_block = re.search(r"```bash\n(.*?)```", quickstart, flags=re.S).group(1)
+    assert first_block.strip().splitlines() == ["./dev demo", "./dev test"]
+    assert (REPO / ".ci" / "run").read_text().strip().endswith("./dev test")
+    assert "test)" in (REPO / "dev").read_text()
+
+
+def test_every_readme_command_runs_as_written():
+    commands = bash_commands(README)
+    assert len(commands) >= 20
+    for command in commands:
+        argv = shlex.split(command, comments=True)
+        if argv[:2] == ["./dev", "test"]:
+            continue  # this suite
+        if argv[0] == "./dev" and len(argv) > 1 and argv[1] in KAGGLE_STEPS:
+            argv.append("--dry-run")
+        if any(arg.startswith("bench/") for arg in argv):
+            argv = [*argv, "--help"]
+        run = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=900)
+        assert run.returncode == 0, f"README command failed: {command}\n{run.stdout[-2000:]}\n{run.stderr[-2000:]}"
+        if argv[:2] == ["./dev", "demo"]:
+            assert re.search(r"macro-F1\s+0\.9\d+ on the held-out test set", run.stdout), run.stdout[-1500:]
