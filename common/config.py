@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,97 +27,83 @@ import yaml
 
 @dataclass
 class DataConfig:
-    # Kaggle-style competition folder layout (read by `tpu2gpu tfrecords` and the training kernel).
-    train_csv: str = "train.csv"
-    train_images: str = "train"
-    test_images: str = "test"
-    test_csv: str = "sample_submission.csv"  # gives the test ids (and their order); missing -> list test_images
-    id_column: str = "id"
-    label_column: str = "label"
-    # TFRecord schema: feature names inside each tf.train.Example. Flowers with TPUs: label_feature=class.
-    image_feature: str = "image"
-    label_feature: str = "label"
-    id_feature: str = "id"
-    # Only for TFRecords without a tpu2gpu manifest (e.g. Kaggle's Flowers records): the class list in label-index
-    # order, and file patterns relative to runtime.tfrecords.
-    class_names: tuple[str, ...] = ()
-    train_files: str = "train/*.tfrec"
-    val_files: str = "val/*.tfrec"
-    test_files: str = "test/*.tfrec"
-    image_size: int = 224  # pixels, square; images are resized to this in the pipeline
+    # Kaggle-style competition folder (read by `tpu2gpu tfrecords`, the training and the inference kernel).
+    train_csv: str = "train.csv"  # CSV of training ids and labels, in the competition folder
+    train_images: str = "train"  # folder of training images (JPEG/PNG named <id> or <id>.<ext>)
+    test_images: str = "test"  # folder of test images
+    test_csv: str = "sample_submission.csv"  # test ids, their order and the submission's columns
+    id_column: str = "id"  # id column of the CSVs
+    label_column: str = "label"  # label column of train.csv (strings or integers)
+    # TFRecord schema: feature names inside each tf.train.Example.
+    image_feature: str = "image"  # encoded JPEG/PNG bytes
+    label_feature: str = "label"  # int64 class index (Kaggle's Flowers records: class)
+    id_feature: str = "id"  # sample id bytes
+    # Only for TFRecords without a tpu2gpu manifest (e.g. Kaggle's Flowers records).
+    class_names: tuple[str, ...] = ()  # class list in label-index order
+    train_files: str = "train/*.tfrec"  # training files, relative to runtime.tfrecords
+    val_files: str = "val/*.tfrec"  # validation files, relative to runtime.tfrecords
+    test_files: str = "test/*.tfrec"  # test files, relative to runtime.tfrecords
+    image_size: int = 224  # pixels, square: images are resized to this in the pipeline and the model takes it
     # Conversion to TFRecords.
     folds: int = 5  # >= 2: stratified K folds; 0 or 1: one stratified hold-out split of val_fraction
-    val_fraction: float = 0.2
-    shard_target_mb: float = 100.0  # Kaggle guidance: 10-100 files of 10-100 MB
-    convert_size: int = 0  # > 0: resize to convert_size x convert_size and re-encode while converting
-    reencode: Literal["keep", "jpeg", "png"] = "keep"  # keep = store the original file bytes, checked by decoding
-    jpeg_quality: int = 95
+    val_fraction: float = 0.2  # hold-out share when folds < 2
+    shard_target_mb: float = 100.0  # shard size (Kaggle guidance: 10-100 files of 10-100 MB)
+    convert_size: int = 0  # > 0: resize to convert_size x convert_size while converting (then training skips it)
+    reencode: Literal["keep", "jpeg", "png"] = "keep"  # keep = store the original bytes, checked by decoding
+    jpeg_quality: int = 95  # JPEG quality when re-encoding
     workers: int = 0  # image preparation threads; 0 = one per core
-    split_seed: int = 42
+    split_seed: int = 42  # seed of the fold split and of the shard order
     # Training-time augmentation (never applied to validation or test data).
-    shuffle_buffer: int = 2048
-    augment: bool = True
-    flip_left_right: bool = True
-    flip_up_down: bool = False
-    rotate90: bool = False
-    brightness: float = 0.0  # max delta, in [0, 1] image units
-    contrast: float = 0.0  # max relative change, e.g. 0.2 -> factor in [0.8, 1.2]
+    shuffle_buffer: int = 2048  # records shuffled before decoding
+    augment: bool = True  # apply the augmentations below
+    flip_left_right: bool = True  # random horizontal flip
+    flip_up_down: bool = False  # random vertical flip
+    rotate90: bool = False  # random multiple of 90 degrees
+    brightness: float = 0.0  # random brightness shift, max delta in [0, 1] image units
+    contrast: float = 0.0  # random contrast factor in [1 - contrast, 1 + contrast]
 
 
 @dataclass
 class ModelConfig:
-    backbone: Literal["hub", "efficientnet"] = "hub"
+    backbone: Literal["hub", "efficientnet"] = "hub"  # a TF Hub model, or the efficientnet package
     # A TF Hub / Kaggle Models handle or a local SavedModel directory (e.g. an attached /kaggle/input/... model).
-    hub_handle: str = "https://www.kaggle.com/models/google/efficientnet-v2/TensorFlow2/imagenet21k-b0-feature-vector/1"
-    efficientnet_variant: str = "B0"
+    hub_handle: str = "https://www.kaggle.com/models/google/efficientnet-v2/TensorFlow2/imagenet21k-b0-feature-vector/1"  # noqa: E501  # feature-vector model: a handle, Kaggle Models handle or SavedModel path
+    efficientnet_variant: str = "B0"  # B0-B7 when backbone=efficientnet
     efficientnet_weights: str = "imagenet"  # none | imagenet | noisy-student | path to a weights file
-    trainable: bool = True
-    dropout: float = 0.2
-    num_classes: int = 0  # 0 = from the data manifest
+    trainable: bool = True  # fine-tune the backbone (false: train the head only)
+    dropout: float = 0.2  # dropout before the classification layer
+    num_classes: int = 0  # 0 = from the data; else must match it
 
 
 @dataclass
 class TrainConfig:
-    epochs: int = 10
+    epochs: int = 10  # epochs per fold
     batch_size_per_replica: int = 16  # global batch = this x replicas (8 TPU cores -> 128)
     batch_size: int = 0  # > 0: the global batch instead; must divide over the replicas
     steps_per_epoch: int = 0  # 0 = one pass over the training records; > 0 caps it (quick local runs)
     learning_rate: float = 1e-3  # for a global batch of lr_reference_batch; scaled linearly with the global batch
-    lr_reference_batch: int = 256
-    warmup_epochs: float = 1.0
-    steps_per_execution: int = 32
-    loop: Literal["fit", "custom"] = "fit"
-    label_smoothing: float = 0.0
-    fold: int = 0  # -1 = every fold in turn
-    precision: Literal["auto", "float32", "mixed_bfloat16", "mixed_float16"] = "auto"
-    time_budget_hours: float = 8.25  # a 9 h Kaggle session minus time to export and write outputs
+    lr_reference_batch: int = 256  # the global batch learning_rate is meant for
+    warmup_epochs: float = 1.0  # linear warm-up, then cosine decay to zero
+    steps_per_execution: int = 32  # training steps per host round trip (tf.function call)
+    loop: Literal["fit", "custom"] = "fit"  # Keras fit, or the custom strategy.run loop
+    label_smoothing: float = 0.0  # cross-entropy label smoothing
+    fold: int = 0  # fold to train; -1 = every fold in turn
+    precision: Literal["auto", "float32", "mixed_bfloat16", "mixed_float16"] = "auto"  # auto: bf16 TPU, fp16 GPU
+    time_budget_hours: float = 8.25  # stop training in time to export (a 9 h Kaggle session minus a margin)
     export_float16: bool = True  # add a float16 signature to the export (T4 tensor cores); doubles its size
-    seed: int = 42
+    seed: int = 42  # shuffling seed
 
 
 @dataclass
 class InferConfig:
-    # Export folders (paths or attached Kaggle dataset names); each may hold several fold exports. Empty = every
-    # export found under /kaggle/input.
-    exports: tuple[str, ...] = ()
-    batch_size: int = 128  # global
+    exports: tuple[str, ...] = ()  # export folders / attached dataset names; empty = all under /kaggle/input
+    batch_size: int = 128  # global inference batch
     tta: tuple[str, ...] = ()  # extra views, e.g. [flip_left_right]; averaged with the original image's
-    xla: bool = False  # compile the prediction step with XLA
+    xla: bool = False  # compile the prediction step with XLA (for GPUs; slower on the CPU)
     precision: Literal["auto", "float32", "float16"] = "auto"  # auto: float16 on tensor-core GPUs when exported
     check_images: bool = True  # refuse test images whose size or colour mode differ from the training images
     save_probabilities: bool = True  # probabilities.csv beside submission.csv, for blending
-    submission: str = "submission.csv"
-
-
-@dataclass
-class RuntimeConfig:
-    strategy: Literal["auto", "tpu", "mirrored", "default"] = "auto"
-    tpu_address: str = ""  # "" = Kaggle's own (local on a TPU VM, $TPU_NAME on a TPU Node)
-    cpu_devices: int = 1  # > 1 splits the CPU into logical devices (MirroredStrategy without a GPU)
-    competition_dir: str = ""  # a Kaggle-style folder (CSV + images); a path or an attached Kaggle input name
-    tfrecords: str = ""  # folder of TFRecords + manifest: a path, gs:// URL or an attached Kaggle dataset name
-    private_dataset: bool = False  # read through GCS with the kernel's gcloud credential (TPU Node only)
-    output_dir: str = ""  # "" = /kaggle/working on Kaggle, ./runs/<train|infer> locally
+    submission: str = "submission.csv"  # file name in the output folder
 
 
 @dataclass
@@ -126,22 +113,31 @@ class KaggleConfig:
     owner: str = ""  # your Kaggle username
     competition: str = ""  # the competition slug, e.g. tpu-getting-started
     code_competition: bool = True  # submissions come from a kernel with the internet off
-    train_kernel: str = "tpu2gpu-train"
-    infer_kernel: str = "tpu2gpu-infer"
-    model_dataset: str = "tpu2gpu-model"  # the training export, published as a dataset
-    # Titles; "" = the slug's words ("tpu2gpu train"). Kaggle derives the URL from the title, so it must slugify to
-    # the slug.
-    train_title: str = ""
-    infer_title: str = ""
-    dataset_title: str = ""
+    train_kernel: str = "tpu2gpu-train"  # training kernel slug
+    infer_kernel: str = "tpu2gpu-infer"  # inference kernel slug
+    model_dataset: str = "tpu2gpu-model"  # slug of the dataset the training export is published as
+    train_title: str = ""  # "" = the slug's words; Kaggle derives the URL from the title, so it must match
+    infer_title: str = ""  # "" = the slug's words
+    dataset_title: str = ""  # "" = the slug's words (6-50 characters)
     dataset_version: int = 0  # model dataset version the inference kernel attaches; 0 = the latest
     dataset_sources: tuple[str, ...] = ()  # extra inputs of the training kernel, e.g. owner/my-tfrecords
     model_sources: tuple[str, ...] = ()  # owner/model/framework/variation/version, e.g. a Kaggle Models EfficientNet
-    train_accelerator: str = "TpuV5E8"
-    infer_accelerator: str = "NvidiaTeslaT4"
-    train_internet: bool = False
+    train_accelerator: str = "TpuV5E8"  # machine_shape of the training kernel
+    infer_accelerator: str = "NvidiaTeslaT4"  # machine_shape of the inference kernel (GPU T4 x2)
+    train_internet: bool = False  # internet for the training kernel
     infer_internet: bool = False  # must stay false for a code competition
-    private: bool = True
+    private: bool = True  # kernels private
+
+
+@dataclass
+class RuntimeConfig:
+    strategy: Literal["auto", "tpu", "mirrored", "default"] = "auto"  # auto: TPU, else several GPUs, else default
+    tpu_address: str = ""  # "" = Kaggle's own (local on a TPU VM, $TPU_NAME on a TPU Node)
+    cpu_devices: int = 1  # > 1 splits the CPU into logical devices (MirroredStrategy without a GPU)
+    competition_dir: str = ""  # a Kaggle-style folder (CSV + images): a path or an attached Kaggle input name
+    tfrecords: str = ""  # TFRecords (+ manifest): a path, gs:// URL or an attached Kaggle dataset name
+    private_dataset: bool = False  # read through GCS with the kernel's gcloud credential (TPU Node only)
+    output_dir: str = ""  # "" = /kaggle/working on Kaggle, ./runs/train or ./runs/infer locally
 
 
 @dataclass
@@ -268,3 +264,22 @@ def format_config(cfg: Config) -> str:
 
 def save_config(cfg: Config, path: str | Path) -> None:
     Path(path).write_text(format_config(cfg) + "\n")
+
+
+def config_reference() -> str:
+    """A markdown table of every key, its default and its comment, read from this file's own source."""
+    import inspect
+
+    rows = ["| key | default | what it does |", "|---|---|---|"]
+    for section in dataclasses.fields(Config):
+        cls = section.default_factory
+        comments = {}
+        for line in inspect.getsource(cls).splitlines():
+            match = re.match(r"\s*(\w+): [^=]+=.*?#\s*(?:noqa: \w+\s+#\s*)?([^#]*)$", line)
+            if match:
+                comments[match.group(1)] = match.group(2).strip()
+        for f in dataclasses.fields(cls):
+            default = json.dumps(getattr(cls(), f.name))
+            what = comments.get(f.name, "").replace("|", "\\|")  # a bare | would end the markdown cell
+            rows.append(f"| `{section.name}.{f.name}` | `{default}` | {what} |")
+    return "\n".join(rows)

@@ -47,3 +47,12 @@ def test_every_readme_command_runs_as_written():
         assert run.returncode == 0, f"README command failed: {command}\n{run.stdout[-2000:]}\n{run.stderr[-2000:]}"
         if argv[:2] == ["./dev", "demo"]:
             assert re.search(r"macro-F1\s+0\.9\d+ on the held-out test set", run.stdout), run.stdout[-1500:]
+
+
+def test_config_reference_in_the_readme_is_current():
+    from common.config import config_reference
+
+    table = README.split("<!-- config-reference:start -->\n", 1)[1].split("\n<!-- config-reference:end -->", 1)[0]
+    assert table == config_reference()
+    rows = table.splitlines()[2:]
+    assert len(rows) == 83 and all(row.count(" | ") == 2 and row.rsplit(" | ", 1)[1].strip(" |") for row in rows)

@@ -28,6 +28,11 @@ def _config(args):
 
 
 def cmd_config(args) -> int:
+    if args.reference:
+        from common.config import config_reference
+
+        print(config_reference())
+        return 0
     print(format_config(_config(args)))
     return 0
 
@@ -145,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = steps.add_parser("config", help="print the resolved config (defaults < --config file < --set)")
     _add_config_flags(p)
+    p.add_argument("--reference", action="store_true", help="print every key, its default and meaning (markdown)")
     p.set_defaults(func=cmd_config)
 
     p = steps.add_parser("env", help="print the environment block: versions, devices, strategy, replicas")
