@@ -16,6 +16,7 @@ Each is timed over all images after one warm-up pass, best of 3. Where a GPU is 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -106,6 +107,10 @@ def main() -> None:
     base = rows["naive keras predict"]
     for name, rate in rows.items():
         print(f"{name:<20} {rate:8.1f} images/s   x{rate / base:.2f}")
+    for name in [n for n in rows if n.startswith("kernel")]:
+        print("RESULT " + json.dumps({"bench": f"inference {name}, EfficientNet-B0 {size}px", "value": rows[name],
+                                      "baseline": base, "ratio": rows[name] / base, "unit": "img/s",
+                                      "baseline_name": "keras_model.predict"}))
 
 
 if __name__ == "__main__":

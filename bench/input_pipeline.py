@@ -132,6 +132,11 @@ def main() -> None:
         base = r["decode-only"]
         print(f"{r['cores']:>5} {base:>10.0f}/s {r['pipeline@512']:>11.0f}/s {r['pipeline@512 ratio']:>6.2f} "
               f"{r['pipeline@384']:>11.0f}/s {r['pipeline@384 ratio']:>6.2f}")
+    for r in rows:
+        print("RESULT " + json.dumps({"bench": f"input pipeline 512px, {r['cores']} core(s)",
+                                      "value": r["pipeline@512"], "baseline": r["decode-only"],
+                                      "ratio": r["pipeline@512 ratio"], "unit": "img/s",
+                                      "baseline_name": "JPEG decode only"}))
     if len(rows) >= 2:
         print(f"scaling {rows[0]['cores']} -> {rows[-1]['cores']} cores: decode-only "
               f"x{rows[-1]['decode-only'] / rows[0]['decode-only']:.2f}, pipeline@512 "

@@ -13,6 +13,7 @@ tensorflow.org/guide/tpu reports as ~50% more throughput on a TPU (steps_per_exe
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -70,6 +71,9 @@ def main() -> None:
     print(f"steps_per_execution=1   {base:8.0f} images/s")
     print(f"steps_per_execution={args.n:<3} {fast:8.0f} images/s")
     print(f"ratio                   {fast / base:8.2f}")
+    print("RESULT " + json.dumps({"bench": f"training, steps_per_execution={args.n} ({args.image_size}px, batch "
+                                           f"{args.batch})", "value": fast, "baseline": base, "ratio": fast / base,
+                                  "unit": "img/s", "baseline_name": "steps_per_execution=1"}))
 
 
 if __name__ == "__main__":
