@@ -34,6 +34,15 @@ def kaggle_working_dir() -> Path:
     return kaggle_root() / "working"
 
 
+def output_dir(configured: str, local_default: str) -> Path:
+    """runtime.output_dir, else /kaggle/working in a Kaggle kernel, else local_default (e.g. runs/train)."""
+    from common.env import detect_platform
+
+    if configured:
+        return Path(configured)
+    return kaggle_working_dir() if detect_platform().on_kaggle else Path(local_default)
+
+
 def _mounted(input_dir: Path) -> list[str]:
     """What is attached, for error messages: 'slug' (old layout) or 'datasets/owner/slug' (new layout)."""
     if not input_dir.is_dir():

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import common  # noqa: F401
 from common.config import format_config, load_config
-from common.env import detect_platform, environment_report
+from common.env import environment_report
 from common.errors import UserError
 from common.export import load_export, read_card
 from common.inference import (
@@ -37,14 +37,8 @@ from common.inference import (
     tta_view_names,
     write_csv_atomically,
 )
-from common.paths import kaggle_working_dir, resolve_data_path
+from common.paths import output_dir, resolve_data_path
 from common.strategy import get_strategy, split_cpu
-
-
-def output_dir(runtime_cfg) -> Path:
-    if runtime_cfg.output_dir:
-        return Path(runtime_cfg.output_dir)
-    return kaggle_working_dir() if detect_platform().on_kaggle else Path("runs/infer")
 
 
 def test_batches(cfg, card: dict, template, csv_name: str):
@@ -112,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     probs = total / weight
 
     # ---- write
-    out = output_dir(cfg.runtime)
+    out = output_dir(cfg.runtime.output_dir, "runs/infer")
     rows = submission_rows(template, ids, probs, class_names)
     submission = out / cfg.infer.submission
     write_csv_atomically(submission, template.header, rows)

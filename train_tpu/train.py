@@ -13,6 +13,7 @@ Started again with the same output folder, it skips exported folds and resumes a
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import shutil
 import sys
@@ -25,16 +26,10 @@ from common.env import detect_platform, environment_report, require_tf_keras
 from common.errors import UserError
 from common.export import read_card, write_export
 from common.metrics import classification_scores, plot_confusion, plot_history
-from common.paths import kaggle_working_dir, resolve_data_path, resolve_hub_handle
+from common.paths import output_dir, resolve_data_path, resolve_hub_handle
 from common.strategy import choose_precision, get_strategy, set_precision, split_cpu
 from common.tfrecords import convert_competition, has_manifest, read_manifest, record_set
 from common.training import inference_copy, train_fold
-
-
-def output_dir(runtime_cfg) -> Path:
-    if runtime_cfg.output_dir:
-        return Path(runtime_cfg.output_dir)
-    return kaggle_working_dir() if detect_platform().on_kaggle else Path("runs/train")
 
 
 def locate_tfrecords(cfg, out: Path) -> str:
@@ -61,11 +56,11 @@ def folds_to_train(cfg, tfrecord_dir: str) -> list[int]:
 
 def write_fold_outputs(work: Path, result, records, scores: dict) -> dict[str, Path]:
     """oof.csv, the history plot and the confusion matrix, to travel inside the export."""
-    oof = work / "oof.csv"
-    with oof.open("w") as f:
-        f.write("id,label," + ",".join(f"p_{c}" for c in records.class_names) + "\n")
+    with (work / "oof.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["id", "label", *(f"p_{c}" for c in records.class_names)])
         for i, label, p in zip(result.val_ids, result.val_labels, result.val_probs, strict=True):
-            f.write(f"{i},{records.class_names[label]}," + ",".join(f"{v:.6f}" for v in p) + "\n")
+            writer.writerow([i, records.class_names[label], *(f"{v:.6f}" for v in p)])
     plot_history(result.history_csv, work / "history.png")
     plot_confusion(scores["confusion_matrix"], records.class_names, work / "confusion.png")
     return {name: work / name for name in ("history.csv", "history.png", "confusion.png", "oof.csv")}
@@ -89,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     require_tf_keras()
 
     # ---- data and backbone
-    out = output_dir(cfg.runtime)
+    out = output_dir(cfg.runtime.output_dir, "runs/train")
     tfrecord_dir = locate_tfrecords(cfg, out)
     hub_handle = resolve_hub_handle(cfg.model.hub_handle) if cfg.model.backbone == "hub" else None
     deadline = start + cfg.train.time_budget_hours * 3600
@@ -128,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             "metrics": {**metrics, "per_class": scores["per_class"], "confusion_matrix": scores["confusion_matrix"]},
             "config": config_to_dict(cfg),
         }
-        verify_images = next(iter(common_eval_batch(records, cfg)))
+        verify_images = golden_batch(records, cfg)
         n_classes = len(records.class_names)
         float16 = (inference_copy(result.model, cfg, n_classes, hub_handle, "mixed_float16")
                    if cfg.train.export_float16 else None)
@@ -148,8 +143,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def out_of_fold_scores(export_root: Path, folds: dict) -> dict | None:
     """Scores of every exported fold's validation predictions together (the out-of-fold estimate)."""
-    import csv
-
     import numpy as np
 
     ids, labels, probs, class_names = [], [], [], None
@@ -169,12 +162,12 @@ def out_of_fold_scores(export_root: Path, folds: dict) -> dict | None:
     return {"folds": list(folds), "unique_ids": len(set(ids)), **scores}
 
 
-def common_eval_batch(records, cfg, n: int = 4):
-    """A few validation images, the export's golden batch."""
+def golden_batch(records, cfg, n: int = 4):
+    """A few validation images: the export must reproduce its probabilities for them wherever it is loaded."""
     from common.data import make_eval_dataset
 
     dataset = make_eval_dataset(records.val_files, records.schema, cfg.data.image_size, n, labeled=False)
-    return (batch["image"].numpy() for batch in dataset.take(1))
+    return next(iter(dataset))["image"].numpy()
 
 
 if __name__ == "__main__":
