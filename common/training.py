@@ -9,13 +9,17 @@ Time budget: before an epoch would end past the deadline, training stops, so the
 
 from __future__ import annotations
 
+import csv
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from common.config import config_to_dict
 from common.data import images_and_labels, make_eval_dataset, make_train_dataset
 from common.errors import ConfigError
+from common.export import read_card, write_export
+from common.metrics import classification_scores, plot_confusion, plot_history
 from common.model import build_model, classification_loss, compile_model, learning_rate_schedule
 from common.strategy import global_batch_size, scaled_learning_rate
 from common.tfrecords import RecordSchema, RecordSet
@@ -239,3 +243,67 @@ def inference_copy(model: tf.keras.Model, cfg, num_classes: int, hub_handle: str
         tf.keras.mixed_precision.set_global_policy(trained_policy)
     copy.set_weights(model.get_weights())
     return copy
+
+
+def _fold_outputs(work: Path, result: FoldResult, records: RecordSet, scores: dict) -> dict[str, Path]:
+    """oof.csv, the history plot and the confusion matrix, to travel inside the export."""
+    with (work / "oof.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["id", "label", *(f"p_{c}" for c in records.class_names)])
+        for i, label, p in zip(result.val_ids, result.val_labels, result.val_probs, strict=True):
+            writer.writerow([i, records.class_names[label], *(f"{v:.6f}" for v in p)])
+    plot_history(result.history_csv, work / "history.png")
+    plot_confusion(scores["confusion_matrix"], records.class_names, work / "confusion.png")
+    return {name: work / name for name in ("history.csv", "history.png", "confusion.png", "oof.csv")}
+
+
+def _golden_batch(records: RecordSet, image_size: int, n: int = 4) -> np.ndarray:
+    """A few validation images: the export must reproduce its probabilities for them wherever it is loaded."""
+    dataset = make_eval_dataset(records.val_files, records.schema, image_size, n, labeled=False)
+    return next(iter(dataset))["image"].numpy()
+
+
+def export_fold(cfg, result: FoldResult, records: RecordSet, fold: int, export_dir: Path, hub_handle: str | None,
+                trained_policy: str) -> dict:
+    """Score the fold, then write its verified export (float32, plus float16 if configured). Returns the card."""
+    scores = classification_scores(result.val_labels, result.val_probs, records.class_names)
+    print(f"[train] fold {fold}: validation macro-F1 {scores['macro_f1']:.4f}, accuracy {scores['accuracy']:.4f}"
+          f" after {result.epochs_done} epochs", flush=True)
+    size, n_classes = cfg.data.image_size, len(records.class_names)
+    card = {
+        "fold": fold, "class_names": records.class_names, "label_type": records.label_type, "image_size": size,
+        "record_schema": asdict(records.schema), "source_images": records.source_images,
+        "input": {"signature": "serving_default", "name": "images", "dtype": "uint8", "shape": [None, size, size, 3],
+                  "channels": "RGB", "range": [0, 255]},
+        "output": {"name": "probabilities", "dtype": "float32", "shape": [None, n_classes]},
+        "trained_precision": trained_policy, "export_precision": "float32",
+        "metrics": {"macro_f1": scores["macro_f1"], "accuracy": scores["accuracy"], "count": scores["count"],
+                    "epochs": result.epochs_done, "stopped_by_time_budget": result.stopped_by_budget,
+                    "per_class": scores["per_class"], "confusion_matrix": scores["confusion_matrix"]},
+        "config": config_to_dict(cfg),
+    }
+    float16 = inference_copy(result.model, cfg, n_classes, hub_handle, "mixed_float16") if cfg.train.export_float16 \
+        else None
+    card = write_export(export_dir, inference_copy(result.model, cfg, n_classes, hub_handle), card,
+                        _golden_batch(records, size), _fold_outputs(Path(result.history_csv).parent, result, records,
+                                                                    scores), float16_model=float16)
+    print(f"[train] fold {fold}: export verified and complete in {export_dir}", flush=True)
+    return card
+
+
+def out_of_fold_scores(export_root: Path, folds) -> dict | None:
+    """Scores of every exported fold's validation predictions together (the out-of-fold estimate)."""
+    ids, labels, probs, class_names = [], [], [], None
+    for fold in folds:
+        class_names = read_card(export_root / fold)["class_names"]
+        with (export_root / fold / "oof.csv").open(newline="") as f:
+            for row in csv.DictReader(f):
+                ids.append(row["id"])
+                labels.append(class_names.index(row["label"]))
+                probs.append([float(row[f"p_{c}"]) for c in class_names])
+    if not ids:
+        return None
+    scores = classification_scores(np.array(labels), np.array(probs), class_names)
+    print(f"[train] out-of-fold over {len(folds)} fold(s), {len(ids)} records: macro-F1 {scores['macro_f1']:.4f}, "
+          f"accuracy {scores['accuracy']:.4f}", flush=True)
+    return {"folds": list(folds), "unique_ids": len(set(ids)), **scores}

@@ -13,7 +13,6 @@ Started again with the same output folder, it skips exported folds and resumes a
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import shutil
 import sys
@@ -24,12 +23,11 @@ import common  # noqa: F401  (TF_USE_LEGACY_KERAS before tensorflow)
 from common.config import config_to_dict, format_config, load_config
 from common.env import detect_platform, environment_report, require_tf_keras
 from common.errors import UserError
-from common.export import read_card, write_export
-from common.metrics import classification_scores, plot_confusion, plot_history
+from common.export import read_card
 from common.paths import output_dir, resolve_data_path, resolve_hub_handle
 from common.strategy import choose_precision, get_strategy, set_precision, split_cpu
 from common.tfrecords import convert_competition, has_manifest, read_manifest, record_set
-from common.training import inference_copy, train_fold
+from common.training import export_fold, out_of_fold_scores, train_fold
 
 
 def locate_tfrecords(cfg, out: Path) -> str:
@@ -52,18 +50,6 @@ def folds_to_train(cfg, tfrecord_dir: str) -> list[int]:
     if not has_manifest(tfrecord_dir) or read_manifest(tfrecord_dir)["split"]["kind"] != "kfold":
         return [0]
     return list(range(read_manifest(tfrecord_dir)["split"]["folds"]))
-
-
-def write_fold_outputs(work: Path, result, records, scores: dict) -> dict[str, Path]:
-    """oof.csv, the history plot and the confusion matrix, to travel inside the export."""
-    with (work / "oof.csv").open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["id", "label", *(f"p_{c}" for c in records.class_names)])
-        for i, label, p in zip(result.val_ids, result.val_labels, result.val_probs, strict=True):
-            writer.writerow([i, records.class_names[label], *(f"{v:.6f}" for v in p)])
-    plot_history(result.history_csv, work / "history.png")
-    plot_confusion(scores["confusion_matrix"], records.class_names, work / "confusion.png")
-    return {name: work / name for name in ("history.csv", "history.png", "confusion.png", "oof.csv")}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,32 +92,9 @@ def main(argv: list[str] | None = None) -> int:
         records = record_set(tfrecord_dir, cfg.data, fold)
         work = out / "work" / f"fold{fold}"
         result = train_fold(cfg, strategy, records, work, deadline, hub_handle)
-        scores = classification_scores(result.val_labels, result.val_probs, records.class_names)
-        print(f"[train] fold {fold}: validation macro-F1 {scores['macro_f1']:.4f}, accuracy {scores['accuracy']:.4f}"
-              f" after {result.epochs_done} epochs", flush=True)
-        metrics = {"macro_f1": scores["macro_f1"], "accuracy": scores["accuracy"], "count": scores["count"],
-                   "epochs": result.epochs_done, "stopped_by_time_budget": result.stopped_by_budget}
-        card = {
-            "fold": fold, "class_names": records.class_names, "label_type": records.label_type,
-            "image_size": cfg.data.image_size, "record_schema": records.schema.__dict__,
-            "source_images": records.source_images,
-            "input": {"signature": "serving_default", "name": "images", "dtype": "uint8",
-                      "shape": [None, cfg.data.image_size, cfg.data.image_size, 3], "channels": "RGB",
-                      "range": [0, 255]},
-            "output": {"name": "probabilities", "dtype": "float32", "shape": [None, len(records.class_names)]},
-            "trained_precision": policy, "export_precision": "float32",
-            "metrics": {**metrics, "per_class": scores["per_class"], "confusion_matrix": scores["confusion_matrix"]},
-            "config": config_to_dict(cfg),
-        }
-        verify_images = golden_batch(records, cfg)
-        n_classes = len(records.class_names)
-        float16 = (inference_copy(result.model, cfg, n_classes, hub_handle, "mixed_float16")
-                   if cfg.train.export_float16 else None)
-        write_export(export_dir, inference_copy(result.model, cfg, n_classes, hub_handle), card, verify_images,
-                     write_fold_outputs(work, result, records, scores), float16_model=float16)
+        card = export_fold(cfg, result, records, fold, export_dir, hub_handle, policy)
         shutil.rmtree(work / "checkpoints", ignore_errors=True)  # exported: the checkpoints have served
         report["folds"][f"fold{fold}"] = card["metrics"]
-        print(f"[train] fold {fold}: export verified and complete in {export_dir}", flush=True)
 
     report["out_of_fold"] = out_of_fold_scores(out / "export", report["folds"])
     report_path = out / "export" / "training_report.json"
@@ -139,35 +102,6 @@ def main(argv: list[str] | None = None) -> int:
     report_path.write_text(json.dumps(report, indent=2) + "\n")
     print(f"\n[train] report: {report_path}", flush=True)
     return 0
-
-
-def out_of_fold_scores(export_root: Path, folds: dict) -> dict | None:
-    """Scores of every exported fold's validation predictions together (the out-of-fold estimate)."""
-    import numpy as np
-
-    ids, labels, probs, class_names = [], [], [], None
-    for fold in folds:
-        card = read_card(export_root / fold)
-        class_names = card["class_names"]
-        with (export_root / fold / "oof.csv").open(newline="") as f:
-            for row in csv.DictReader(f):
-                ids.append(row["id"])
-                labels.append(class_names.index(row["label"]))
-                probs.append([float(row[f"p_{c}"]) for c in class_names])
-    if not ids:
-        return None
-    scores = classification_scores(np.array(labels), np.array(probs), class_names)
-    print(f"[train] out-of-fold over {len(folds)} fold(s), {len(ids)} records: macro-F1 {scores['macro_f1']:.4f}, "
-          f"accuracy {scores['accuracy']:.4f}", flush=True)
-    return {"folds": list(folds), "unique_ids": len(set(ids)), **scores}
-
-
-def golden_batch(records, cfg, n: int = 4):
-    """A few validation images: the export must reproduce its probabilities for them wherever it is loaded."""
-    from common.data import make_eval_dataset
-
-    dataset = make_eval_dataset(records.val_files, records.schema, cfg.data.image_size, n, labeled=False)
-    return next(iter(dataset))["image"].numpy()
 
 
 if __name__ == "__main__":
