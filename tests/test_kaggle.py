@@ -166,3 +166,20 @@ def test_simulated_kaggle_run_of_both_built_kernels(tmp_path, demo_dir, tiny_bac
     template = read_csv(demo_dir / "sample_submission.csv")
     assert [r["id"] for r in submission] == [r["id"] for r in template]
     assert {r["label"] for r in submission} <= set(card["class_names"])
+
+
+def test_verify_export_before_publishing(trained_export, tmp_path, capsys):
+    from tpu2gpu.cli import main
+
+    assert main(["verify-export", "--export", str(trained_export)]) == 0
+    assert "fold0: complete, 10 classes, 16 px" in capsys.readouterr().out
+    broken = tmp_path / "export"
+    shutil.copytree(trained_export, broken)
+    card = json.loads((broken / "fold0" / "model_card.json").read_text())
+    (broken / "fold0" / "model_card.json").write_text(json.dumps({**card, "complete": False}))
+    assert main(["verify-export", "--export", str(broken)]) == 2
+    assert "is not marked complete" in capsys.readouterr().err
+    from common.export import ExportError
+
+    with pytest.raises(ExportError, match="not marked complete"):  # publish checks before it uploads anything
+        workflow.publish(broken, tmp_path / "unused.json", "tester/tpu2gpu-model", "m")

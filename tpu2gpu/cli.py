@@ -106,6 +106,16 @@ def cmd_fetch(args) -> int:
     return 0
 
 
+def cmd_verify_export(args) -> int:
+    from tpu2gpu import workflow
+
+    for card in workflow.verify_export(Path(args.export)):
+        m = card["metrics"]
+        print(f"fold{card['fold']}: complete, {len(card['class_names'])} classes, {card['image_size']} px, "
+              f"macro-F1 {m['macro_f1']:.4f} after {m['epochs']} epochs, signatures {sorted(card['precisions'])}")
+    return 0
+
+
 def cmd_publish(args) -> int:
     from tpu2gpu import workflow
 
@@ -192,6 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interval", type=float, default=60.0, help="seconds between polls")
     p = kaggle_step("fetch", "kaggle kernels output: download a kernel's outputs and log", cmd_fetch, kernel=True)
     p.add_argument("--out", default="runs/kaggle/train", help="download folder (default: %(default)s)")
+    p = steps.add_parser("verify-export", help="check that every fold export is complete and show its card")
+    p.add_argument("--export", default="runs/kaggle/train/export", help="export folder (default: %(default)s)")
+    p.set_defaults(func=cmd_verify_export)
     p = kaggle_step("publish", "verify the export and create / version the model dataset (--dir-mode zip)",
                     cmd_publish)
     p.add_argument("--export", default="runs/kaggle/train/export", help="export folder (default: %(default)s)")
