@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -156,9 +157,8 @@ def check_test_images(paths: list[Path], card: dict) -> None:
 
 
 def check_record_ids(ids_in_records: list[str], template_ids: list[str], csv_name: str) -> None:
-    counts: dict[str, int] = {}
-    for i in ids_in_records:
-        counts[i] = counts.get(i, 0) + 1
+    """Every template id in the test records, and none twice."""
+    counts = Counter(ids_in_records)
     missing = [i for i in template_ids if i not in counts]
     if missing:
         raise DataError(f"{len(missing)} test id(s) of {csv_name} are missing from the test records, e.g. "
