@@ -88,8 +88,8 @@ def split_names(manifest: dict) -> list[str]:
     return [name for name in manifest["splits"] if name != "test"]
 
 
-def split_files(manifest: dict, tfrecord_dir: str, fold: int) -> tuple[list[str], list[str]]:
-    """(train files, validation files) for one fold; a hold-out conversion has one 'fold', 0."""
+def fold_split_names(manifest: dict, fold: int) -> tuple[list[str], list[str]]:
+    """(training split names, validation split names) for one fold; a hold-out conversion has one 'fold', 0."""
     split = manifest["split"]
     if split["kind"] == "kfold":
         if not 0 <= fold < split["folds"]:
@@ -99,7 +99,12 @@ def split_files(manifest: dict, tfrecord_dir: str, fold: int) -> tuple[list[str]
         if fold != 0:
             raise DataError(f"train.fold={fold} but the records have one hold-out split; use train.fold=0")
         val_names = ["valid"]
-    train_names = [n for n in split_names(manifest) if n not in val_names]
+    return [n for n in split_names(manifest) if n not in val_names], val_names
+
+
+def split_files(manifest: dict, tfrecord_dir: str, fold: int) -> tuple[list[str], list[str]]:
+    """(train files, validation files) for one fold."""
+    train_names, val_names = fold_split_names(manifest, fold)
     return shard_paths(manifest, tfrecord_dir, train_names), shard_paths(manifest, tfrecord_dir, val_names)
 
 
@@ -146,12 +151,14 @@ def record_set(tfrecord_dir: str, data_cfg, fold: int) -> RecordSet:
     patterns with data.class_names (TFRecords made elsewhere, e.g. Kaggle's Flowers)."""
     if has_manifest(tfrecord_dir):
         manifest = read_manifest(tfrecord_dir)
-        train_files, val_files = split_files(manifest, tfrecord_dir, fold)
-        split = manifest["split"]
-        val_names = [f"fold{fold}"] if split["kind"] == "kfold" else ["valid"]
-        counts = {n: manifest["splits"][n]["count"] for n in split_names(manifest)}
-        return RecordSet(train_files, val_files, sum(c for n, c in counts.items() if n not in val_names),
-                         sum(counts[n] for n in val_names), list(manifest["class_names"]),
+        train_names, val_names = fold_split_names(manifest, fold)
+
+        def count(names):
+            return sum(manifest["splits"][n]["count"] for n in names)
+
+        return RecordSet(shard_paths(manifest, tfrecord_dir, train_names),
+                         shard_paths(manifest, tfrecord_dir, val_names), count(train_names), count(val_names),
+                         list(manifest["class_names"]),
                          RecordSchema(**manifest["schema"]), manifest["label_type"], manifest.get("source_images"))
     if not data_cfg.class_names:
         raise DataError(f"{tfrecord_dir} has no {MANIFEST_NAME}, so data.class_names must list the classes in label "

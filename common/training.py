@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from common.config import config_to_dict
-from common.data import images_and_labels, make_eval_dataset, make_train_dataset
+from common.data import images_and_labels, make_eval_dataset, make_train_dataset, read_ids_and_labels
 from common.errors import ConfigError
 from common.export import read_card, write_export
 from common.metrics import classification_scores, plot_confusion, plot_history
@@ -159,11 +159,7 @@ def predict_records(model: tf.keras.Model, files, schema: RecordSchema, image_si
     """(ids, labels, probabilities) for every record of `files`, in order. Batches are padded to a full batch and the
     padding dropped after: static shapes for TPUs, and no record lost to drop_remainder."""
     dataset = make_eval_dataset(files, schema, image_size, batch_size, labeled=labeled)
-    ids, labels = [], []
-    for batch in dataset.map(lambda b: {k: v for k, v in b.items() if k != "image"}):
-        ids += [i.decode() for i in batch["id"].numpy()]
-        if labeled:
-            labels.append(batch["label"].numpy())
+    ids, labels = read_ids_and_labels(files, schema, labeled)
 
     def pad(batch):
         images = batch["image"]
@@ -175,7 +171,7 @@ def predict_records(model: tf.keras.Model, files, schema: RecordSchema, image_si
         raise ConfigError(f"expected {count} records in {len(files)} files, read {len(ids)}: the manifest and the "
                           "files disagree; convert the data again")
     probs = model.predict(dataset.map(pad), steps=-(-count // batch_size), verbose=0)[:count]
-    return ids, (np.concatenate(labels) if labeled else None), probs
+    return ids, labels, probs
 
 
 # ---------------------------------------------------------------------------------------------------------- one fold

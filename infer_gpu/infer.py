@@ -43,7 +43,7 @@ from common.strategy import get_strategy, split_cpu
 
 def test_batches(cfg, card: dict, template, csv_name: str):
     """Batches of {'image', 'id'} at the card's image size: from the competition's test images, or test records."""
-    from common.data import make_eval_dataset, make_image_file_dataset
+    from common.data import make_eval_dataset, make_image_file_dataset, read_ids_and_labels
     from common.tfrecords import RecordSchema, glob_files, has_manifest, read_manifest, shard_paths
 
     size = card["image_size"]
@@ -57,9 +57,7 @@ def test_batches(cfg, card: dict, template, csv_name: str):
     files = (shard_paths(read_manifest(root), root, ["test"]) if has_manifest(root)
              else glob_files(root, cfg.data.test_files))
     schema = RecordSchema(**card["record_schema"])
-    ids = [i.decode() for b in make_eval_dataset(files, schema, size, 1024, labeled=False).map(lambda b: b["id"])
-           for i in b.numpy()]
-    check_record_ids(ids, template.ids, csv_name)
+    check_record_ids(read_ids_and_labels(files, schema, labeled=False)[0], template.ids, csv_name)
     return make_eval_dataset(files, schema, size, cfg.infer.batch_size, labeled=False)
 
 

@@ -47,9 +47,8 @@ def locate_tfrecords(cfg, out: Path) -> str:
 def folds_to_train(cfg, tfrecord_dir: str) -> list[int]:
     if cfg.train.fold >= 0:
         return [cfg.train.fold]
-    if not has_manifest(tfrecord_dir) or read_manifest(tfrecord_dir)["split"]["kind"] != "kfold":
-        return [0]
-    return list(range(read_manifest(tfrecord_dir)["split"]["folds"]))
+    split = read_manifest(tfrecord_dir)["split"] if has_manifest(tfrecord_dir) else {"kind": "none"}
+    return list(range(split["folds"])) if split["kind"] == "kfold" else [0]
 
 
 def main(argv: list[str] | None = None) -> int:
