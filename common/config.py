@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from common.errors import ConfigError
-
-import yaml
+from common.tpu_stack import TPU_PACKAGES
 
 
 @dataclass
@@ -108,7 +107,8 @@ class InferConfig:
 
 @dataclass
 class KaggleConfig:
-    """What `tpu2gpu build` writes into kernel-metadata.json / dataset-metadata.json (kernels never read it)."""
+    """What `tpu2gpu build` writes into kernel-metadata.json / dataset-metadata.json. Kernels read only the tpu_*
+    keys and train_internet, before TensorFlow is imported (the TPU stack install)."""
 
     owner: str = ""  # your Kaggle username
     competition: str = ""  # the competition slug, e.g. tpu-getting-started
@@ -124,7 +124,13 @@ class KaggleConfig:
     model_sources: tuple[str, ...] = ()  # owner/model/framework/variation/version, e.g. a Kaggle Models EfficientNet
     train_accelerator: str = "TpuV5E8"  # machine_shape of the training kernel
     infer_accelerator: str = "NvidiaTeslaT4"  # machine_shape of the inference kernel (GPU T4 x2)
-    train_internet: bool = False  # internet for the training kernel
+    train_internet: bool = False  # internet for the training kernel (also lets it pip-install the TPU stack)
+    # TPU stack (common/tpu_stack.py): Kaggle's TPU image ships tensorflow-cpu, which sees no TPU; the training kernel
+    # installs these pins and runs itself again. install = when the image lacks a TPU build; image = never (trust it).
+    tpu_runtime: Literal["install", "image"] = "install"  # install the TPU stack when the image lacks it, or trust it
+    tpu_packages: tuple[str, ...] = TPU_PACKAGES  # name==version pins of the TPU stack (match the image's Python)
+    tpu_wheels: str = ""  # wheels dataset (`tpu2gpu wheels`): a slug of kaggle.owner's, or owner/slug
+    tpu_find_links: str = ""  # extra pip --find-links for the online route (e.g. the libtpu release index)
     infer_internet: bool = False  # must stay false for a code competition
     private: bool = True  # kernels private
 
@@ -138,6 +144,7 @@ class RuntimeConfig:
     tfrecords: str = ""  # TFRecords (+ manifest): a path, gs:// URL or an attached Kaggle dataset name
     private_dataset: bool = False  # read through GCS with the kernel's gcloud credential (TPU Node only)
     output_dir: str = ""  # "" = /kaggle/working on Kaggle, ./runs/train or ./runs/infer locally
+    scratch_dir: str = ""  # records converted in-kernel, checkpoints; "" = /kaggle/temp on Kaggle, else output_dir
 
 
 @dataclass
@@ -225,6 +232,8 @@ def parse_override(text: str) -> tuple[str, str, Any]:
     """'train.epochs=3' -> ('train', 'epochs', 3); the value is read as YAML (3, 0.5, true, [a, b], text)."""
     if "=" not in text or "." not in text.split("=", 1)[0]:
         raise ConfigError(f"override {text!r} must look like section.key=value, e.g. train.epochs=3")
+    import yaml  # here, not at the top: a built kernel reads JSON and needs no PyYAML
+
     dotted, raw_value = text.split("=", 1)
     section, key = dotted.strip().split(".", 1)
     try:
@@ -244,6 +253,8 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
         if not path.is_file():
             raise ConfigError(f"config file {path} does not exist")
         text = path.read_text()
+        import yaml
+
         try:
             raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
         except (json.JSONDecodeError, yaml.YAMLError) as err:

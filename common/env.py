@@ -91,18 +91,3 @@ def environment_report(strategy=None) -> str:
         lines.append(f"strategy      {type(strategy).__name__}")
         lines.append(f"replicas      {strategy.num_replicas_in_sync}")
     return "\n".join(lines)
-
-
-def require_tf_keras() -> None:
-    """hub.KerasLayer needs tf_keras (Keras 2); Kaggle's TPU image ships Keras 3 and may not have it."""
-    import importlib.util
-
-    if importlib.util.find_spec("tf_keras") is None:
-        from common.errors import StrategyError
-
-        import tensorflow as tf
-
-        raise StrategyError(
-            f"tf_keras is not installed next to TensorFlow {tf.__version__}; hub.KerasLayer needs it. Fix: in the "
-            f"training kernel, `pip install tf-keras=={'.'.join(tf.__version__.split('.')[:2])}.*` (needs "
-            "kaggle.train_internet=true), or attach a dataset holding the tf-keras wheel and pip install it offline")

@@ -103,10 +103,24 @@ def _write_card(folder: Path, card: dict) -> None:
     (folder / CARD_NAME).write_text(json.dumps(card, indent=2, default=str) + "\n")
 
 
+# The check needs only the CPU. On a TPU VM one process alone may own the chips (the trainer does), and on a GPU the
+# trainer already holds the memory: the child sees neither.
+ACCELERATOR_ENV_REMOVED = ("TPU_NAME", "TPU_ACCELERATOR_TYPE", "TPU_WORKER_ID", "TPU_WORKER_HOSTNAMES", "ISTPUVM")
+CPU_ONLY_ENV = {"CUDA_VISIBLE_DEVICES": "-1", "TPU_LOAD_LIBRARY": "0", "TPU_SKIP_MDS_QUERY": "1"}
+
+
+def cpu_only_environment(environ, package_root: str) -> dict[str, str]:
+    """The export check's environment: this one, minus the accelerators, with the bundle's packages importable."""
+    env = {k: v for k, v in environ.items() if k not in ACCELERATOR_ENV_REMOVED}
+    env.update(CPU_ONLY_ENV)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, environ.get("PYTHONPATH")]))
+    return env
+
+
 def verify_in_fresh_process(folder: Path) -> dict[str, float]:
-    """Reload `folder` in a new interpreter without tf_keras / tensorflow_hub; the max abs difference per signature."""
-    package_root = str(Path(__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+    """Reload `folder` in a new interpreter without tf_keras / tensorflow_hub, on the CPU; the max abs difference
+    per signature."""
+    env = cpu_only_environment(os.environ, str(Path(__file__).resolve().parents[1]))
     result = subprocess.run([sys.executable, "-m", "common.export_check", str(folder)], capture_output=True,
                             text=True, env=env)
     if result.returncode != 0:

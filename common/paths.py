@@ -43,6 +43,16 @@ def output_dir(configured: str, local_default: str) -> Path:
     return kaggle_working_dir() if detect_platform().on_kaggle else Path(local_default)
 
 
+def scratch_dir(configured: str, output: Path) -> Path:
+    """runtime.scratch_dir, else /kaggle/temp in a Kaggle kernel (kept out of the kernel's output, which is what
+    /kaggle/working becomes), else the output folder itself."""
+    from common.env import detect_platform
+
+    if configured:
+        return Path(configured)
+    return kaggle_root() / "temp" if detect_platform().on_kaggle else Path(output)
+
+
 def _mounted(input_dir: Path) -> list[str]:
     """What is attached, for error messages: 'slug' (old layout) or 'datasets/owner/slug' (new layout)."""
     if not input_dir.is_dir():

@@ -18,13 +18,28 @@ from common.errors import StrategyError
 
 import tensorflow as tf
 
-# The Kaggle TPU image installs tensorflow-cpu since Sep 2025; a TPU build has to be installed in the kernel.
+# The Kaggle TPU image installs tensorflow-cpu since Sep 2025; the built training kernel installs a TPU build itself
+# (common/tpu_stack.py). These say what to do when TensorFlow still sees no TPU.
 TPU_NOT_VISIBLE_FIX = (
-    "Fix: install a TPU build of TensorFlow matching this version before anything imports tensorflow, e.g. "
-    "`pip install tensorflow-tpu=={version} -f https://storage.googleapis.com/libtpu-tf-releases/index.html` "
-    "in the kernel's first cell, then restart it; or pin the kernel to an environment whose TensorFlow sees the "
-    "TPU. To train on the CPU on purpose, set runtime.strategy=default."
+    "Fix: let the built training kernel install the TPU stack before TensorFlow loads: attach the wheels dataset "
+    "(kaggle.tpu_wheels, made by `tpu2gpu wheels`) or set kaggle.train_internet=true, with kaggle.tpu_runtime=install, "
+    "and rebuild. To train on the CPU on purpose, set runtime.strategy=default."
 )
+TPU_STACK_INSTALLED = (
+    "The TPU stack is installed ({stack}), but no TPU answered. Check that the kernel runs on a TPU machine "
+    "(machine_shape TpuV5E8) and that no other process holds the TPU; if libtpu and this TPU generation disagree, "
+    "pin another libtpu in kaggle.tpu_packages (0.0.14-0.0.31 load with tensorflow-tpu 2.20.0)."
+)
+
+
+def _tpu_fix() -> str:
+    from common.tpu_stack import RERUN_ENV, installed_versions
+
+    if not os.environ.get(RERUN_ENV):
+        return TPU_NOT_VISIBLE_FIX
+    installed = installed_versions()
+    stack = ", ".join(f"{n} {installed.get(n, 'missing')}" for n in ("tensorflow-tpu", "libtpu", "tf-keras"))
+    return TPU_STACK_INSTALLED.format(stack=stack)
 
 
 def split_cpu(n_devices: int) -> None:
@@ -65,7 +80,7 @@ def _tpu_strategy(address: str, signals: tuple[str, ...]) -> tf.distribute.TPUSt
             raise StrategyError(
                 f"TPU hardware is present ({', '.join(signals)}) but TensorFlow {tf.__version__} sees no TPU: "
                 f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}. "
-                + TPU_NOT_VISIBLE_FIX.format(version=tf.__version__)) from err
+                + _tpu_fix()) from err
         raise StrategyError(f"runtime.strategy=tpu but no TPU answered at {address or '$TPU_NAME'!r}: {err}") from err
 
 

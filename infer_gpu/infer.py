@@ -37,6 +37,7 @@ from common.inference import (
     tta_view_names,
     write_csv_atomically,
 )
+from common.kernel import guarded
 from common.paths import output_dir, resolve_data_path
 from common.strategy import get_strategy, split_cpu
 
@@ -118,8 +119,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except UserError as err:
-        print(f"infer_gpu: error: {err}", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(guarded("infer_gpu", main))

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import csv
+import hashlib
 import io
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -57,34 +60,175 @@ def read_records(files, schema=None, labeled=True) -> list[dict]:
     return [{k: (v.decode() if k == "id" else v) for k, v in r.items()} for r in dataset.as_numpy_iterator()]
 
 
+def fake_wheel(folder: Path, name: str, version: str, files: dict[str, str], requires=(), tag="py3-none-any") -> Path:
+    """A minimal valid wheel (METADATA, WHEEL, RECORD with hashes) installing `files`."""
+    dist = f"{name.replace('-', '_')}-{version}"
+    meta = {f"{dist}.dist-info/METADATA": "Metadata-Version: 2.1\nName: " + name + "\nVersion: " + version + "\n"
+            + "".join(f"Requires-Dist: {r}\n" for r in requires),
+            f"{dist}.dist-info/WHEEL": f"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: {tag}\n"}
+    entries = {**files, **meta}
+    record = []
+    for path, text in entries.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(text.encode())}")
+    record.append(f"{dist}.dist-info/RECORD,,")
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{dist}-{tag}.whl"
+    with zipfile.ZipFile(path, "w") as archive:
+        for name_in_zip, text in entries.items():
+            archive.writestr(name_in_zip, text)
+        archive.writestr(f"{dist}.dist-info/RECORD", "\n".join(record) + "\n")
+    return path
+
+
+def tensorflow_wheel(folder: Path, distribution: str, version: str) -> Path:
+    return fake_wheel(folder, distribution, version, {"tensorflow/__init__.py": f"BUILD = {distribution!r}\n"})
+
+
+def tpu_wheels(folder: Path) -> Path:
+    """Stand-ins for the default kaggle.tpu_packages: the files differ, the names, versions and dependencies match."""
+    tensorflow_wheel(folder, "tensorflow-tpu", "2.20.0")
+    fake_wheel(folder, "libtpu", "0.0.21", {"libtpu/__init__.py": ""})
+    fake_wheel(folder, "tf-keras", "2.20.1", {"tf_keras/__init__.py": ""}, requires=["tensorflow>=2.20"])
+    fake_wheel(folder, "tensorflow-hub", "0.16.1", {"tensorflow_hub/__init__.py": ""}, requires=["tf-keras>=2.14.1"])
+    return folder
+
+
 class KaggleRecorder:
-    """Stands in for kaggle.com on 127.0.0.1:80, where the real kaggle CLI sends its API calls when
-    KAGGLE_API_ENVIRONMENT=LOCALHOST. Records each request (path, JSON body) and answers like the API: SaveKernel with
-    a ref and version, GetKernelSessionStatus with the next status queued in `statuses`."""
+    """Stands in for kaggle.com on 127.0.0.1:80, where the real kaggle CLI (2.2.4) sends its API calls when
+    KAGGLE_API_ENVIRONMENT=LOCALHOST: POST http://localhost/api/v1/<service>/<Method>, JSON in and out.
+
+    Records each API call in `requests` as (path, JSON body) and each uploaded blob in `uploads` as (name, bytes).
+    Answers, configured by plain attributes:
+      kernels.KernelsApiService/SaveKernel               ref, url and versionNumber `version_number`, plus
+                                                         `save_kernel_extra` (e.g. {"error": ...}, which the CLI
+                                                         prints as "Kernel push error: ..." and still exits 0)
+      kernels.KernelsApiService/GetKernelSessionStatus   the next (status, failure message) queued in `statuses`,
+                                                         COMPLETE when none is left
+      kernels.KernelsApiService/ListKernelSessionOutput  `kernel_outputs` ({relative path: bytes}, 20 a page) as
+                                                         download URLs (GET /files/<path> here) and `kernel_log`
+      datasets.DatasetApiService/GetDatasetStatus        `datasets[owner/slug]` (e.g. "READY"), a plain 404 if absent
+      datasets.DatasetApiService/CreateDataset           status Ok; the dataset then exists (READY)
+      datasets.DatasetApiService/CreateDatasetVersion    status Ok
+      blobs.BlobApiService/StartBlobUpload and           a token and a createUrl (PUT /upload/<token> here), whose
+        competitions.CompetitionApiService/StartSubmissionUpload   bytes land in `uploads` under the file's name
+      competitions.CompetitionApiService/CreateSubmission, CreateCodeSubmission   "Successfully submitted to <comp>"
+      competitions.CompetitionApiService/GetSubmissionLimits      numAllowedNow `submissions_left`
+    `fail = {"SaveKernel": (403, "Permission denied")}` answers that method with the status and Kaggle's JSON error
+    body {"code", "message"} (the CLI prints the message to stderr and exits 1); a bare status (`{"SaveKernel": 500}`)
+    answers with an empty body (the CLI prints "500 Server Error: ... for url: ..."). Other methods get a plain 404."""
+
+    BASE = "http://127.0.0.1"
 
     def __init__(self):
         import json
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from urllib.parse import quote, unquote
 
         self.requests: list[tuple[str, dict]] = []
         self.statuses: list[tuple[str, str]] = []
+        self.uploads: list[tuple[str, bytes]] = []
+        self.version_number = 1
+        self.save_kernel_extra: dict = {}
+        self.kernel_outputs: dict[str, bytes] = {}
+        self.kernel_log = '[{"stream_name":"stdout","time":1.0,"data":"done\\n"}]'
+        self.datasets: dict[str, str] = {}
+        self.submissions_left = 4
+        self.fail: dict[str, int | tuple[int, str]] = {}
+        self._upload_names: dict[str, str] = {}  # upload token -> file name
         recorder = self
+
+        def start_upload(name):
+            token = f"blob-{len(recorder._upload_names) + 1}"
+            recorder._upload_names[token] = name
+            return {"token": token, "createUrl": f"{recorder.BASE}/upload/{token}"}
+
+        def kernel_output(body):
+            names, size = sorted(recorder.kernel_outputs), body.get("pageSize") or 20
+            start = int(body.get("pageToken") or 0)
+            answer = {"files": [{"fileName": n, "url": f"{recorder.BASE}/files/{quote(n)}"}
+                                for n in names[start:start + size]], "log": recorder.kernel_log}
+            if start + size < len(names):
+                answer["nextPageToken"] = str(start + size)
+            return answer
+
+        def dataset_status(body):
+            status = recorder.datasets.get(f"{body.get('ownerSlug')}/{body.get('datasetSlug')}")
+            return {"status": status} if status else 404
+
+        def dataset_created(owner, slug):
+            return {"ref": f"{owner}/{slug}", "url": f"https://www.kaggle.com/datasets/{owner}/{slug}", "status": "Ok"}
+
+        def create_dataset(body):
+            recorder.datasets[f"{body['ownerSlug']}/{body['slug']}"] = "READY"
+            return dataset_created(body["ownerSlug"], body["slug"])
+
+        def save_kernel(body):
+            slug = body.get("slug", "owner/kernel")
+            return {"ref": f"/code/{slug}", "url": f"https://www.kaggle.com/code/{slug}",
+                    "versionNumber": recorder.version_number, **recorder.save_kernel_extra}
+
+        def kernel_status(body):
+            status, message = recorder.statuses.pop(0) if recorder.statuses else ("COMPLETE", "")
+            return {"status": status, "failureMessage": message}
+
+        def submitted(body):
+            return {"message": f"Successfully submitted to {body['competitionName']}", "ref": 1}
+
+        answers = {
+            "SaveKernel": save_kernel,
+            "GetKernelSessionStatus": kernel_status,
+            "ListKernelSessionOutput": kernel_output,
+            "GetDatasetStatus": dataset_status,
+            "CreateDataset": create_dataset,
+            "CreateDatasetVersion": lambda b: dataset_created(b["ownerSlug"], b["datasetSlug"]),
+            "StartBlobUpload": lambda b: start_upload(b["name"]),
+            "StartSubmissionUpload": lambda b: start_upload(b["fileName"]),
+            "CreateSubmission": submitted,
+            "CreateCodeSubmission": submitted,
+            "GetSubmissionLimits": lambda b: {"numAllowedNow": recorder.submissions_left},
+        }
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                body = json.loads(self.read_body() or b"{}")
                 recorder.requests.append((self.path, body))
-                if self.path.endswith("GetKernelSessionStatus"):
-                    status, message = recorder.statuses.pop(0) if recorder.statuses else ("COMPLETE", "")
-                    answer = {"status": status, "failureMessage": message}
+                method = self.path.rsplit("/", 1)[-1]
+                failure = recorder.fail.get(method)
+                if isinstance(failure, tuple):
+                    self.answer(failure[0], {"code": failure[0], "message": failure[1]})
+                    return
+                answer = failure or answers.get(method, lambda b: 404)(body)
+                if isinstance(answer, int):  # an error status with no body
+                    self.answer(answer, None)
                 else:
-                    slug = body.get("slug", "owner/kernel")
-                    answer = {"ref": f"/code/{slug}", "url": f"https://www.kaggle.com/code/{slug}",
-                              "versionNumber": 1}
-                data = json.dumps(answer).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
+                    self.answer(200, answer)
+
+            def do_PUT(self):  # the blob upload to a createUrl
+                token = self.path.rsplit("/", 1)[-1]
+                recorder.uploads.append((recorder._upload_names.get(token, token), self.read_body()))
+                self.answer(200, {})
+
+            def do_GET(self):  # a kernel output file's download URL
+                data = recorder.kernel_outputs.get(unquote(self.path.removeprefix("/files/")))
+                self.answer(404 if data is None else 200, data)
+
+            def read_body(self) -> bytes:
+                if self.headers.get("Transfer-Encoding", "").lower() != "chunked":
+                    return self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                chunks = []
+                while size := int(self.rfile.readline().split(b";")[0], 16):
+                    chunks.append(self.rfile.read(size))
+                    self.rfile.readline()
+                self.rfile.readline()
+                return b"".join(chunks)
+
+            def answer(self, status: int, payload: dict | bytes | None):
+                data = json.dumps(payload).encode() if isinstance(payload, dict) else payload or b""
+                self.send_response(status)
+                if isinstance(payload, dict):
+                    self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)

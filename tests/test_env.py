@@ -41,18 +41,3 @@ def test_environment_report_names_versions_devices_and_replicas():
     assert "devices       CPU:0, CPU:1" in report
     assert "strategy      MirroredStrategy" in report
     assert "replicas      2" in report
-
-
-def test_missing_tf_keras_is_named_with_the_fix(monkeypatch):
-    import importlib.util
-
-    from common.env import require_tf_keras
-    from common.errors import StrategyError
-
-    import pytest
-
-    require_tf_keras()  # installed here
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tf_keras" else real(name, *a))
-    with pytest.raises(StrategyError, match=r"tf_keras is not installed .* `pip install tf-keras==2\.21\.\*`"):
-        require_tf_keras()

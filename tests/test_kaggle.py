@@ -3,7 +3,6 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 from common.config import load_config
 
@@ -12,21 +11,37 @@ import pytest
 from tpu2gpu import workflow
 from tpu2gpu.build import MetadataError, build
 
-from helpers import KaggleRecorder, read_csv
+from helpers import KaggleRecorder, read_csv, tpu_wheels
 
 MODEL_HANDLE = "tpu2gpu/tiny-backbone/tensorflow2/demo/1"
 PROJECT = ["kaggle.owner=tester", "kaggle.competition=digit-comp", f"kaggle.model_sources=[{MODEL_HANDLE}]",
            "kaggle.dataset_sources=[tester/extra-data/3]", f"model.hub_handle={MODEL_HANDLE}",
+           "kaggle.tpu_wheels=tpu-wheels",
            "data.image_size=16", "train.fold=0", "train.epochs=2", "train.steps_per_epoch=4",
            "train.batch_size_per_replica=16", "train.learning_rate=0.05", "train.export_float16=false"]
 
 
+def flags(*overrides: str) -> list[str]:
+    return [a for s in [*PROJECT, *overrides] for a in ("--set", s)]
+
+
+def methods(recorder) -> list[str]:
+    return [path.rsplit("/", 1)[-1] for path, _ in recorder.requests]
+
+
+def body_of(recorder, method: str) -> dict:
+    bodies = [body for path, body in recorder.requests if path.endswith("/" + method)]
+    assert len(bodies) == 1, methods(recorder)
+    return bodies[0]
+
+
 @pytest.fixture
-def recorder(monkeypatch):
+def recorder(monkeypatch, tmp_path):
     monkeypatch.setenv("KAGGLE_API_ENVIRONMENT", "LOCALHOST")
     monkeypatch.setenv("KAGGLE_USERNAME", "tester")
     monkeypatch.setenv("KAGGLE_KEY", "not-a-real-key-0123456789")
-    monkeypatch.setenv("HOME", str(Path(os.environ.get("TMPDIR", "/tmp"))))  # no real ~/.kaggle/kaggle.json
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no real ~/.kaggle/kaggle.json
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the CLI keeps upload records in $TMPDIR/.kaggle
     server = KaggleRecorder()
     yield server
     server.close()
@@ -42,7 +57,8 @@ def test_the_real_kaggle_cli_accepts_both_built_kernels(tmp_path, recorder, caps
     assert train["text"] == (folders["train"] / "train.py").read_text()
     assert train["machineShape"] == "TpuV5E8" and train["enableInternet"] is False
     assert train["competitionDataSources"] == ["digit-comp"]
-    assert train["datasetDataSources"] == ["tester/extra-data/3"] and train["modelDataSources"] == [MODEL_HANDLE]
+    assert train["datasetDataSources"] == ["tester/extra-data/3", "tester/tpu-wheels"]  # the TPU stack's wheels
+    assert train["modelDataSources"] == [MODEL_HANDLE]
     assert infer["slug"] == "tester/tpu2gpu-infer" and infer["machineShape"] == "NvidiaTeslaT4"
     assert infer["enableInternet"] is False and infer["enableGpu"] is True
     assert infer["datasetDataSources"] == ["tester/tpu2gpu-model"] and infer.get("modelDataSources", []) == []
@@ -73,32 +89,146 @@ def test_a_failing_cli_call_stops_with_its_message(tmp_path, monkeypatch):
     assert "not-a-real-key" not in str(err.value)
 
 
-def test_dry_run_prints_every_step(tmp_path, capsys):
+def test_submit_sends_the_version_the_push_recorded(tmp_path, recorder, capsys):
     from tpu2gpu.cli import main
 
-    argv = ["workflow", "--dry-run", "--submit", "--build", str(tmp_path / "b")] + [
-        a for s in PROJECT for a in ("--set", s)]
+    build_dir = str(tmp_path / "build")
+    assert main(["build", "--out", build_dir, *flags()]) == 0
+    recorder.version_number = 7
+    assert main(["push", "--kernel", "infer", "--build", build_dir, *flags()]) == 0
+    assert "[push] infer kernel version 7" in capsys.readouterr().out
+    assert main(["submit", "--build", build_dir, "-m", "fold 0", *flags()]) == 0
+    assert body_of(recorder, "CreateCodeSubmission") == {
+        "competitionName": "digit-comp", "kernelOwner": "tester", "kernelSlug": "tpu2gpu-infer", "kernelVersion": 7,
+        "fileName": "submission.csv", "submissionDescription": "fold 0"}
+    assert "$ kaggle competitions submit digit-comp -k tester/tpu2gpu-infer -f submission.csv -v 7 -m 'fold 0'" in \
+        capsys.readouterr().out
+    recorder.requests.clear()
+    assert main(["submit", "--build", build_dir, "--version", "9", *flags()]) == 0  # a typed version wins
+    assert body_of(recorder, "CreateCodeSubmission")["kernelVersion"] == 9
+    assert main(["build", "--out", build_dir, *flags()]) == 0  # a new build has not been pushed
+    assert main(["submit", "--build", build_dir, *flags()]) == 2
+    assert "no push of " in capsys.readouterr().err
+
+
+def test_file_competition_uploads_the_fetched_submission(tmp_path, recorder, capsys):
+    from tpu2gpu.cli import main
+
+    file_competition = flags("kaggle.code_competition=false")
+    recorder.kernel_outputs = {"submission.csv": b"id,label\nt000,3\n"}
+    infer_out = tmp_path / "infer"
+    assert main(["submit", "--file", str(infer_out / "submission.csv"), *file_competition]) == 2
+    assert "fetch --kernel infer" in capsys.readouterr().err  # nothing fetched yet: named, nothing sent
+    assert main(["fetch", "--kernel", "infer", "--out", str(infer_out), *file_competition]) == 0
+    assert (infer_out / "submission.csv").read_bytes() == b"id,label\nt000,3\n"
+    assert (infer_out / "tpu2gpu-infer.log").is_file()
+    assert main(["submit", "--file", str(infer_out / "submission.csv"), "-m", "upload", *file_competition]) == 0
+    assert recorder.uploads == [("submission.csv", b"id,label\nt000,3\n")]
+    assert body_of(recorder, "CreateSubmission")["submissionDescription"] == "upload"
+    assert "CreateCodeSubmission" not in methods(recorder)
+
+
+def _served_export(trained_export) -> dict[str, bytes]:
+    return {f"export/{p.relative_to(trained_export)}": p.read_bytes() for p in trained_export.rglob("*")
+            if p.is_file()}
+
+
+@pytest.mark.parametrize("code_competition", [True, False])
+def test_workflow_submit_runs_every_step_through_the_real_cli(tmp_path, recorder, trained_export, code_competition):
+    from tpu2gpu.cli import main
+
+    recorder.version_number = 5
+    recorder.kernel_outputs = {**_served_export(trained_export), "submission.csv": b"id,label\nt000,3\n"}
+    recorder.statuses = [("QUEUED", ""), ("RUNNING", ""), ("COMPLETE", ""), ("RUNNING", ""), ("COMPLETE", "")]
+    argv = ["workflow", "--submit", "--interval", "0", "--build", str(tmp_path / "build"), "--out",
+            str(tmp_path / "train"), "--infer-out", str(tmp_path / "infer"), "-m", "run 1",
+            *flags(f"kaggle.code_competition={str(code_competition).lower()}")]
     assert main(argv) == 0
-    commands = [line[2:] for line in capsys.readouterr().out.splitlines() if line.startswith("$ ")]
+    train_then_publish = ["SaveKernel", *["GetKernelSessionStatus"] * 3, "ListKernelSessionOutput",
+                          "GetDatasetStatus", "GetDatasetStatus"]  # ours (404: new), then the CLI's own check
+    called = methods(recorder)
+    assert called[:len(train_then_publish)] == train_then_publish
+    assert "CreateDataset" in called and called.count("SaveKernel") == 2
+    uploaded = {name for name, _ in recorder.uploads}
+    assert {"fold0.zip", "training_report.json"} <= uploaded  # the SavedModel folder went up zipped
+    if code_competition:
+        assert called[-2:] == ["CreateCodeSubmission", "GetSubmissionLimits"]
+        assert body_of(recorder, "CreateCodeSubmission")["kernelVersion"] == 5
+    else:
+        assert called[-3:] == ["StartSubmissionUpload", "CreateSubmission", "GetSubmissionLimits"]
+        assert ("submission.csv", b"id,label\nt000,3\n") in recorder.uploads
+
+
+def test_every_dry_run_command_is_one_the_real_cli_accepts(tmp_path, recorder, trained_export, capsys):
+    """The dry run's commands, run for real against the recorder in the state the real run would have reached."""
+    import shlex
+
+    from tpu2gpu.cli import main
+
+    train_out = tmp_path / "train"
+    shutil.copytree(trained_export, train_out / "export")
+    argv = ["workflow", "--dry-run", "--submit", "--build", str(tmp_path / "b"), "--out", str(train_out),
+            "-m", "run 1", *flags()]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    commands = [line[2:] for line in out.splitlines() if line.startswith("$ ")]
     assert commands == [
         f"kaggle kernels push -p {tmp_path / 'b' / 'train'}",
         "kaggle kernels status tester/tpu2gpu-train",
-        "kaggle kernels output tester/tpu2gpu-train -p runs/kaggle/train -o",
+        f"kaggle kernels output tester/tpu2gpu-train -p {train_out} -o",
         "kaggle datasets status tester/tpu2gpu-model",
-        "kaggle datasets version -p runs/kaggle/train/export -m tpu2gpu --dir-mode zip",
+        f"kaggle datasets version -p {train_out / 'export'} -m 'run 1' --dir-mode zip",
         f"kaggle kernels push -p {tmp_path / 'b' / 'infer'}",
         "kaggle kernels status tester/tpu2gpu-infer",
-        "kaggle competitions submit digit-comp -k tester/tpu2gpu-infer -f submission.csv -m tpu2gpu",
     ]
+    # No push ran, so the code submission's version is unknown: said, not invented.
+    assert "# then: kaggle competitions submit digit-comp -k tester/tpu2gpu-infer -f submission.csv -v <the " \
+           "version the push above reports>" in out
+    recorder.datasets["tester/tpu2gpu-model"] = "READY"
+    metadata = tmp_path / "b" / "dataset" / "dataset-metadata.json"
+    shutil.copyfile(metadata, train_out / "export" / "dataset-metadata.json")
+    for command in commands:
+        run = subprocess.run([workflow.kaggle_executable(), *shlex.split(command)[1:]], capture_output=True, text=True)
+        assert run.returncode == 0 and "error" not in run.stdout.lower(), (command, run.stdout, run.stderr)
+
+
+def test_failures_the_cli_exits_0_on_still_stop_the_workflow(tmp_path, recorder):
+    build(load_config(None, PROJECT), tmp_path / "build")
+    recorder.save_kernel_extra = {"error": "Notebook slug is already in use"}
+    with pytest.raises(workflow.WorkflowError, match="Kernel push error: Notebook slug is already in use"):
+        workflow.push(tmp_path / "build", "train")
+    recorder.save_kernel_extra = {"invalidDatasetSources": ["tester/tpu-wheels"]}
+    with pytest.raises(workflow.WorkflowError, match=r"not valid dataset sources .*tester/tpu-wheels"):
+        workflow.push(tmp_path / "build", "train")
+    assert not (tmp_path / "build" / "train" / workflow.PUSHED_NAME).exists()
+
+
+def test_publish_wheels_creates_then_versions_the_wheels_dataset(tmp_path, recorder, capsys):
+    from tpu2gpu.cli import main
+
+    wheels = tpu_wheels(tmp_path / "tpu-wheels")
+    assert main(["publish-wheels", "--wheels", str(wheels), *flags()]) == 2
+    assert "holds no dataset-metadata.json" in capsys.readouterr().err
+    (wheels / "dataset-metadata.json").write_text(json.dumps(
+        {"title": "tpu wheels", "id": "tester/tpu-wheels", "licenses": [{"name": "other"}]}))
+    assert main(["publish-wheels", "--wheels", str(wheels), *flags()]) == 0
+    assert sorted(name for name, _ in recorder.uploads) == sorted(p.name for p in wheels.glob("*.whl"))
+    assert body_of(recorder, "CreateDataset")["slug"] == "tpu-wheels"
+    assert main(["publish-wheels", "--wheels", str(wheels), "-m", "again", *flags()]) == 0
+    version = body_of(recorder, "CreateDatasetVersion")
+    assert version["datasetSlug"] == "tpu-wheels" and version["body"]["versionNotes"] == "again", version
+    (wheels / "libtpu-0.0.21-py3-none-any.whl").write_bytes(b"truncated")
+    assert main(["publish-wheels", "--wheels", str(wheels), *flags()]) == 2  # checked before anything is uploaded
+    assert "corrupt wheel" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("override", "message"), [
     ("kaggle.train_title=abc", "title: 'abc' is under 5 characters"),
     ("kaggle.train_title=My Training Run", "title: 'My Training Run' slugifies to 'my-training-run', not the slug"),
     ("kaggle.dataset_sources=[just-a-slug]", "dataset_sources: 'just-a-slug' is malformed"),
-    ("kaggle.model_sources=[google/efficientnet/tensorflow2]", "model_sources: 'google/efficientnet/tensorflow2' is "
-     "malformed; it must be 'owner/model/framework/variation/version'"),
-    ("kaggle.model_sources=[google/efficientnet/tensorflow2/b0/latest]", "with an integer version"),
+    (f"kaggle.model_sources=[google/efficientnet/tensorflow2,{MODEL_HANDLE}]", "model_sources: "
+     "'google/efficientnet/tensorflow2' is malformed; it must be 'owner/model/framework/variation/version'"),
+    (f"kaggle.model_sources=[google/efficientnet/tensorflow2/b0/latest,{MODEL_HANDLE}]", "with an integer version"),
     ("kaggle.infer_internet=true", "enable_internet: true on the inference kernel of a code competition"),
     ("kaggle.owner=", "id: '/tpu2gpu-train' must be 'owner/slug'"),
     ("kaggle.train_accelerator=TPU", "machine_shape: 'TPU' is not one of"),
@@ -113,6 +243,68 @@ def test_metadata_errors_at_build_time(tmp_path, override, message):
     after = {p: p.read_bytes() for p in good["train"].parent.rglob("*") if p.is_file()}
     assert after == before  # the previous build is untouched
     assert not list(tmp_path.glob(".build.*"))
+
+
+DEFAULT_HANDLE = "https://www.kaggle.com/models/google/efficientnet-v2/TensorFlow2/imagenet21k-b0-feature-vector/1"
+
+
+def test_the_default_config_does_not_build_offline(tmp_path):
+    with pytest.raises(MetadataError) as err:
+        build(load_config(None, ["kaggle.owner=tester"]), tmp_path / "build")
+    problems = str(err.value).split("\n- ")[1:]
+    assert problems == [
+        f"model.hub_handle='{DEFAULT_HANDLE}' is not in kaggle.model_sources [] and kaggle.train_internet is false, so "
+        "the kernel could not load it. Fix: add 'google/efficientnet-v2/TensorFlow2/imagenet21k-b0-feature-vector/1' "
+        "to kaggle.model_sources (or set kaggle.train_internet=true)",
+        "no training data: set kaggle.competition (the competition's data), runtime.tfrecords or "
+        "runtime.competition_dir to an input attached to the training kernel",
+        "the training kernel runs on a TPU (kaggle.train_accelerator=TpuV5E8), whose Kaggle image has no TPU build of "
+        "TensorFlow, and has no way to install one. Fix: attach the TPU stack's wheels (`tpu2gpu wheels`, `tpu2gpu "
+        "publish-wheels`, then kaggle.tpu_wheels=<its slug>) or set kaggle.train_internet=true; if the image already "
+        "has a TPU build, kaggle.tpu_runtime=image"]
+    assert not (tmp_path / "build").exists()
+
+
+@pytest.mark.parametrize(("overrides", "problem"), [
+    (["model.hub_handle=runs/demo/backbone"], "model.hub_handle='runs/demo/backbone' is a local path, which does not "
+     "exist on Kaggle"),
+    (["model.hub_handle=https://tfhub.dev/google/efficientnet/b0/feature-vector/1"], "is downloaded at run time, but "
+     "kaggle.train_internet is false. Fix: use the model's Kaggle Models handle"),
+    (["model.backbone=efficientnet"], "model.efficientnet_weights='imagenet' is downloaded at run time"),
+    (["model.backbone=efficientnet", "model.efficientnet_weights=weights/b0.h5"], "model.efficientnet_weights="
+     "'weights/b0.h5' is a local file"),
+    (["runtime.tfrecords=runs/demo/tfrecords"], "runtime.tfrecords='runs/demo/tfrecords' is not attached to the "
+     "training kernel"),
+    (["kaggle.tpu_wheels="], "has no way to install one"),
+])
+def test_build_refuses_what_the_training_kernel_could_not_reach(tmp_path, overrides, problem):
+    with pytest.raises(MetadataError, match="the training kernel could not run on Kaggle") as err:
+        build(load_config(None, [*PROJECT, *overrides]), tmp_path / "build")
+    assert problem in str(err.value) and str(err.value).count("\n- ") == 1
+
+
+@pytest.mark.parametrize("overrides", [
+    ["kaggle.tpu_wheels=", "kaggle.train_internet=true", "model.backbone=efficientnet"],  # pip and weights online
+    ["kaggle.tpu_wheels=", "kaggle.tpu_runtime=image"],  # an image that has its TPU build
+    ["runtime.tfrecords=extra-data", "model.backbone=efficientnet",
+     "model.efficientnet_weights=/kaggle/input/extra-data/b0.h5"],
+    ["kaggle.train_accelerator=NvidiaTeslaT4", "kaggle.tpu_wheels="],  # a GPU kernel needs no TPU stack
+])
+def test_build_accepts_what_kaggle_can_reach(tmp_path, overrides):
+    build(load_config(None, [*PROJECT, *overrides]), tmp_path / "build")
+
+
+def test_flowers_config_builds_and_the_demo_build_says_what_it_is(tmp_path, capsys):
+    folders = build(load_config("configs/flowers.yaml", ["kaggle.owner=tester"]), tmp_path / "flowers")
+    meta = json.loads((folders["train"] / "kernel-metadata.json").read_text())
+    assert meta["dataset_sources"] == ["tester/tpu2gpu-tpu-wheels"] and meta["competition_sources"] == [
+        "tpu-getting-started"]
+    build(load_config("configs/demo.yaml"), tmp_path / "demo", demo=True)
+    out = capsys.readouterr().out
+    assert f"[build] demo build in {tmp_path / 'demo'}: for reading, not for pushing" in out
+    assert "model.hub_handle='runs/demo/backbone' is a local path" in out
+    with pytest.raises(MetadataError, match="is a local path"):
+        build(load_config("configs/demo.yaml"), tmp_path / "demo2")
 
 
 def test_two_builds_are_byte_identical(tmp_path):
@@ -153,6 +345,9 @@ def test_simulated_kaggle_run_of_both_built_kernels(tmp_path, demo_dir, tiny_bac
     export = kaggle / "working" / "export"
     card = json.loads((export / "fold0" / "model_card.json").read_text())
     assert card["complete"] and card["config"]["runtime"]["competition_dir"] == "digit-comp"
+    # The kernel's output is /kaggle/working: the export only. Records and checkpoints went to /kaggle/temp.
+    assert sorted(p.name for p in (kaggle / "working").iterdir()) == ["__script__.py", "export"]
+    assert (kaggle / "temp" / "tfrecords" / "manifest.json").is_file() and (kaggle / "temp" / "work").is_dir()
 
     # The model dataset is the export; the inference kernel gets it attached and a fresh /kaggle/working.
     shutil.copytree(export, kaggle / "input" / "datasets" / "tester" / "tpu2gpu-model")
@@ -182,4 +377,14 @@ def test_verify_export_before_publishing(trained_export, tmp_path, capsys):
     from common.export import ExportError
 
     with pytest.raises(ExportError, match="not marked complete"):  # publish checks before it uploads anything
-        workflow.publish(broken, tmp_path / "unused.json", "tester/tpu2gpu-model", "m")
+        workflow.publish_export(broken, tmp_path / "unused.json", "tester/tpu2gpu-model", "m")
+
+
+def test_the_export_check_runs_on_the_cpu_alone():
+    from common.export import cpu_only_environment
+
+    tpu_vm = {"ISTPUVM": "1", "TPU_ACCELERATOR_TYPE": "v5litepod-8", "TPU_WORKER_ID": "0", "PATH": "/usr/bin",
+              "CUDA_VISIBLE_DEVICES": "0,1", "PYTHONPATH": "/extra"}
+    env = cpu_only_environment(tpu_vm, "/bundle.zip")
+    assert env == {"PATH": "/usr/bin", "CUDA_VISIBLE_DEVICES": "-1", "TPU_LOAD_LIBRARY": "0",
+                   "TPU_SKIP_MDS_QUERY": "1", "PYTHONPATH": f"/bundle.zip{os.pathsep}/extra"}

@@ -34,6 +34,8 @@ TEMPLATES = REPO / "kernel-metadata"
 KERNELS = {"train": ("train_tpu", "train_tpu.train"), "infer": ("infer_gpu", "infer_gpu.infer")}
 MACHINE_SHAPES = ("NvidiaTeslaT4", "NvidiaTeslaP100", "TpuV38", "Tpu1VmV38", "TpuV5E8", "TpuV6E8", "NvidiaL4",
                   "NvidiaTeslaA100", "NvidiaH100")
+TPU_SHAPES = ("TpuV38", "Tpu1VmV38", "TpuV5E8", "TpuV6E8")
+KAGGLE_MODELS_URL = "https://www.kaggle.com/models/"
 _SLUG = re.compile(r"^[a-z0-9](?:[a-z0-9-]*[a-z0-9])?$")
 
 
@@ -108,6 +110,70 @@ def validate_dataset_metadata(meta: dict) -> None:
         raise MetadataError("dataset licenses: exactly one, e.g. [{'name': 'CC0-1.0'}]")
 
 
+# ---------------------------------------------------------------------------------------------------- reachability
+def wheels_dataset(cfg: Config) -> str:
+    """kaggle.tpu_wheels as owner/slug ('' when unset): a bare slug is in kaggle.owner's name."""
+    name = cfg.kaggle.tpu_wheels
+    return name if not name or "/" in name else f"{cfg.kaggle.owner}/{name}"
+
+
+def _attached_as_dataset(cfg: Config, name: str) -> bool:
+    refs = [source.split("/") for source in cfg.kaggle.dataset_sources]
+    return any(name.strip("/") in ("/".join(ref[:2]), ref[1]) for ref in refs if len(ref) >= 2)
+
+
+def unreachable(cfg: Config) -> list[str]:
+    """What the training kernel loads but could not reach on Kaggle, each with its config key and fix."""
+    k, problems = cfg.kaggle, []
+    if cfg.model.backbone == "hub":
+        handle = cfg.model.hub_handle
+        bare = handle[len(KAGGLE_MODELS_URL):] if handle.startswith(KAGGLE_MODELS_URL) else handle
+        is_models_handle = "://" not in bare and len(bare.strip("/").split("/")) == 5
+        listed = [m.lower() for m in k.model_sources]
+        if handle.startswith("/kaggle/input/"):
+            pass  # a path in an input the user attached
+        elif is_models_handle and not Path(handle).exists():
+            if bare.strip("/").lower() not in listed and not k.train_internet:
+                problems.append(f"model.hub_handle={handle!r} is not in kaggle.model_sources {list(k.model_sources)} "
+                                f"and kaggle.train_internet is false, so the kernel could not load it. Fix: add "
+                                f"{bare.strip('/')!r} to kaggle.model_sources (or set kaggle.train_internet=true)")
+        elif "://" in handle:
+            if not k.train_internet:
+                problems.append(f"model.hub_handle={handle!r} is downloaded at run time, but kaggle.train_internet is "
+                                "false. Fix: use the model's Kaggle Models handle (owner/model/framework/variation/"
+                                "version) and list it in kaggle.model_sources, or set kaggle.train_internet=true")
+        else:
+            problems.append(f"model.hub_handle={handle!r} is a local path, which does not exist on Kaggle. Fix: a "
+                            "Kaggle Models handle listed in kaggle.model_sources, e.g. "
+                            "google/efficientnet-v2/tensorflow2/imagenet21k-b0-feature-vector/1")
+    else:
+        weights = cfg.model.efficientnet_weights
+        if weights in ("imagenet", "noisy-student"):
+            if not k.train_internet:
+                problems.append(f"model.efficientnet_weights={weights!r} is downloaded at run time, but "
+                                "kaggle.train_internet is false. Fix: set kaggle.train_internet=true, or put the "
+                                "weights file in a dataset listed in kaggle.dataset_sources and give its "
+                                "/kaggle/input/... path")
+        elif weights != "none" and not weights.startswith("/kaggle/input/"):
+            problems.append(f"model.efficientnet_weights={weights!r} is a local file, which does not exist on Kaggle. "
+                            "Fix: a /kaggle/input/... path in a dataset listed in kaggle.dataset_sources")
+    key, data = ("runtime.tfrecords", cfg.runtime.tfrecords) if cfg.runtime.tfrecords else \
+        ("runtime.competition_dir", k.competition or cfg.runtime.competition_dir)
+    if not data:
+        problems.append("no training data: set kaggle.competition (the competition's data), runtime.tfrecords or "
+                        "runtime.competition_dir to an input attached to the training kernel")
+    elif not (data.startswith(("gs://", "/kaggle/input/")) or data == k.competition or _attached_as_dataset(cfg, data)):
+        problems.append(f"{key}={data!r} is not attached to the training kernel. Fix: name the competition "
+                        "(kaggle.competition) or a dataset listed in kaggle.dataset_sources (owner/slug or slug)")
+    if k.train_accelerator in TPU_SHAPES and k.tpu_runtime == "install" and not (k.tpu_wheels or k.train_internet):
+        problems.append(
+            "the training kernel runs on a TPU (kaggle.train_accelerator=" + k.train_accelerator + "), whose Kaggle "
+            "image has no TPU build of TensorFlow, and has no way to install one. Fix: attach the TPU stack's wheels "
+            "(`tpu2gpu wheels`, `tpu2gpu publish-wheels`, then kaggle.tpu_wheels=<its slug>) or set "
+            "kaggle.train_internet=true; if the image already has a TPU build, kaggle.tpu_runtime=image")
+    return problems
+
+
 # ---------------------------------------------------------------------------------------------------------- build
 def _fill(template, values: dict):
     """'{name}' alone becomes the typed value (bool, list); inside longer text it is formatted in."""
@@ -132,7 +198,8 @@ def template_values(cfg: Config) -> dict:
         "dataset_title": k.dataset_title or k.model_dataset.replace("-", " "),
         "train_internet": k.train_internet, "infer_internet": k.infer_internet,
         "train_accelerator": k.train_accelerator, "infer_accelerator": k.infer_accelerator,
-        "train_dataset_sources": list(k.dataset_sources), "infer_dataset_sources": [dataset],
+        "train_dataset_sources": [*k.dataset_sources, *([wheels_dataset(cfg)] if wheels_dataset(cfg) else [])],
+        "infer_dataset_sources": [dataset],
         "competition_sources": [k.competition] if k.competition else [], "model_sources": list(k.model_sources),
     }
 
@@ -167,7 +234,8 @@ def bundle_zip(packages: list[str]) -> bytes:
 
 SCRIPT = '''"""tpu2gpu {kernel} kernel, built by `tpu2gpu build` (bundle sha256 {sha}).
 Do not edit: change the repository and rebuild. Carries the packages {packages} as a zip and the run config;
-needs no pip install and no internet."""
+needs no internet (on a TPU image without a TPU build of TensorFlow it installs the TPU stack first: see
+common/tpu_stack.py in the bundle)."""
 
 import base64
 import json
@@ -192,21 +260,19 @@ def _unpack() -> str:
     return path
 
 
-sys.path.insert(0, _unpack())  # ahead of anything installed: the bundled code is the code that runs
+BUNDLE_PATH = _unpack()
+sys.path.insert(0, BUNDLE_PATH)  # ahead of anything installed: the bundled code is the code that runs
 import common  # noqa: E402  (sets TF_USE_LEGACY_KERAS before tensorflow is imported)
-from common.errors import UserError  # noqa: E402
-from {entry} import main  # noqa: E402
+from common.kernel import run_kernel  # noqa: E402  (standard library only: TensorFlow is not loaded yet)
 
 print("[bundle] " + BUNDLE_SHA256[:16] + ": common from " + os.path.dirname(os.path.dirname(common.__file__)),
       flush=True)
 config_path = os.path.join(tempfile.gettempdir(), "tpu2gpu-" + BUNDLE_SHA256[:16] + "-{kernel}.json")
 with open(config_path, "w") as f:
     json.dump(CONFIG, f)
-try:
-    code = main(["--config", config_path])  # Kaggle's own argv (e.g. ipykernel's -f) is not ours to parse
-except UserError as err:
-    print("{kernel}: error: " + str(err), file=sys.stderr, flush=True)
-    code = 2
+# Kaggle's own argv (e.g. ipykernel's -f) is not ours to parse. The runtime's needs come before the entry point is
+# imported: on a TPU image without a TPU build, the TPU stack is installed and the kernel runs again (run_kernel).
+code = run_kernel("{kernel}", "{entry}", config_path, BUNDLE_PATH)
 if code:
     sys.exit(code)
 '''
@@ -222,10 +288,17 @@ def build_script(cfg: Config, kernel: str) -> str:
                          config=config, chunks=chunks, entry=entry)
 
 
-def build(cfg: Config, out_dir: str | Path) -> dict[str, Path]:
+def build(cfg: Config, out_dir: str | Path, demo: bool = False) -> dict[str, Path]:
     """Write and check both kernel folders and the dataset metadata; returns {'train', 'infer', 'dataset'}.
-    Built in a hidden folder and swapped in whole: a failed check leaves the previous build as it was."""
+    Built in a hidden folder and swapped in whole: a failed check leaves the previous build as it was.
+    demo=True (the offline demo) builds what cannot run on Kaggle, saying so, instead of refusing it."""
     out = Path(out_dir)
+    problems = unreachable(cfg)
+    if problems and not demo:
+        raise MetadataError("the training kernel could not run on Kaggle:\n- " + "\n- ".join(problems))
+    if problems:
+        print(f"[build] demo build in {out}: for reading, not for pushing; on Kaggle it would stop because\n- "
+              + "\n- ".join(problems), flush=True)
     values = template_values(cfg)
     with staged_dir(out, overwrite=True) as tmp:
         for kernel in KERNELS:

@@ -6,6 +6,7 @@ Every step takes the same config flags: `--config FILE` (YAML or JSON) and any n
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -88,7 +89,9 @@ def cmd_build(args) -> int:
 def cmd_push(args) -> int:
     from tpu2gpu import workflow
 
-    workflow.push(Path(args.build), args.kernel, args.dry_run)
+    version = workflow.push(Path(args.build), args.kernel, args.dry_run)
+    if version is not None:
+        print(f"[push] {args.kernel} kernel version {version} (recorded in {Path(args.build) / args.kernel})")
     return 0
 
 
@@ -120,8 +123,62 @@ def cmd_publish(args) -> int:
     from tpu2gpu import workflow
 
     cfg = _config(args)
-    workflow.publish(Path(args.export), Path(args.build) / "dataset" / "dataset-metadata.json",
-                     f"{cfg.kaggle.owner}/{cfg.kaggle.model_dataset}", args.message, args.dry_run)
+    workflow.publish_export(Path(args.export), Path(args.build) / "dataset" / "dataset-metadata.json",
+                            f"{cfg.kaggle.owner}/{cfg.kaggle.model_dataset}", args.message, args.dry_run)
+    return 0
+
+
+def _wheels_dataset(cfg) -> str:
+    from tpu2gpu.build import wheels_dataset
+
+    ref = wheels_dataset(cfg)
+    if not ref:
+        raise UserError("kaggle.tpu_wheels is empty: set it to the slug of the wheels dataset, e.g. "
+                        "--set kaggle.tpu_wheels=tpu2gpu-tpu-wheels")
+    return ref
+
+
+def cmd_wheels(args) -> int:
+    from common.atomic import staged_dir
+    from common.tpu_stack import IMAGE_PLATFORMS, download_wheels, parse_pins
+
+    from tpu2gpu.build import validate_dataset_metadata
+
+    cfg = _config(args)
+    ref = _wheels_dataset(cfg)
+    pins = parse_pins(cfg.kaggle.tpu_packages)
+    meta = {"title": f"{ref.split('/')[1].replace('-', ' ')}"[:50], "id": ref, "licenses": [{"name": "other"}]}
+    validate_dataset_metadata(meta)
+    platforms = tuple(args.platform) or IMAGE_PLATFORMS
+    print(f"[wheels] {', '.join(f'{n}=={v}' for n, v in pins.items())} for Python {args.python} ({platforms[0]}, ...)"
+          f" into {args.out}", flush=True)
+    if args.dry_run:
+        print("$ " + " ".join(["pip", "download", "--no-deps", "--only-binary=:all:", "--dest", args.out,
+                               *(f"{n}=={v}" for n, v in pins.items()), "--python-version", args.python,
+                               *(a for p in platforms for a in ("--platform", p))]))
+        return 0
+    with staged_dir(Path(args.out), overwrite=args.overwrite) as tmp:
+        download_wheels(pins, tmp, cfg.kaggle.tpu_find_links, args.python, platforms)
+        (tmp / "dataset-metadata.json").write_text(json.dumps(meta, indent=2) + "\n")
+    for wheel in sorted(Path(args.out).glob("*.whl")):
+        print(f"{wheel.stat().st_size / 1e6:9.1f} MB  {wheel.name}")
+    print(f"[wheels] dataset {ref} ready in {args.out}: `tpu2gpu publish-wheels --wheels {args.out}` uploads it")
+    return 0
+
+
+def cmd_publish_wheels(args) -> int:
+    from common.tpu_stack import check_wheels, parse_pins
+
+    from tpu2gpu import workflow
+
+    cfg = _config(args)
+    ref = _wheels_dataset(cfg)
+    folder = Path(args.wheels)
+    if not args.dry_run:
+        check_wheels(parse_pins(cfg.kaggle.tpu_packages), folder)  # what the kernel will check, before uploading
+        if not (folder / "dataset-metadata.json").is_file():
+            raise UserError(f"{folder} holds no dataset-metadata.json. Fix: `tpu2gpu wheels --out {folder}` makes it")
+    workflow.publish(folder, None, ref, args.message, dir_mode=False, dry_run=args.dry_run)
     return 0
 
 
@@ -129,8 +186,7 @@ def cmd_submit(args) -> int:
     from tpu2gpu import workflow
 
     cfg = _config(args)
-    workflow.submit(cfg.kaggle.competition, workflow.kernel_ref(cfg, "infer"), args.version, args.message,
-                    args.dry_run)
+    workflow.submit(cfg, Path(args.build), args.version, args.message, Path(args.file), args.dry_run)
     return 0
 
 
@@ -145,12 +201,20 @@ def cmd_workflow(args) -> int:
     workflow.push(build_dir, "train", args.dry_run)
     workflow.wait(workflow.kernel_ref(cfg, "train"), args.interval, dry_run=args.dry_run)
     workflow.fetch(workflow.kernel_ref(cfg, "train"), fetched, args.dry_run)
-    workflow.publish(fetched / "export", build_dir / "dataset" / "dataset-metadata.json",
-                     f"{cfg.kaggle.owner}/{cfg.kaggle.model_dataset}", args.message, args.dry_run)
-    workflow.push(build_dir, "infer", args.dry_run)
+    workflow.publish_export(fetched / "export", build_dir / "dataset" / "dataset-metadata.json",
+                            f"{cfg.kaggle.owner}/{cfg.kaggle.model_dataset}", args.message, args.dry_run)
+    version = workflow.push(build_dir, "infer", args.dry_run)
     workflow.wait(workflow.kernel_ref(cfg, "infer"), args.interval, dry_run=args.dry_run)
-    if args.submit:
-        workflow.submit(cfg.kaggle.competition, workflow.kernel_ref(cfg, "infer"), 0, args.message, args.dry_run)
+    if not args.submit:
+        return 0
+    infer_out = Path(args.infer_out)
+    if not cfg.kaggle.code_competition:  # a file competition: upload what the kernel wrote
+        workflow.fetch(workflow.kernel_ref(cfg, "infer"), infer_out, args.dry_run)
+    elif args.dry_run:  # no push ran, so no version is known: say where it comes from instead of inventing one
+        print(f"# then: kaggle competitions submit {cfg.kaggle.competition} -k {workflow.kernel_ref(cfg, 'infer')} "
+              f"-f {cfg.infer.submission} -v <the version the push above reports> -m {args.message}", flush=True)
+        return 0
+    workflow.submit(cfg, build_dir, version or 0, args.message, infer_out / cfg.infer.submission, args.dry_run)
     return 0
 
 
@@ -209,11 +273,32 @@ def build_parser() -> argparse.ArgumentParser:
                     cmd_publish)
     p.add_argument("--export", default="runs/kaggle/train/export", help="export folder (default: %(default)s)")
     p.add_argument("-m", "--message", default="tpu2gpu export")
-    p = kaggle_step("submit", "kaggle competitions submit the inference kernel's submission.csv", cmd_submit)
+    p = steps.add_parser("wheels", help="download the TPU stack's wheels (kaggle.tpu_packages) for Kaggle's TPU image "
+                         "into a dataset folder")
+    _add_config_flags(p)
+    p.add_argument("--out", default="build/tpu-wheels", help="dataset folder to write (default: %(default)s)")
+    p.add_argument("--python", default="3.12", help="the TPU image's Python (default: %(default)s)")
+    p.add_argument("--platform", action="append", default=[], help="pip --platform tags (repeatable; default: "
+                   "manylinux x86_64 tags)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing folder")
+    p.add_argument("--dry-run", action="store_true", help="print the pip command instead of running it")
+    p.set_defaults(func=cmd_wheels)
+    p = kaggle_step("publish-wheels", "create / version the wheels dataset (kaggle.tpu_wheels)", cmd_publish_wheels)
+    p.add_argument("--wheels", default="build/tpu-wheels", help="folder made by `tpu2gpu wheels` (default: "
+                   "%(default)s)")
+    p.add_argument("-m", "--message", default="tpu2gpu TPU wheels")
+    p = kaggle_step("submit", "submit to the competition: the pushed inference kernel (code competition) or its "
+                    "fetched submission.csv", cmd_submit)
     p.add_argument("-m", "--message", default="tpu2gpu submission")
-    p.add_argument("--version", type=int, default=0, help="inference kernel version (default: the latest)")
+    p.add_argument("--version", type=int, default=0, help="inference kernel version (default: the one `push "
+                   "--kernel infer` recorded)")
+    p.add_argument("--file", default="runs/kaggle/infer/submission.csv", help="file to upload when the competition "
+                   "is not a code competition (default: %(default)s, where `fetch --kernel infer --out "
+                   "runs/kaggle/infer` puts it)")
     p = kaggle_step("workflow", "build, push train, wait, fetch, publish, push infer, wait (, submit)", cmd_workflow)
     p.add_argument("--out", default="runs/kaggle/train", help="where the training output is downloaded")
+    p.add_argument("--infer-out", default="runs/kaggle/infer", help="where the inference output is downloaded (file "
+                   "competitions)")
     p.add_argument("--interval", type=float, default=60.0)
     p.add_argument("-m", "--message", default="tpu2gpu")
     p.add_argument("--submit", action="store_true", help="submit to the competition at the end")
@@ -221,10 +306,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from common.kernel import guarded
+
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
-    except (UserError, FileExistsError) as err:  # the user's to fix: one clear line, no traceback
+        return guarded(f"tpu2gpu {args.command}", args.func, args)
+    except FileExistsError as err:  # an output that --overwrite would replace: the user's call
         print(f"tpu2gpu {args.command}: error: {err}", file=sys.stderr)
         return 2
 

@@ -92,7 +92,7 @@ def run(root: Path) -> float:
     print(f"macro-F1 {macro_f1:.4f}", flush=True)
 
     step("7/7 Kaggle kernel bundles")
-    folders = build(cfg, root / "build")
+    folders = build(cfg, root / "build", demo=True)
     for name, folder in folders.items():
         print(f"{name}: {folder}/ " + " ".join(sorted(p.name for p in folder.iterdir())), flush=True)
     return macro_f1

@@ -1,14 +1,18 @@
 """The Kaggle workflow, each step a thin wrapper over the official `kaggle` CLI run as a subprocess.
 
+    once: tpu2gpu wheels -> publish (the TPU stack's wheels dataset, kaggle.tpu_wheels)
     push train -> wait train -> fetch train -> publish (model dataset) -> push infer -> wait infer -> submit
 
 Every command is printed before it runs; with dry_run it is only printed. A failing CLI call stops the chain with the
-CLI's own message. Credentials stay where the CLI reads them (~/.kaggle/kaggle.json or KAGGLE_USERNAME / KAGGLE_KEY):
-nothing here reads, prints or passes them.
+CLI's own message, including the failures the CLI reports with exit code 0 ("Kernel push error: ...", "Dataset
+creation error: ..."). `push` records the version Kaggle gave the kernel (build/<kernel>/pushed.json, gone with the
+next build): a code-competition submission names it. Credentials stay where the CLI reads them
+(~/.kaggle/kaggle.json or KAGGLE_USERNAME / KAGGLE_KEY): nothing here reads, prints or passes them.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import shutil
@@ -32,6 +36,12 @@ def kaggle_executable() -> str:
     return str(beside) if beside.exists() else "kaggle"
 
 
+# Failures the kaggle CLI (2.2.4) prints but exits 0 on (kaggle_api_extended.py), and sources it silently dropped.
+_SILENT_FAILURES = re.compile(r"^(Kernel push error|Dataset creation error|Dataset version creation error|"
+                              r"The following are not valid .* sources)", re.M)
+PUSHED_NAME = "pushed.json"
+
+
 def run_kaggle(args: list[str], dry_run: bool = False) -> str:
     command = [kaggle_executable(), *args]
     print("$ " + shlex.join(["kaggle", *args]), flush=True)
@@ -39,11 +49,11 @@ def run_kaggle(args: list[str], dry_run: bool = False) -> str:
         return ""
     result = subprocess.run(command, capture_output=True, text=True)
     output = (result.stdout + result.stderr).strip()
-    if result.returncode != 0:
+    if result.returncode != 0 or _SILENT_FAILURES.search(result.stdout):
         raise WorkflowError(f"`kaggle {shlex.join(args)}` failed (exit {result.returncode}): {output[-1500:]}")
     if output:
         print(output, flush=True)
-    return output
+    return result.stdout
 
 
 def kernel_ref(cfg, kernel: str) -> str:
@@ -51,11 +61,27 @@ def kernel_ref(cfg, kernel: str) -> str:
     return f"{cfg.kaggle.owner}/{slug}"
 
 
-def push(build_dir: Path, kernel: str, dry_run: bool = False) -> str:
+def push(build_dir: Path, kernel: str, dry_run: bool = False) -> int | None:
+    """kaggle kernels push; returns the kernel version Kaggle reports and records it beside the built kernel."""
     folder = Path(build_dir) / kernel
     if not dry_run and not (folder / "kernel-metadata.json").is_file():
         raise WorkflowError(f"{folder} holds no kernel-metadata.json. Fix: run `tpu2gpu build` first")
-    return run_kaggle(["kernels", "push", "-p", str(folder)], dry_run)
+    output = run_kaggle(["kernels", "push", "-p", str(folder)], dry_run)
+    if dry_run:
+        return None
+    found = re.search(r"Kernel version (\d+) successfully pushed", output)
+    if not found:
+        raise WorkflowError(f"`kaggle kernels push` reported no version number: {output[-500:]!r}. Fix: look the "
+                            "version up on the kernel's page and pass it as --version")
+    version = int(found.group(1))
+    (folder / PUSHED_NAME).write_text(json.dumps({"kernel": kernel, "version": version}) + "\n")
+    return version
+
+
+def pushed_version(build_dir: Path, kernel: str = "infer") -> int | None:
+    """The version the last `push` of this build got (None: not pushed since it was built)."""
+    record = Path(build_dir) / kernel / PUSHED_NAME
+    return json.loads(record.read_text())["version"] if record.is_file() else None
 
 
 def parse_status(output: str) -> str:
@@ -102,29 +128,53 @@ def verify_export(export_root: Path) -> list[dict]:
     return [read_card(fold) for fold in folds]
 
 
-def publish(export_root: Path, dataset_metadata: Path, dataset_ref: str, message: str, dry_run: bool = False) -> str:
-    """Create the model dataset, or add a version: sub-folders (SavedModels) need --dir-mode zip."""
-    if not dry_run:
-        verify_export(export_root)
-        shutil.copyfile(dataset_metadata, Path(export_root) / "dataset-metadata.json")
+def publish(folder: Path, dataset_metadata: Path | None, dataset_ref: str, message: str, dir_mode: bool = True,
+            dry_run: bool = False) -> str:
+    """Create the dataset, or add a version. Sub-folders (SavedModels) need --dir-mode zip: without it the CLI skips
+    them. dataset_metadata, when given, is copied into the folder first."""
+    if not dry_run and dataset_metadata is not None:
+        shutil.copyfile(dataset_metadata, Path(folder) / "dataset-metadata.json")
+    zipped = ["--dir-mode", "zip"] if dir_mode else []
     if dry_run:
         run_kaggle(["datasets", "status", dataset_ref], dry_run=True)
-        print("# then, if it exists (else `kaggle datasets create -p ... --dir-mode zip`):", flush=True)
+        print("# then, if it exists (else `kaggle datasets create -p ...`):", flush=True)
         exists = True
     else:
         status = subprocess.run([kaggle_executable(), "datasets", "status", dataset_ref], capture_output=True,
                                 text=True)
-        exists = status.returncode == 0 and "ready" in status.stdout.lower()
+        if status.returncode != 0 and "404" not in status.stdout + status.stderr:  # 404: not created yet
+            raise WorkflowError(f"`kaggle datasets status {dataset_ref}` failed: "
+                                f"{(status.stdout + status.stderr).strip()[-800:]}")
+        exists = status.returncode == 0
     if exists:
-        return run_kaggle(["datasets", "version", "-p", str(export_root), "-m", message, "--dir-mode", "zip"],
-                          dry_run)
-    return run_kaggle(["datasets", "create", "-p", str(export_root), "--dir-mode", "zip"], dry_run)
+        return run_kaggle(["datasets", "version", "-p", str(folder), "-m", message, *zipped], dry_run)
+    return run_kaggle(["datasets", "create", "-p", str(folder), *zipped], dry_run)
 
 
-def submit(competition: str, ref: str, version: int, message: str, dry_run: bool = False) -> str:
+def publish_export(export_root: Path, dataset_metadata: Path, dataset_ref: str, message: str,
+                   dry_run: bool = False) -> str:
+    """The model dataset: every fold export checked complete before anything is uploaded."""
+    if not dry_run:
+        verify_export(export_root)
+    return publish(export_root, dataset_metadata, dataset_ref, message, dir_mode=True, dry_run=dry_run)
+
+
+def submit(cfg, build_dir: Path, version: int, message: str, submission_file: Path, dry_run: bool = False) -> str:
+    """A code competition: the inference kernel's version (`version`, else the one `push` recorded) is submitted and
+    Kaggle re-runs it on the hidden test set. Any other competition: submission_file (the inference kernel's
+    submission.csv, downloaded by `fetch --kernel infer`) is uploaded."""
+    competition = cfg.kaggle.competition
     if not competition:
         raise WorkflowError("kaggle.competition is empty: set it to the competition slug")
-    args = ["competitions", "submit", competition, "-k", ref, "-f", "submission.csv", "-m", message]
-    if version:
-        args[5:5] = ["-v", str(version)]
-    return run_kaggle(args, dry_run)
+    if not cfg.kaggle.code_competition:
+        if not dry_run and not Path(submission_file).is_file():
+            raise WorkflowError(f"{submission_file} does not exist. Fix: `tpu2gpu fetch --kernel infer --out "
+                                f"{Path(submission_file).parent}` downloads the inference kernel's submission first")
+        return run_kaggle(["competitions", "submit", competition, "-f", str(submission_file), "-m", message], dry_run)
+    version = version or pushed_version(build_dir, "infer")
+    if not version:
+        raise WorkflowError(f"a code-competition submission names the inference kernel's version, and no push of "
+                            f"{Path(build_dir) / 'infer'} is recorded. Fix: `tpu2gpu push --kernel infer` first (it "
+                            "records the version), or pass --version N")
+    return run_kaggle(["competitions", "submit", competition, "-k", kernel_ref(cfg, "infer"), "-f",
+                       cfg.infer.submission, "-v", str(version), "-m", message], dry_run)

@@ -6,6 +6,8 @@
 Writes to runtime.output_dir (/kaggle/working on Kaggle, ./runs/train locally):
     export/fold<k>/            the verified export of each fold (what becomes the model dataset)
     export/training_report.json  per-fold and out-of-fold scores
+and to runtime.scratch_dir (/kaggle/temp on Kaggle, not kernel output; runtime.output_dir locally):
+    tfrecords/                 runtime.competition_dir converted, when no runtime.tfrecords is given
     work/fold<k>/              checkpoints and history while a fold trains (checkpoints removed once it is exported)
 Started again with the same output folder, it skips exported folds and resumes a fold from its last checkpoint.
 """
@@ -21,23 +23,24 @@ from pathlib import Path
 
 import common  # noqa: F401  (TF_USE_LEGACY_KERAS before tensorflow)
 from common.config import config_to_dict, format_config, load_config
-from common.env import detect_platform, environment_report, require_tf_keras
+from common.env import detect_platform, environment_report
 from common.errors import UserError
 from common.export import read_card
-from common.paths import output_dir, resolve_data_path, resolve_hub_handle
+from common.kernel import guarded, require_tf_keras
+from common.paths import output_dir, resolve_data_path, resolve_hub_handle, scratch_dir
 from common.strategy import choose_precision, get_strategy, set_precision, split_cpu
 from common.tfrecords import convert_competition, has_manifest, read_manifest, record_set
-from common.training import export_fold, out_of_fold_scores, train_fold
 
 
-def locate_tfrecords(cfg, out: Path) -> str:
-    """runtime.tfrecords as given (path, gs:// or attached dataset), or runtime.competition_dir converted once."""
+def locate_tfrecords(cfg, scratch: Path) -> str:
+    """runtime.tfrecords as given (path, gs:// or attached dataset), or runtime.competition_dir converted once into
+    the scratch folder (on Kaggle /kaggle/temp: gigabytes of records must not become kernel output)."""
     needs_gcs = detect_platform().needs_gcs
     if cfg.runtime.tfrecords:
         return resolve_data_path(cfg.runtime.tfrecords, needs_gcs=needs_gcs, private=cfg.runtime.private_dataset)
     if not cfg.runtime.competition_dir:
         raise UserError("set runtime.tfrecords (TFRecords) or runtime.competition_dir (CSV + images) to the data")
-    records = out / "tfrecords"
+    records = scratch / "tfrecords"
     if not has_manifest(records):  # a resumed run reuses its earlier conversion
         competition = resolve_data_path(cfg.runtime.competition_dir)
         convert_competition(competition, records, cfg.data, overwrite=True)
@@ -61,16 +64,19 @@ def main(argv: list[str] | None = None) -> int:
     # ---- config and environment
     cfg = load_config(args.config, args.overrides)
     print(format_config(cfg), flush=True)
+    require_tf_keras()  # before the first tf.keras: without tf_keras it fails inside TensorFlow's lazy loader
+    from common.training import export_fold, out_of_fold_scores, train_fold
+
     split_cpu(cfg.runtime.cpu_devices)
     strategy = get_strategy(cfg.runtime.strategy, cfg.runtime.tpu_address)
     policy = choose_precision(cfg.train.precision, strategy)
     set_precision(policy)
     print(environment_report(strategy) + f"\nprecision     {policy}", flush=True)
-    require_tf_keras()
 
     # ---- data and backbone
     out = output_dir(cfg.runtime.output_dir, "runs/train")
-    tfrecord_dir = locate_tfrecords(cfg, out)
+    scratch = scratch_dir(cfg.runtime.scratch_dir, out)
+    tfrecord_dir = locate_tfrecords(cfg, scratch)
     hub_handle = resolve_hub_handle(cfg.model.hub_handle) if cfg.model.backbone == "hub" else None
     deadline = start + cfg.train.time_budget_hours * 3600
 
@@ -89,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             break
         print(f"\n=== fold {fold} ===", flush=True)
         records = record_set(tfrecord_dir, cfg.data, fold)
-        work = out / "work" / f"fold{fold}"
+        work = scratch / "work" / f"fold{fold}"
         result = train_fold(cfg, strategy, records, work, deadline, hub_handle)
         card = export_fold(cfg, result, records, fold, export_dir, hub_handle, policy)
         shutil.rmtree(work / "checkpoints", ignore_errors=True)  # exported: the checkpoints have served
@@ -104,8 +110,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except UserError as err:
-        print(f"train_tpu: error: {err}", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(guarded("train_tpu", main))

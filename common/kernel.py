@@ -1,0 +1,101 @@
+"""How a kernel starts: its runtime's needs are checked (and the TPU stack installed) before anything imports
+TensorFlow, then the entry point runs, and a UserError ends it as one line and exit code 2.
+
+    run_kernel("train", "train_tpu.train", config_path, bundle)   # what a built kernel script calls
+    sys.exit(guarded("train_tpu", main))                           # `python -m train_tpu.train`, the tpu2gpu CLI
+
+Standard library only at import time: TensorFlow must not be loaded before prepare_runtime has run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import subprocess
+import sys
+import threading
+
+from common.env import detect_platform
+from common.errors import StrategyError, UserError
+
+
+def guarded(prog: str, func, *args) -> int:
+    """func(*args)'s exit code; a UserError (the user's to fix) is printed as one line without a traceback: code 2."""
+    try:
+        return func(*args)
+    except UserError as err:
+        print(f"{prog}: error: {err}", file=sys.stderr, flush=True)
+        return 2
+
+
+def installed_tensorflow() -> str:
+    """'tensorflow-cpu 2.20.0' (read from package metadata, nothing imported), or 'no TensorFlow'."""
+    from common.tpu_stack import TENSORFLOW_DISTRIBUTIONS, installed_versions
+
+    installed = installed_versions()
+    found = [f"{name} {installed[name]}" for name in TENSORFLOW_DISTRIBUTIONS if name in installed]
+    return ", ".join(found) or "no TensorFlow"
+
+
+def require_tf_keras() -> None:
+    """hub.KerasLayer is a tf_keras (Keras 2) layer; TensorFlow >= 2.16 without tf-keras only has Keras 3, and the
+    first `tf.keras` then fails inside TensorFlow's lazy loader. Checked from metadata, before TensorFlow loads."""
+    if importlib.util.find_spec("tf_keras") is not None:
+        return
+    tensorflow = installed_tensorflow()
+    minor = ".".join(tensorflow.split(" ")[-1].split(".")[:2]) if tensorflow != "no TensorFlow" else "<TF major.minor>"
+    raise StrategyError(
+        f"tf_keras is not installed next to {tensorflow}; the training kernel needs it (hub.KerasLayer is a tf_keras "
+        f"layer). Fix: on a TPU, let the kernel install its stack (kaggle.tpu_wheels, or kaggle.train_internet=true); "
+        f"elsewhere `pip install --no-deps tf-keras=={minor}.*` (--no-deps: tf-keras would otherwise pull in the "
+        "`tensorflow` package over the installed one)")
+
+
+def prepare_runtime(kernel: str, cfg, rerun) -> int | None:
+    """The kernel's runtime needs, before TensorFlow is imported. None: go on here; an int: the kernel already ran
+    again in a fresh interpreter (after the TPU stack install) and ended with that exit code."""
+    if kernel != "train":
+        return None  # inference needs TensorFlow alone, whichever build the GPU image holds
+    if detect_platform().kind == "kaggle-tpu-vm" and cfg.kaggle.tpu_runtime == "install":
+        from common.tpu_stack import ensure_tpu_stack
+
+        code = ensure_tpu_stack(cfg.kaggle, cfg.kaggle.owner, rerun)
+        if code is not None:
+            return code
+    require_tf_keras()
+    return None
+
+
+def _stream(source, sink) -> None:
+    for line in source:
+        print(line, end="", file=sink, flush=True)
+
+
+def run_again(kernel: str, entry: str, config_path: str, bundle: str, env: dict[str, str]) -> int:
+    """The kernel in a fresh interpreter (the same bundle and config), its output passed through line by line: this
+    works whether the kernel runs as `python script.py` or inside a notebook's ipykernel."""
+    code = (f"import sys; sys.path.insert(0, {bundle!r}); import common; from common.kernel import run_kernel; "
+            f"sys.exit(run_kernel({kernel!r}, {entry!r}, {config_path!r}, {bundle!r}))")
+    child = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, **env}, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, bufsize=1)
+    err_thread = threading.Thread(target=_stream, args=(child.stderr, sys.stderr), daemon=True)
+    err_thread.start()
+    _stream(child.stdout, sys.stdout)
+    err_thread.join()
+    return child.wait()
+
+
+def run_kernel(kernel: str, entry: str, config_path: str, bundle: str) -> int:
+    """A built kernel's whole run: config, runtime needs (maybe the TPU stack and a second interpreter), entry point."""
+    from common.config import load_config
+
+    def start() -> int:
+        cfg = load_config(config_path)
+        code = prepare_runtime(kernel, cfg, lambda env: run_again(kernel, entry, config_path, bundle, env))
+        if code is not None:
+            return code
+        main = importlib.import_module(entry).main  # imported only now: it may touch tf.keras at import time
+        return main(["--config", config_path])
+
+    return guarded(kernel, start)

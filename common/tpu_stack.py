@@ -1,0 +1,229 @@
+"""The TPU stack of the training kernel, installed before TensorFlow is imported (DESIGN contract 7).
+
+Kaggle's TPU VM image (docker-python tpu/, since 2025-10) ships tensorflow-cpu 2.20.0, which sees no TPU. On TPU
+hardware without a TPU build of TensorFlow, the built training kernel installs the pinned stack (kaggle.tpu_packages)
+and runs itself once more in a fresh interpreter: a script kernel has no cell to restart, and a Python process cannot
+swap a TensorFlow it may already have loaded. Two routes, the attached one first:
+
+    offline  an attached dataset of wheels (kaggle.tpu_wheels, made by `tpu2gpu wheels`)   no internet needed
+    online   the package index (kaggle.train_internet=true), downloaded into the temp folder first
+
+The traps: tensorflow, tensorflow-cpu and tensorflow-tpu all install the one `tensorflow` package directory, and
+tf-keras depends on `tensorflow` (installing it with its dependencies would put the CPU/GPU build back over the TPU
+one). So every TensorFlow distribution and tf-keras are uninstalled first, then the pins are installed with --no-deps
+(the image already holds TensorFlow's own dependencies). Nothing is removed until every pinned wheel is present, reads
+as a sound zip and fits this Python (pip --dry-run), so a bad wheels dataset stops the kernel with the image intact.
+
+Standard library only: this runs before anything may import TensorFlow.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+from common.errors import UserError
+
+# Researched for Kaggle's TPU image of 2025-10 (Python 3.12, tensorflow-cpu 2.20.0): the TPU build of the same
+# TensorFlow, the libtpu it was released with (newer libtpu abort at `import tensorflow`, see KAGGLE.md), tf-keras of
+# the same minor version, and the hub the image ships.
+TPU_PACKAGES = ("tensorflow-tpu==2.20.0", "libtpu==0.0.21", "tf-keras==2.20.1", "tensorflow-hub==0.16.1")
+# Distributions that write the `tensorflow` package: any of them beside tensorflow-tpu may have overwritten its files.
+TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-intel", "tensorflow-tpu",
+                            "tf-nightly", "tf-nightly-cpu", "tf-nightly-tpu")
+REQUIRED = ("tensorflow-tpu", "libtpu", "tf-keras")
+RERUN_ENV = "TPU2GPU_TPU_STACK_INSTALLED"  # set in the interpreter that runs after the install: never install twice
+# Kaggle's TPU image platform, for `tpu2gpu wheels`.
+IMAGE_PYTHON = "3.12"
+IMAGE_PLATFORMS = ("manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_27_x86_64", "manylinux_2_31_x86_64")
+
+
+class TpuStackError(UserError, RuntimeError):
+    """The TPU stack cannot be installed: no route, a wheel missing or corrupt, a pin the index does not have."""
+
+
+def normalize(name: str) -> str:
+    """PEP 503 name: tf_keras, TF-Keras and tf-keras are one distribution."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def parse_pins(pins) -> dict[str, str]:
+    """('tensorflow-tpu==2.20.0', ...) -> {'tensorflow-tpu': '2.20.0', ...}: exact pins, the stack's parts all named."""
+    parsed = {}
+    for pin in pins:
+        match = re.fullmatch(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*==\s*([A-Za-z0-9.+!]+)\s*", str(pin))
+        if not match:
+            raise TpuStackError(f"kaggle.tpu_packages: {pin!r} must be an exact pin name==version, e.g. "
+                                f"{TPU_PACKAGES[0]}")
+        parsed[normalize(match.group(1))] = match.group(2)
+    missing = [name for name in REQUIRED if name not in parsed]
+    if missing:
+        raise TpuStackError(f"kaggle.tpu_packages lacks {missing}: a TPU stack needs tensorflow-tpu, the libtpu it was "
+                            f"built with and tf-keras of its minor version (defaults: {list(TPU_PACKAGES)})")
+    return parsed
+
+
+def installed_versions() -> dict[str, str]:
+    """{normalized name: version} of every installed distribution, read from metadata (nothing is imported)."""
+    found = {}
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata["Name"] if dist.metadata else None
+        if name:
+            found[normalize(name)] = dist.version
+    return found
+
+
+def missing_tpu_build(installed: dict[str, str]) -> list[str]:
+    """Why this environment has no usable TPU stack (empty: it has one, e.g. an image that ships tensorflow-tpu)."""
+    reasons = []
+    if "tensorflow-tpu" not in installed:
+        others = [f"{n} {installed[n]}" for n in TENSORFLOW_DISTRIBUTIONS if n in installed]
+        reasons.append(f"TensorFlow is {', '.join(others) or 'not installed'}, not a TPU build")
+    else:
+        shadowing = [f"{n} {installed[n]}" for n in TENSORFLOW_DISTRIBUTIONS
+                     if n in installed and n != "tensorflow-tpu"]
+        if shadowing:
+            reasons.append(f"{', '.join(shadowing)} share(s) the `tensorflow` package with tensorflow-tpu")
+    reasons += [f"{name} is not installed" for name in ("libtpu", "tf-keras") if name not in installed]
+    return reasons
+
+
+def pin_mismatches(pins: dict[str, str], installed: dict[str, str]) -> list[str]:
+    """Pins the environment does not hold, and TensorFlow distributions other than tensorflow-tpu."""
+    wrong = [f"{name} {installed.get(name, 'missing')} (pinned {version})" for name, version in pins.items()
+             if installed.get(name) != version]
+    wrong += [f"{n} {installed[n]} (must be removed)" for n in TENSORFLOW_DISTRIBUTIONS
+              if n in installed and n not in pins]
+    return wrong
+
+
+def _pip(args: list[str], what: str) -> str:
+    command = [sys.executable, "-m", "pip", *args]
+    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
+    result = subprocess.run(command, capture_output=True, text=True, env=env)
+    if result.returncode != 0:
+        tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-6:])
+        not_found = re.findall(r"No matching distribution found for (\S+)", result.stdout + result.stderr)
+        hint = (f"no wheel of {', '.join(not_found)} fits Python {sys.version_info.major}.{sys.version_info.minor} "
+                "here (or the index does not have that version). " if not_found else "")
+        raise TpuStackError(f"{what} failed (pip exit {result.returncode}): {hint}{tail}")
+    return result.stdout
+
+
+def _specs(pins: dict[str, str]) -> list[str]:
+    return [f"{name}=={version}" for name, version in pins.items()]
+
+
+def check_wheels(pins: dict[str, str], folder: Path) -> list[Path]:
+    """The wheel file(s) of every pin in folder (any depth), each read through as a zip (CRC-checked)."""
+    folder = Path(folder)
+    wheels: dict[tuple[str, str], list[Path]] = {}
+    for path in sorted(folder.rglob("*.whl")):
+        parts = path.name[:-4].split("-")
+        if len(parts) >= 5:
+            wheels.setdefault((normalize(parts[0]), parts[1]), []).append(path)
+    missing = [f"{n}=={v}" for n, v in pins.items() if (n, v) not in wheels]
+    if missing:
+        held = sorted(p.name for group in wheels.values() for p in group)
+        raise TpuStackError(f"the wheels in {folder} lack {missing} (it holds {held or 'no wheels'}). Fix: rebuild it "
+                            "with `tpu2gpu wheels` for kaggle.tpu_packages and publish it as a new version")
+    chosen = [p for n, v in pins.items() for p in wheels[(n, v)]]
+    for path in chosen:
+        try:
+            with zipfile.ZipFile(path) as archive:
+                bad = archive.testzip()
+        except (zipfile.BadZipFile, OSError) as err:
+            bad = f"not a zip ({err})"
+        if bad:
+            raise TpuStackError(f"corrupt wheel {path} (first bad member: {bad}). Fix: rebuild the wheels dataset with "
+                                "`tpu2gpu wheels` and publish it again")
+    return chosen
+
+
+def download_wheels(pins: dict[str, str], dest: Path, find_links: str = "", python: str = "",
+                    platforms: tuple[str, ...] = ()) -> Path:
+    """pip download of exactly the pins (no dependencies), for this interpreter or another python/platform."""
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    args = ["download", "--no-deps", "--only-binary=:all:", "--dest", str(dest), *_specs(pins)]
+    if python:
+        args += ["--python-version", python, *(a for p in platforms for a in ("--platform", p))]
+    if find_links:
+        args += ["--find-links", find_links]
+    _pip(args, f"downloading {', '.join(_specs(pins))}")
+    check_wheels(pins, dest)
+    return dest
+
+
+def install_from(folder: Path, pins: dict[str, str]) -> list[str]:
+    """Replace this environment's TensorFlow with the pinned TPU stack from the wheels in folder; returns what was
+    uninstalled. Checked first (wheels present, sound, fitting this Python); only then is anything removed."""
+    check_wheels(pins, folder)
+    offline = ["--no-index", "--find-links", str(folder), "--no-deps"]
+    _pip(["install", "--dry-run", *offline, *_specs(pins)], f"checking the wheels in {folder} against this Python")
+    installed = installed_versions()
+    remove = [n for n in (*TENSORFLOW_DISTRIBUTIONS, "tf-keras") if n in installed]
+    if remove:
+        _pip(["uninstall", "--yes", *remove], f"uninstalling {', '.join(remove)}")
+    try:
+        _pip(["install", *offline, *_specs(pins)], f"installing {', '.join(_specs(pins))} from {folder}")
+    except TpuStackError as err:
+        raise TpuStackError(f"{err}\nTensorFlow was uninstalled before this failure: this kernel cannot continue. "
+                            "Fix the wheels (`tpu2gpu wheels`) and run it again") from err
+    return [f"{n} {installed[n]}" for n in remove]
+
+
+def find_attached_wheels(name: str) -> Path | None:
+    from common.paths import find_kaggle_mount
+
+    return find_kaggle_mount(name)
+
+
+def ensure_tpu_stack(kaggle_cfg, owner_default: str, rerun) -> int | None:
+    """On a TPU VM without a TPU build: install the pins and return rerun()'s exit code (the kernel, run again in a
+    fresh interpreter). None when there is nothing to do, so the caller goes on in this interpreter."""
+    pins = parse_pins(kaggle_cfg.tpu_packages)
+    installed = installed_versions()
+    if os.environ.get(RERUN_ENV):  # we are the interpreter after the install: it must have taken
+        wrong = pin_mismatches(pins, installed)
+        if wrong:
+            raise TpuStackError("the TPU stack was installed, but this interpreter still finds: " + "; ".join(wrong))
+        return None
+    reasons = missing_tpu_build(installed)
+    if not reasons:
+        print(f"[tpu] the image has a TPU stack: tensorflow-tpu {installed['tensorflow-tpu']}, libtpu "
+              f"{installed['libtpu']}, tf-keras {installed['tf-keras']}", flush=True)
+        return None
+    wheels_name = kaggle_cfg.tpu_wheels
+    if wheels_name and "/" not in wheels_name and owner_default:
+        wheels_name = f"{owner_default}/{wheels_name}"
+    attached = find_attached_wheels(wheels_name) if wheels_name else None
+    if attached is None and not kaggle_cfg.train_internet:
+        where = f"kaggle.tpu_wheels={kaggle_cfg.tpu_wheels!r} is not attached" if wheels_name else \
+            "kaggle.tpu_wheels is empty"
+        raise TpuStackError(
+            f"this TPU machine has no TPU build of TensorFlow ({'; '.join(reasons)}), and the kernel cannot install "
+            f"one: {where} and kaggle.train_internet is false. Fix: either attach the wheels (`tpu2gpu wheels --out "
+            "DIR`, publish DIR as a dataset, set kaggle.tpu_wheels to it and rebuild), or set "
+            "kaggle.train_internet=true and rebuild (pip installs from the package index)")
+    print(f"[tpu] no TPU build of TensorFlow here: {'; '.join(reasons)}", flush=True)
+    start = time.monotonic()
+    if attached is not None:
+        source, folder = f"the attached dataset {attached}", attached
+    else:
+        folder = Path(tempfile.gettempdir()) / "tpu2gpu-tpu-wheels"
+        source = "the package index" + (f" and {kaggle_cfg.tpu_find_links}" if kaggle_cfg.tpu_find_links else "")
+        print(f"[tpu] downloading {', '.join(_specs(pins))} from {source}", flush=True)
+        download_wheels(pins, folder, kaggle_cfg.tpu_find_links)
+    removed = install_from(folder, pins)
+    print(f"[tpu] installed {', '.join(_specs(pins))} from {source} in {time.monotonic() - start:.0f} s"
+          + (f"; removed {', '.join(removed)}" if removed else "") + "; running the kernel again in a fresh "
+          "interpreter", flush=True)
+    return rerun({RERUN_ENV: "1"})

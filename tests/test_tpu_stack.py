@@ -1,0 +1,244 @@
+"""The training kernel's runtime needs, checked before TensorFlow loads: the TPU stack install (common/tpu_stack.py)
+and the missing tf-keras error, run through real pip and the built kernel script.
+
+The install is exercised with small stand-in wheels (a `tensorflow` package per TensorFlow distribution, so the
+real file collision between tensorflow-cpu, tensorflow and tensorflow-tpu happens in a throwaway venv). The same code
+on the real wheels, in Python 3.12 with tensorflow-cpu 2.20.0 like Kaggle's TPU image, is the `tpu_image` test at the
+end (downloads about 600 MB; `./dev test -m tpu_image`).
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from common.config import load_config
+from common.tpu_stack import TpuStackError, check_wheels, missing_tpu_build, parse_pins, pin_mismatches
+
+import pytest
+
+from tpu2gpu.build import build
+
+from helpers import fake_wheel, tensorflow_wheel, tpu_wheels
+
+REPO = Path(__file__).resolve().parents[1]
+PINS = ("tensorflow-tpu==2.20.0", "libtpu==0.0.21", "tf-keras==2.20.1", "tensorflow-hub==0.16.1")
+PROJECT = ["kaggle.owner=tester", "kaggle.competition=digit-comp", "kaggle.tpu_wheels=tpu-wheels",
+           "kaggle.model_sources=[tpu2gpu/tiny-backbone/tensorflow2/demo/1]",
+           "model.hub_handle=tpu2gpu/tiny-backbone/tensorflow2/demo/1", f"kaggle.tpu_packages=[{','.join(PINS)}]"]
+
+
+@pytest.fixture(scope="module")
+def image_venv(tmp_path_factory):
+    """A throwaway venv in the state `pip install tensorflow-cpu==2.20.0 tensorflow_hub` leaves (KAGGLE.md): two
+    TensorFlow distributions writing one `tensorflow` package, and tf-keras 2.21."""
+    root = tmp_path_factory.mktemp("image")
+    subprocess.run([sys.executable, "-m", "venv", str(root / "venv")], check=True)
+    python = root / "venv" / "bin" / "python"
+    image = root / "image-wheels"
+    tensorflow_wheel(image, "tensorflow-cpu", "2.20.0")
+    tensorflow_wheel(image, "tensorflow", "2.21.0")
+    fake_wheel(image, "tf-keras", "2.21.0", {"tf_keras/__init__.py": ""}, requires=["tensorflow>=2.21"])
+    subprocess.run([python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", *sorted(image.glob("*.whl"))],
+                   check=True)
+    return python
+
+
+def fresh_copy(image_venv: Path, tmp_path: Path) -> Path:
+    """The image venv copied, so each test starts from the image's state. A venv finds its site-packages from where
+    its interpreter link lies; only its entry scripts name the old path, and pip runs as `python -m pip` here."""
+    copy = tmp_path / "venv"
+    shutil.copytree(image_venv.parents[1], copy, symlinks=True)
+    return copy / "bin" / "python"
+
+
+def run_in(python: Path, code: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    environment.pop("VIRTUAL_ENV", None)
+    return subprocess.run([str(python), "-c", code], capture_output=True, text=True, env=environment)
+
+
+def distributions(python: Path) -> dict[str, str]:
+    out = run_in(python, "from common.tpu_stack import installed_versions as v; import json; print(json.dumps(v()))")
+    assert out.returncode == 0, out.stderr
+    import json
+
+    return {k: v for k, v in json.loads(out.stdout).items() if k in {
+        "tensorflow", "tensorflow-cpu", "tensorflow-tpu", "libtpu", "tf-keras", "tensorflow-hub"}}
+
+
+# ------------------------------------------------------------------------------------------------------ pure checks
+def test_pins_are_exact_and_name_the_stack():
+    assert parse_pins(PINS) == {"tensorflow-tpu": "2.20.0", "libtpu": "0.0.21", "tf-keras": "2.20.1",
+                                "tensorflow-hub": "0.16.1"}
+    assert parse_pins(["TF_Keras==2.20.1", "tensorflow_tpu==2.20.0", "libtpu==0.0.21"])["tf-keras"] == "2.20.1"
+    with pytest.raises(TpuStackError, match=r"'tensorflow-tpu>=2\.20' must be an exact pin name==version"):
+        parse_pins(["tensorflow-tpu>=2.20"])
+    with pytest.raises(TpuStackError, match=r"lacks \['libtpu'\]"):
+        parse_pins(["tensorflow-tpu==2.20.0", "tf-keras==2.20.1"])
+
+
+def test_what_counts_as_a_tpu_stack():
+    kaggle_image = {"tensorflow-cpu": "2.20.0", "tensorflow": "2.21.0", "tf-keras": "2.21.0", "keras": "3.11.0"}
+    assert missing_tpu_build(kaggle_image) == [
+        "TensorFlow is tensorflow 2.21.0, tensorflow-cpu 2.20.0, not a TPU build", "libtpu is not installed"]
+    shadowed = {"tensorflow-tpu": "2.20.0", "tensorflow-cpu": "2.20.0", "libtpu": "0.0.21", "tf-keras": "2.20.1"}
+    assert missing_tpu_build(shadowed) == [
+        "tensorflow-cpu 2.20.0 share(s) the `tensorflow` package with tensorflow-tpu"]
+    clean = {"tensorflow-tpu": "2.18.0", "libtpu": "0.0.9", "tf-keras": "2.18.0"}
+    assert missing_tpu_build(clean) == []  # an image with its own TPU build is left alone
+    assert pin_mismatches(parse_pins(PINS), clean) == [
+        "tensorflow-tpu 2.18.0 (pinned 2.20.0)", "libtpu 0.0.9 (pinned 0.0.21)", "tf-keras 2.18.0 (pinned 2.20.1)",
+        "tensorflow-hub missing (pinned 0.16.1)"]
+
+
+def test_wheel_folder_checks_name_the_missing_and_the_corrupt(tmp_path):
+    folder = tpu_wheels(tmp_path / "wheels")
+    assert len(check_wheels(parse_pins(PINS), folder)) == 4
+    (folder / "libtpu-0.0.21-py3-none-any.whl").unlink()
+    with pytest.raises(TpuStackError, match=r"lack \['libtpu==0\.0\.21'\] \(it holds \['tensorflow_hub"):
+        check_wheels(parse_pins(PINS), folder)
+    fake_wheel(folder, "libtpu", "0.0.21", {"libtpu/__init__.py": ""})
+    hub = folder / "tensorflow_hub-0.16.1-py3-none-any.whl"
+    hub.write_bytes(hub.read_bytes()[:-40])  # a truncated download
+    with pytest.raises(TpuStackError, match=r"corrupt wheel .*tensorflow_hub-0\.16\.1-py3-none-any\.whl"):
+        check_wheels(parse_pins(PINS), folder)
+
+
+# ------------------------------------------------------------------------------------------- real pip, fake wheels
+def test_install_replaces_every_tensorflow_with_the_tpu_build(image_venv, tmp_path):
+    python = fresh_copy(image_venv, tmp_path)
+    assert distributions(python) == {"tensorflow": "2.21.0", "tensorflow-cpu": "2.20.0", "tf-keras": "2.21.0"}
+    wheels = tpu_wheels(tmp_path / "wheels")
+    out = run_in(python, f"from common.tpu_stack import install_from, parse_pins; "
+                         f"print(install_from({str(wheels)!r}, parse_pins({list(PINS)!r})))")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "['tensorflow 2.21.0', 'tensorflow-cpu 2.20.0', 'tf-keras 2.21.0']"
+    assert distributions(python) == {"tensorflow-tpu": "2.20.0", "libtpu": "0.0.21", "tf-keras": "2.20.1",
+                                     "tensorflow-hub": "0.16.1"}  # tf-keras did not pull `tensorflow` back
+    built = run_in(python, "import tensorflow, tf_keras, tensorflow_hub, libtpu; print(tensorflow.BUILD)")
+    assert built.stdout.strip() == "tensorflow-tpu"  # the TPU build's files survived the removal of the others
+
+
+@pytest.mark.parametrize("damage", ["missing", "corrupt", "other-python"])
+def test_a_bad_wheels_folder_leaves_the_image_untouched(image_venv, tmp_path, damage):
+    python = fresh_copy(image_venv, tmp_path)
+    wheels = tpu_wheels(tmp_path / "wheels")
+    keras = wheels / "tf_keras-2.20.1-py3-none-any.whl"
+    if damage == "missing":
+        keras.unlink()
+        expected = r"lack \['tf-keras==2\.20\.1'\]"
+    elif damage == "corrupt":
+        keras.write_bytes(b"not a zip")
+        expected = r"corrupt wheel .*tf_keras-2\.20\.1"
+    else:  # built for another Python and platform only: pip's dry run refuses it before anything is removed
+        keras.unlink()
+        fake_wheel(wheels, "tf-keras", "2.20.1", {"tf_keras/__init__.py": ""}, tag="cp399-cp399-manylinux_2_17_x86_64")
+        expected = r"checking the wheels .* failed .*no wheel of tf-keras==2\.20\.1 fits Python"
+    before = distributions(python)
+    out = run_in(python, f"from common.tpu_stack import install_from, parse_pins; "
+                         f"install_from({str(wheels)!r}, parse_pins({list(PINS)!r}))")
+    assert out.returncode == 1 and "TpuStackError" in out.stderr
+    import re
+
+    assert re.search(expected, out.stderr, flags=re.S), out.stderr[-1500:]
+    assert distributions(python) == before
+
+
+def test_the_kernel_installs_from_the_attached_wheels_and_runs_once_more(image_venv, tmp_path):
+    """ensure_tpu_stack as the built kernel calls it: wheels found in the simulated /kaggle/input, installed, then
+    the re-run interpreter (marked by the environment) checks the pins instead of installing again."""
+    python = fresh_copy(image_venv, tmp_path)
+    tpu_wheels(tmp_path / "kaggle" / "input" / "datasets" / "tester" / "tpu-wheels")
+    code = f"""
+import json, subprocess, sys
+from types import SimpleNamespace
+from common.tpu_stack import ensure_tpu_stack
+cfg = SimpleNamespace(tpu_packages={list(PINS)!r}, tpu_wheels="tpu-wheels", train_internet=False, tpu_find_links="")
+def rerun(env):
+    check = "from common.tpu_stack import ensure_tpu_stack as e; import sys, json; " \\
+            "cfg = json.loads(sys.argv[1]); from types import SimpleNamespace as N; " \\
+            "print('rerun:', e(N(**cfg), 'tester', None))"
+    return subprocess.run([sys.executable, "-c", check, json.dumps(vars(cfg))], env={{**__import__('os').environ,
+                          **env}}).returncode
+print("exit", ensure_tpu_stack(cfg, "tester", rerun))
+"""
+    out = run_in(python, code, {"TPU2GPU_KAGGLE_ROOT": str(tmp_path / "kaggle")})
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[0].startswith("[tpu] no TPU build of TensorFlow here: TensorFlow is tensorflow 2.21.0, tensorflow-cpu")
+    assert lines[1].startswith("[tpu] installed tensorflow-tpu==2.20.0, libtpu==0.0.21, tf-keras==2.20.1, "
+                               "tensorflow-hub==0.16.1 from the attached dataset ")
+    assert "removed tensorflow 2.21.0, tensorflow-cpu 2.20.0, tf-keras 2.21.0" in lines[1]
+    assert lines[2:] == ["rerun: None", "exit 0"]  # the second interpreter found the pins and went on
+    # A re-run that finds the stack not as pinned stops instead of installing again (no loop).
+    tensorflow_wheel(tmp_path / "more", "tensorflow-cpu", "2.20.0")
+    run_in(python, f"import subprocess, sys; subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', "
+                   f"'--no-deps', {str(next((tmp_path / 'more').glob('*.whl')))!r}], check=True)")
+    again = run_in(python, code.replace('print("exit", ensure_tpu_stack(cfg, "tester", rerun))',
+                                        'ensure_tpu_stack(cfg, "tester", None)'),
+                   {"TPU2GPU_TPU_STACK_INSTALLED": "1"})
+    assert "the TPU stack was installed, but this interpreter still finds: tensorflow-cpu 2.20.0 (must be removed)" \
+        in again.stderr
+
+
+# --------------------------------------------------------------------------------------- the built kernel script
+def simulated_kaggle(tmp_path: Path, script: Path) -> tuple[Path, dict]:
+    kaggle = tmp_path / "kaggle"
+    (kaggle / "working").mkdir(parents=True)
+    (kaggle / "input").mkdir()
+    shutil.copyfile(script, kaggle / "working" / "__script__.py")
+    (tmp_path / "tmp").mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TF_USE_LEGACY_KERAS", "VIRTUAL_ENV")}
+    env.update(TPU2GPU_KAGGLE_ROOT=str(kaggle), KAGGLE_KERNEL_RUN_TYPE="Batch", TMPDIR=str(tmp_path / "tmp"),
+               PYTHONDONTWRITEBYTECODE="1")
+    return kaggle, env
+
+
+def test_tpu_kernel_without_a_route_names_both_before_reading_data(tmp_path):
+    cfg = load_config(None, [*PROJECT, "kaggle.tpu_runtime=image"])  # builds; the kernel then finds no TPU build
+    folders = build(cfg, tmp_path / "build")
+    kaggle, env = simulated_kaggle(tmp_path, folders["train"] / "train.py")
+    env["ISTPUVM"] = "1"
+    config = kaggle / "working" / "__script__.py"
+    config.write_text(config.read_text().replace('"tpu_runtime": "image"', '"tpu_runtime": "install"')
+                      .replace('"tpu_wheels": "tpu-wheels"', '"tpu_wheels": ""'))
+    run = subprocess.run([sys.executable, "__script__.py"], cwd=kaggle / "working", env=env, capture_output=True,
+                         text=True)
+    assert run.returncode == 2, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "train: error: this TPU machine has no TPU build of TensorFlow (TensorFlow is tensorflow 2.21.0, not a " \
+           "TPU build; libtpu is not installed), and the kernel cannot install one: kaggle.tpu_wheels is empty and " \
+           "kaggle.train_internet is false. Fix: either attach the wheels (`tpu2gpu wheels" in run.stderr
+    assert "or set kaggle.train_internet=true and rebuild" in run.stderr
+    assert "Traceback" not in run.stderr and "=== environment ===" not in run.stdout  # before TensorFlow and data
+
+
+def test_missing_tf_keras_is_named_by_the_built_kernel(tmp_path):
+    """A real environment with TensorFlow (and Keras 3) but no tf-keras: this project's packages minus tf_keras,
+    seen by a bare venv through a .pth file."""
+    import sysconfig
+
+    site = Path(sysconfig.get_paths()["purelib"])
+    without = tmp_path / "site-without-tf-keras"
+    without.mkdir()
+    for entry in site.iterdir():
+        if not entry.name.lower().startswith(("tf_keras", "tf-keras", "__editable__", "tpu2gpu")):
+            (without / entry.name).symlink_to(entry)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
+    venv_site = next((tmp_path / "venv" / "lib").glob("python3*/site-packages"))
+    (venv_site / "image.pth").write_text(str(without) + "\n")
+    python = tmp_path / "venv" / "bin" / "python"
+    probe = subprocess.run([python, "-c", "import importlib.util as u; print(bool(u.find_spec('tensorflow')), "
+                            "bool(u.find_spec('tf_keras')), bool(u.find_spec('common')))"], capture_output=True,
+                           text=True, cwd=tmp_path)
+    assert probe.stdout.split() == ["True", "False", "False"]  # TensorFlow yes, tf_keras no, this repository no
+
+    folders = build(load_config(None, PROJECT), tmp_path / "build")
+    kaggle, env = simulated_kaggle(tmp_path, folders["train"] / "train.py")
+    run = subprocess.run([python, "__script__.py"], cwd=kaggle / "working", env=env, capture_output=True, text=True)
+    assert run.returncode == 2, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "train: error: tf_keras is not installed next to tensorflow 2.21.0; the training kernel needs it" \
+        in run.stderr
+    assert "pip install --no-deps tf-keras==2.21.*" in run.stderr
+    assert "Traceback" not in run.stderr and "Keras cannot be imported" not in run.stderr
