@@ -228,12 +228,18 @@ def config_from_dict(raw: dict[str, Any], base: Config | None = None) -> Config:
     return cfg
 
 
+def _yaml():
+    """PyYAML, imported on first use: a built kernel reads its config as JSON and must not need it."""
+    import yaml
+
+    return yaml
+
+
 def parse_override(text: str) -> tuple[str, str, Any]:
     """'train.epochs=3' -> ('train', 'epochs', 3); the value is read as YAML (3, 0.5, true, [a, b], text)."""
     if "=" not in text or "." not in text.split("=", 1)[0]:
         raise ConfigError(f"override {text!r} must look like section.key=value, e.g. train.epochs=3")
-    import yaml  # here, not at the top: a built kernel reads JSON and needs no PyYAML
-
+    yaml = _yaml()
     dotted, raw_value = text.split("=", 1)
     section, key = dotted.strip().split(".", 1)
     try:
@@ -253,11 +259,10 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
         if not path.is_file():
             raise ConfigError(f"config file {path} does not exist")
         text = path.read_text()
-        import yaml
-
+        errors = (json.JSONDecodeError,) if path.suffix == ".json" else (_yaml().YAMLError,)
         try:
-            raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-        except (json.JSONDecodeError, yaml.YAMLError) as err:
+            raw = json.loads(text) if path.suffix == ".json" else _yaml().safe_load(text)
+        except errors as err:
             raise ConfigError(f"config file {path} is not valid {path.suffix.lstrip('.').upper()}: {err}") from err
         config_from_dict(raw or {}, cfg)
     for text in overrides:

@@ -79,7 +79,7 @@ def _tpu_strategy(address: str, signals: tuple[str, ...]) -> tf.distribute.TPUSt
         if signals:
             raise StrategyError(
                 f"TPU hardware is present ({', '.join(signals)}) but TensorFlow {tf.__version__} sees no TPU: "
-                f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}. "
+                f"{type(err).__name__}: {' '.join(str(err).split())[:300]}. "
                 + _tpu_fix()) from err
         raise StrategyError(f"runtime.strategy=tpu but no TPU answered at {address or '$TPU_NAME'!r}: {err}") from err
 

@@ -32,9 +32,12 @@ from pathlib import Path
 from common.errors import UserError
 
 # Researched for Kaggle's TPU image of 2025-10 (Python 3.12, tensorflow-cpu 2.20.0): the TPU build of the same
-# TensorFlow, the libtpu it was released with (newer libtpu abort at `import tensorflow`, see KAGGLE.md), tf-keras of
-# the same minor version, and the hub the image ships.
-TPU_PACKAGES = ("tensorflow-tpu==2.20.0", "libtpu==0.0.21", "tf-keras==2.20.1", "tensorflow-hub==0.16.1")
+# TensorFlow; libtpu 0.0.17, which that image itself pins (docker-python tpu/Dockerfile: "compatible with both jax
+# 0.7.2 and torch 2.8.0") and which meets tensorflow-tpu's `libtpu~=0.0.14` (0.0.32 and later abort at `import
+# tensorflow`, KAGGLE.md); tf-keras of the same minor version (2.20.0 is yanked); the hub the image ships; and a
+# setuptools that still has pkg_resources, which tensorflow_hub 0.16.1 imports (setuptools 81 removed it).
+TPU_PACKAGES = ("tensorflow-tpu==2.20.0", "libtpu==0.0.17", "tf-keras==2.20.1", "tensorflow-hub==0.16.1",
+                "setuptools==80.10.2")
 # Distributions that write the `tensorflow` package: any of them beside tensorflow-tpu may have overwritten its files.
 TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-intel", "tensorflow-tpu",
                             "tf-nightly", "tf-nightly-cpu", "tf-nightly-tpu")

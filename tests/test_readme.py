@@ -2,7 +2,8 @@
 
 Three kinds are adapted, and each adaptation is checked for what it can show here: `./dev test` is this very suite
 (only its presence in `dev` is checked); the Kaggle steps (push, wait, fetch, publish, submit, workflow) talk to
-kaggle.com, so they run with --dry-run, which builds and prints every kaggle CLI command; the benchmarks take minutes
+kaggle.com (and `wheels` downloads 400 MB), so they run with --dry-run, which builds and prints every kaggle CLI
+command (tests/test_kaggle.py runs those commands for real against a loopback Kaggle); the benchmarks take minutes
 each, so they run with --help (their figures are recorded in bench/README.md).
 """
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
-KAGGLE_STEPS = {"push", "wait", "fetch", "publish", "submit", "workflow"}
+KAGGLE_STEPS = {"push", "wait", "fetch", "publish", "submit", "workflow", "wheels", "publish-wheels"}
 
 
 def bash_commands(text: str) -> list[str]:
@@ -55,4 +56,4 @@ def test_config_reference_in_the_readme_is_current():
     table = README.split("<!-- config-reference:start -->\n", 1)[1].split("\n<!-- config-reference:end -->", 1)[0]
     assert table == config_reference()
     rows = table.splitlines()[2:]
-    assert len(rows) == 83 and all(row.count(" | ") == 2 and row.rsplit(" | ", 1)[1].strip(" |") for row in rows)
+    assert len(rows) == 88 and all(row.count(" | ") == 2 and row.rsplit(" | ", 1)[1].strip(" |") for row in rows)

@@ -51,8 +51,13 @@ def test_tpu_hardware_that_tensorflow_cannot_see_is_an_error_not_a_cpu_fallback(
     message = str(err.value)
     assert "TPU hardware is present (ISTPUVM=1, TPU_ACCELERATOR_TYPE=v5litepod-8)" in message
     assert f"TensorFlow {tf.__version__} sees no TPU" in message
-    assert f"pip install tensorflow-tpu=={tf.__version__}" in message
+    assert "attach the wheels dataset (kaggle.tpu_wheels, made by `tpu2gpu wheels`) or set kaggle.train_internet=true" \
+        in message
     assert "runtime.strategy=default" in message
+    monkeypatch.setenv("TPU2GPU_TPU_STACK_INSTALLED", "1")  # the interpreter the kernel re-ran after installing
+    with pytest.raises(StrategyError, match=r"The TPU stack is installed \(tensorflow-tpu missing, libtpu missing, "
+                       r"tf-keras 2\.21\.0\), but no TPU answered"):
+        get_strategy("auto")
 
 
 def test_unknown_strategy_and_bad_batch():

@@ -183,6 +183,33 @@ print("exit", ensure_tpu_stack(cfg, "tester", rerun))
         in again.stderr
 
 
+def test_the_online_route_downloads_the_pins_and_names_one_the_index_lacks(image_venv, tmp_path):
+    """kaggle.train_internet=true and nothing attached: pip downloads exactly the pins (here from a local index,
+    PIP_NO_INDEX + PIP_FIND_LINKS, the same pip code path as the package index), then installs as offline."""
+    python = fresh_copy(image_venv, tmp_path)
+    index = tpu_wheels(tmp_path / "index")
+    code = f"""
+from types import SimpleNamespace
+from common.tpu_stack import ensure_tpu_stack
+cfg = SimpleNamespace(tpu_packages={list(PINS)!r}, tpu_wheels="", train_internet=True, tpu_find_links="")
+print("exit", ensure_tpu_stack(cfg, "tester", lambda env: 0))
+"""
+    env = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(index), "TMPDIR": str(tmp_path),
+           "TPU2GPU_KAGGLE_ROOT": str(tmp_path / "kaggle")}
+    (index / "libtpu-0.0.21-py3-none-any.whl").rename(tmp_path / "aside.whl")
+    before = distributions(python)
+    missing = run_in(python, code, env)
+    assert "downloading tensorflow-tpu==2.20.0" in missing.stdout
+    assert "TpuStackError: downloading tensorflow-tpu==2.20.0, libtpu==0.0.21" in missing.stderr
+    assert "no wheel of libtpu==0.0.21 fits Python" in missing.stderr
+    assert distributions(python) == before  # nothing removed
+    (tmp_path / "aside.whl").rename(index / "libtpu-0.0.21-py3-none-any.whl")
+    done = run_in(python, code, env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "from the package index in" in done.stdout and done.stdout.strip().endswith("exit 0")
+    assert distributions(python)["tensorflow-tpu"] == "2.20.0"
+
+
 # --------------------------------------------------------------------------------------- the built kernel script
 def simulated_kaggle(tmp_path: Path, script: Path) -> tuple[Path, dict]:
     kaggle = tmp_path / "kaggle"
@@ -242,3 +269,65 @@ def test_missing_tf_keras_is_named_by_the_built_kernel(tmp_path):
         in run.stderr
     assert "pip install --no-deps tf-keras==2.21.*" in run.stderr
     assert "Traceback" not in run.stderr and "Keras cannot be imported" not in run.stderr
+
+
+# ------------------------------------------------------------------------------ the real stack on the image's state
+PYTHON_312 = os.environ.get("TPU2GPU_PYTHON312") or next(
+    (str(p) for p in sorted(Path.home().glob(".pyenv/versions/3.12*/bin/python3.12"))), shutil.which("python3.12"))
+
+
+@pytest.mark.tpu_image
+def test_the_real_tpu_stack_replaces_the_images_tensorflow_and_the_kernel_runs_again(tmp_path, demo_dir):
+    """Kaggle's TPU image as far as it can exist here: Python 3.12 with tensorflow-cpu 2.20.0 (docker-python
+    tpu/requirements.in), no network for the kernel, ISTPUVM=1, the wheels that `tpu2gpu wheels` downloads attached
+    as a dataset. The built train.py must install them, run again once, and stop at the TPU (there is none here)."""
+    if not PYTHON_312 or not Path(PYTHON_312).is_file():
+        pytest.fail(f"Python 3.12 is needed (not found at {PYTHON_312}); set TPU2GPU_PYTHON312")
+    kaggle = tmp_path / "kaggle"
+    wheels = kaggle / "input" / "datasets" / "tester" / "tpu-wheels"
+    settings = [a for s in PROJECT for a in ("--set", s)]
+    made = subprocess.run([sys.executable, "-m", "tpu2gpu.cli", "wheels", "--out", str(wheels), *settings[:-2]],
+                          cwd=REPO, capture_output=True, text=True)
+    assert made.returncode == 0, made.stdout[-2000:] + made.stderr[-2000:]
+    print(made.stdout)
+
+    venv = tmp_path / "tpu-image"
+    subprocess.run([PYTHON_312, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    subprocess.run([python, "-m", "pip", "install", "-q", "tensorflow-cpu==2.20.0"], check=True)
+
+    folders = build(load_config(None, PROJECT[:-1]), tmp_path / "build")  # the default kaggle.tpu_packages
+    shutil.copytree(demo_dir, kaggle / "input" / "competitions" / "digit-comp")
+    (kaggle / "working").mkdir()
+    shutil.copyfile(folders["train"] / "train.py", kaggle / "working" / "__script__.py")
+    (tmp_path / "tmp").mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TF_USE_LEGACY_KERAS", "VIRTUAL_ENV")}
+    env.update(TPU2GPU_KAGGLE_ROOT=str(kaggle), KAGGLE_KERNEL_RUN_TYPE="Batch", ISTPUVM="1",
+               TMPDIR=str(tmp_path / "tmp"), TPU_SKIP_MDS_QUERY="1")  # else libtpu asks the GCE metadata server 30x
+    offline = ["unshare", "-n"] if subprocess.run(["unshare", "-n", "true"]).returncode == 0 else []
+    run = subprocess.run([*offline, str(python), "__script__.py"], cwd=kaggle / "working", env=env,
+                         capture_output=True, text=True)
+    print("\n".join(line for line in run.stdout.splitlines() if line.startswith(("[bundle]", "[tpu]"))))
+    print(run.stderr[-3000:])
+    assert run.returncode == 2, run.stdout[-3000:] + run.stderr[-3000:]
+    assert run.stdout.count("[tpu] installed tensorflow-tpu==2.20.0, libtpu==0.0.17, tf-keras==2.20.1, "
+                            "tensorflow-hub==0.16.1, setuptools==80.10.2 from the attached dataset") == 1
+    assert "removed tensorflow-cpu 2.20.0" in run.stdout
+    # The second interpreter checked the pins, printed the run config and got as far as the TPU strategy.
+    assert run.stdout.count("[tpu] no TPU build") == 1 and run.stdout.count('"tpu_runtime": "install"') == 1
+    assert "but TensorFlow 2.20.0 sees no TPU" in run.stderr and "The TPU stack is installed (tensorflow-tpu 2.20.0, " \
+        "libtpu 0.0.17, tf-keras 2.20.1), but no TPU answered" in run.stderr
+
+    check = ("import importlib.metadata as m, tensorflow as tf, tf_keras, tensorflow_hub as hub; "
+             "names = sorted(d.metadata['Name'].lower().replace('_', '-') for d in m.distributions()); "
+             "print([n for n in names if 'tensorflow' in n or 'keras' in n or 'tpu' in n]); "
+             "print(tf.__version__, tf.keras.__name__, tf_keras.__version__, hub.__version__); "
+             "print(any(str(f) == 'tensorflow/__init__.py' for f in m.files('tensorflow-tpu')))")
+    after = subprocess.run([python, "-c", check], capture_output=True, text=True, cwd=tmp_path,
+                           env={**env, "TF_USE_LEGACY_KERAS": "1"})
+    print(after.stdout)
+    assert after.returncode == 0, after.stderr[-2000:]
+    listed, versions, owned = after.stdout.strip().splitlines()[-3:]
+    assert listed == "['keras', 'libtpu', 'tensorflow-hub', 'tensorflow-tpu', 'tf-keras']"  # no other TensorFlow
+    assert versions.split()[0] == "2.20.0" and versions.split()[1].startswith("tf_keras")
+    assert owned == "True"
