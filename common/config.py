@@ -126,8 +126,8 @@ class KaggleConfig:
     infer_accelerator: str = "NvidiaTeslaT4"  # machine_shape of the inference kernel (GPU T4 x2)
     train_internet: bool = False  # internet for the training kernel (also lets it pip-install the TPU stack)
     # TPU stack (common/tpu_stack.py): Kaggle's TPU image ships tensorflow-cpu, which sees no TPU; the training kernel
-    # installs these pins and runs itself again. install = when the image lacks a TPU build; image = never (trust it).
-    tpu_runtime: Literal["install", "image"] = "install"  # install the TPU stack when the image lacks it, or trust it
+    # installs these pins and runs itself again. install = whenever the image differs from them; image = trust it.
+    tpu_runtime: Literal["install", "image"] = "install"  # install = make a TPU kernel hold tpu_packages; image = as is
     tpu_packages: tuple[str, ...] = TPU_PACKAGES  # name==version pins of the TPU stack (match the image's Python)
     tpu_wheels: str = ""  # wheels dataset (`tpu2gpu wheels`): a slug of kaggle.owner's, or owner/slug
     tpu_find_links: str = ""  # extra pip --find-links for the online route (e.g. the libtpu release index)

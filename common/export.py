@@ -91,9 +91,10 @@ def write_export(export_dir: str | Path, model: tf.keras.Model, card: dict, veri
         card = {**card, "format": EXPORT_FORMAT, "complete": False, "versions": library_versions(),
                 "precisions": {p: SIGNATURES[p] for p in models}}
         _write_card(tmp, card)
-        diffs = verify_in_fresh_process(tmp)
+        check = verify_in_fresh_process(tmp)
         card.update(complete=True, verification={
-            "max_abs_diff": diffs, "tolerance": {"float32": VERIFY_TOLERANCE, "float16": FLOAT16_TOLERANCE},
+            "max_abs_diff": check["max_abs_diff"], "environment": check["environment"],
+            "tolerance": {"float32": VERIFY_TOLERANCE, "float16": FLOAT16_TOLERANCE},
             "images": int(len(verify_images)), "loaded_without": list(BLOCKED_IN_CHECK)})
         _write_card(tmp, card)  # last: "complete" is only ever true in a verified folder
     return card
@@ -117,9 +118,9 @@ def cpu_only_environment(environ, package_root: str) -> dict[str, str]:
     return env
 
 
-def verify_in_fresh_process(folder: Path) -> dict[str, float]:
-    """Reload `folder` in a new interpreter without tf_keras / tensorflow_hub, on the CPU; the max abs difference
-    per signature."""
+def verify_in_fresh_process(folder: Path) -> dict:
+    """Reload `folder` in a new interpreter without tf_keras / tensorflow_hub, on the CPU: {'max_abs_diff': per
+    signature, 'environment': the accelerator settings the check saw}."""
     env = cpu_only_environment(os.environ, str(Path(__file__).resolve().parents[1]))
     result = subprocess.run([sys.executable, "-m", "common.export_check", str(folder)], capture_output=True,
                             text=True, env=env)

@@ -29,27 +29,20 @@ def guarded(prog: str, func, *args) -> int:
         return 2
 
 
-def installed_tensorflow() -> str:
-    """'tensorflow-cpu 2.20.0' (read from package metadata, nothing imported), or 'no TensorFlow'."""
-    from common.tpu_stack import TENSORFLOW_DISTRIBUTIONS, installed_versions
-
-    installed = installed_versions()
-    found = [f"{name} {installed[name]}" for name in TENSORFLOW_DISTRIBUTIONS if name in installed]
-    return ", ".join(found) or "no TensorFlow"
-
-
 def require_tf_keras() -> None:
     """hub.KerasLayer is a tf_keras (Keras 2) layer; TensorFlow >= 2.16 without tf-keras only has Keras 3, and the
     first `tf.keras` then fails inside TensorFlow's lazy loader. Checked from metadata, before TensorFlow loads."""
+    from common.tpu_stack import installed_tensorflow
+
     if importlib.util.find_spec("tf_keras") is not None:
         return
     tensorflow = installed_tensorflow()
     minor = ".".join(tensorflow.split(" ")[-1].split(".")[:2]) if tensorflow != "no TensorFlow" else "<TF major.minor>"
     raise StrategyError(
         f"tf_keras is not installed next to {tensorflow}; the training kernel needs it (hub.KerasLayer is a tf_keras "
-        f"layer). Fix: on a TPU, let the kernel install its stack (kaggle.tpu_wheels, or kaggle.train_internet=true); "
-        f"elsewhere `pip install --no-deps tf-keras=={minor}.*` (--no-deps: tf-keras would otherwise pull in the "
-        "`tensorflow` package over the installed one)")
+        "layer). Fix: on a TPU, let the kernel install its stack (kaggle.tpu_runtime=install with kaggle.tpu_wheels "
+        f"or kaggle.train_internet=true); elsewhere `pip install --no-deps tf-keras=={minor}.*` (--no-deps: tf-keras "
+        "would otherwise pull in the `tensorflow` package over the installed one)")
 
 
 def prepare_runtime(kernel: str, cfg, rerun) -> int | None:
@@ -60,7 +53,7 @@ def prepare_runtime(kernel: str, cfg, rerun) -> int | None:
     if detect_platform().kind == "kaggle-tpu-vm" and cfg.kaggle.tpu_runtime == "install":
         from common.tpu_stack import ensure_tpu_stack
 
-        code = ensure_tpu_stack(cfg.kaggle, cfg.kaggle.owner, rerun)
+        code = ensure_tpu_stack(cfg.kaggle, rerun)
         if code is not None:
             return code
     require_tf_keras()
@@ -77,13 +70,24 @@ def run_again(kernel: str, entry: str, config_path: str, bundle: str, env: dict[
     works whether the kernel runs as `python script.py` or inside a notebook's ipykernel."""
     code = (f"import sys; sys.path.insert(0, {bundle!r}); import common; from common.kernel import run_kernel; "
             f"sys.exit(run_kernel({kernel!r}, {entry!r}, {config_path!r}, {bundle!r}))")
-    child = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, **env}, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, bufsize=1)
-    err_thread = threading.Thread(target=_stream, args=(child.stderr, sys.stderr), daemon=True)
-    err_thread.start()
-    _stream(child.stdout, sys.stdout)
-    err_thread.join()
-    return child.wait()
+    child = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+    try:
+        err_thread = threading.Thread(target=_stream, args=(child.stderr, sys.stderr), daemon=True)
+        err_thread.start()
+        _stream(child.stdout, sys.stdout)
+        err_thread.join()
+        returncode = child.wait()
+    finally:
+        if child.poll() is None:  # interrupted (a notebook's stop button): the child must not keep the TPU
+            child.kill()
+    if returncode < 0:  # a signal, e.g. SIGABRT from a libtpu that does not fit this TensorFlow
+        print(f"{kernel}: error: the kernel's second interpreter (after the TPU stack install) was killed by signal "
+              f"{-returncode}. If it died at `import tensorflow`, libtpu and tensorflow-tpu do not fit: pin a libtpu "
+              "of 0.0.14-0.0.31 in kaggle.tpu_packages (0.0.32 and later abort with tensorflow-tpu 2.20)",
+              file=sys.stderr, flush=True)
+        return 2
+    return returncode
 
 
 def run_kernel(kernel: str, entry: str, config_path: str, bundle: str) -> int:

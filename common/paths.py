@@ -87,7 +87,7 @@ def find_kaggle_mount(name: str) -> Path | None:
         base = input_dir / kind
         if not base.is_dir():
             continue
-        for dirpath, dirnames, _ in os.walk(base):
+        for dirpath, dirnames, _ in os.walk(base, followlinks=True):  # an input may be a symlink; depth is capped
             relative = tuple(p.lower() for p in Path(dirpath).relative_to(base).parts)
             if relative and relative[-len(parts):] == parts:
                 matches.append(Path(dirpath))

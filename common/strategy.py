@@ -33,11 +33,11 @@ TPU_STACK_INSTALLED = (
 
 
 def _tpu_fix() -> str:
-    from common.tpu_stack import RERUN_ENV, installed_versions
+    from common.tpu_stack import installed_versions
 
-    if not os.environ.get(RERUN_ENV):
-        return TPU_NOT_VISIBLE_FIX
     installed = installed_versions()
+    if "tensorflow-tpu" not in installed:
+        return TPU_NOT_VISIBLE_FIX
     stack = ", ".join(f"{n} {installed.get(n, 'missing')}" for n in ("tensorflow-tpu", "libtpu", "tf-keras"))
     return TPU_STACK_INSTALLED.format(stack=stack)
 

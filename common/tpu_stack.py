@@ -1,9 +1,9 @@
 """The TPU stack of the training kernel, installed before TensorFlow is imported (DESIGN contract 7).
 
 Kaggle's TPU VM image (docker-python tpu/, since 2025-10) ships tensorflow-cpu 2.20.0, which sees no TPU. On TPU
-hardware without a TPU build of TensorFlow, the built training kernel installs the pinned stack (kaggle.tpu_packages)
-and runs itself once more in a fresh interpreter: a script kernel has no cell to restart, and a Python process cannot
-swap a TensorFlow it may already have loaded. Two routes, the attached one first:
+hardware whose environment is not the pinned stack (kaggle.tpu_packages, compared through package metadata), the
+built training kernel installs it and runs itself once more in a fresh interpreter: a script kernel has no cell to
+restart, and a Python process cannot swap a TensorFlow it may already have loaded. Two routes, the attached one first:
 
     offline  an attached dataset of wheels (kaggle.tpu_wheels, made by `tpu2gpu wheels`)   no internet needed
     online   the package index (kaggle.train_internet=true), downloaded into the temp folder first
@@ -41,7 +41,7 @@ TPU_PACKAGES = ("tensorflow-tpu==2.20.0", "libtpu==0.0.17", "tf-keras==2.20.1", 
 # Distributions that write the `tensorflow` package: any of them beside tensorflow-tpu may have overwritten its files.
 TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-intel", "tensorflow-tpu",
                             "tf-nightly", "tf-nightly-cpu", "tf-nightly-tpu")
-REQUIRED = ("tensorflow-tpu", "libtpu", "tf-keras")
+REQUIRED = ("tensorflow-tpu", "libtpu", "tf-keras")  # what kaggle.tpu_packages must pin
 RERUN_ENV = "TPU2GPU_TPU_STACK_INSTALLED"  # set in the interpreter that runs after the install: never install twice
 # Kaggle's TPU image platform, for `tpu2gpu wheels`.
 IMAGE_PYTHON = "3.12"
@@ -55,6 +55,16 @@ class TpuStackError(UserError, RuntimeError):
 def normalize(name: str) -> str:
     """PEP 503 name: tf_keras, TF-Keras and tf-keras are one distribution."""
     return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def same_version(a: str, b: str) -> bool:
+    """2.20 and 2.20.0 are one release (PEP 440 pads with zeros)."""
+    return re.sub(r"(\.0+)+$", "", a) == re.sub(r"(\.0+)+$", "", b)
+
+
+def wheels_ref(name: str, owner: str) -> str:
+    """kaggle.tpu_wheels as owner/slug: a bare slug is the owner's ('' stays ''; a /version is kept)."""
+    return name if not name or "/" in name else f"{owner}/{name}"
 
 
 def parse_pins(pins) -> dict[str, str]:
@@ -83,26 +93,19 @@ def installed_versions() -> dict[str, str]:
     return found
 
 
-def missing_tpu_build(installed: dict[str, str]) -> list[str]:
-    """Why this environment has no usable TPU stack (empty: it has one, e.g. an image that ships tensorflow-tpu)."""
-    reasons = []
-    if "tensorflow-tpu" not in installed:
-        others = [f"{n} {installed[n]}" for n in TENSORFLOW_DISTRIBUTIONS if n in installed]
-        reasons.append(f"TensorFlow is {', '.join(others) or 'not installed'}, not a TPU build")
-    else:
-        shadowing = [f"{n} {installed[n]}" for n in TENSORFLOW_DISTRIBUTIONS
-                     if n in installed and n != "tensorflow-tpu"]
-        if shadowing:
-            reasons.append(f"{', '.join(shadowing)} share(s) the `tensorflow` package with tensorflow-tpu")
-    reasons += [f"{name} is not installed" for name in ("libtpu", "tf-keras") if name not in installed]
-    return reasons
+def installed_tensorflow(installed: dict[str, str] | None = None) -> str:
+    """'tensorflow-cpu 2.20.0' (from package metadata, nothing imported), or 'no TensorFlow'."""
+    installed = installed_versions() if installed is None else installed
+    found = [f"{name} {installed[name]}" for name in TENSORFLOW_DISTRIBUTIONS if name in installed]
+    return ", ".join(found) or "no TensorFlow"
 
 
 def pin_mismatches(pins: dict[str, str], installed: dict[str, str]) -> list[str]:
-    """Pins the environment does not hold, and TensorFlow distributions other than tensorflow-tpu."""
-    wrong = [f"{name} {installed.get(name, 'missing')} (pinned {version})" for name, version in pins.items()
-             if installed.get(name) != version]
-    wrong += [f"{n} {installed[n]} (must be removed)" for n in TENSORFLOW_DISTRIBUTIONS
+    """How this environment differs from the pinned stack: pins not installed at their version, and TensorFlow
+    distributions other than tensorflow-tpu (they would share its `tensorflow` package). Empty: it is the stack."""
+    wrong = [f"{name} {installed.get(name, 'not installed')} (pinned {version})" for name, version in pins.items()
+             if not same_version(installed.get(name, ""), version)]
+    wrong += [f"{n} {installed[n]} (shares the `tensorflow` package; must go)" for n in TENSORFLOW_DISTRIBUTIONS
               if n in installed and n not in pins]
     return wrong
 
@@ -127,17 +130,21 @@ def _specs(pins: dict[str, str]) -> list[str]:
 def check_wheels(pins: dict[str, str], folder: Path) -> list[Path]:
     """The wheel file(s) of every pin in folder (any depth), each read through as a zip (CRC-checked)."""
     folder = Path(folder)
-    wheels: dict[tuple[str, str], list[Path]] = {}
+    found = []  # (name, version, path) from wheel file names: name-version(-build)?-python-abi-platform.whl
     for path in sorted(folder.rglob("*.whl")):
         parts = path.name[:-4].split("-")
         if len(parts) >= 5:
-            wheels.setdefault((normalize(parts[0]), parts[1]), []).append(path)
-    missing = [f"{n}=={v}" for n, v in pins.items() if (n, v) not in wheels]
+            found.append((normalize(parts[0]), parts[1], path))
+
+    def of(name: str, version: str) -> list[Path]:
+        return [path for n, v, path in found if n == name and same_version(v, version)]
+
+    missing = [f"{n}=={v}" for n, v in pins.items() if not of(n, v)]
     if missing:
-        held = sorted(p.name for group in wheels.values() for p in group)
+        held = sorted(path.name for *_, path in found)
         raise TpuStackError(f"the wheels in {folder} lack {missing} (it holds {held or 'no wheels'}). Fix: rebuild it "
                             "with `tpu2gpu wheels` for kaggle.tpu_packages and publish it as a new version")
-    chosen = [p for n, v in pins.items() for p in wheels[(n, v)]]
+    chosen = [p for n, v in pins.items() for p in of(n, v)]
     for path in chosen:
         try:
             with zipfile.ZipFile(path) as archive:
@@ -150,17 +157,22 @@ def check_wheels(pins: dict[str, str], folder: Path) -> list[Path]:
     return chosen
 
 
-def download_wheels(pins: dict[str, str], dest: Path, find_links: str = "", python: str = "",
-                    platforms: tuple[str, ...] = ()) -> Path:
-    """pip download of exactly the pins (no dependencies), for this interpreter or another python/platform."""
-    dest = Path(dest)
-    dest.mkdir(parents=True, exist_ok=True)
+def download_args(pins: dict[str, str], dest: Path, find_links: str = "", python: str = "",
+                  platforms: tuple[str, ...] = ()) -> list[str]:
+    """`pip download` of exactly the pins (no dependencies), for this interpreter or another python/platform."""
     args = ["download", "--no-deps", "--only-binary=:all:", "--dest", str(dest), *_specs(pins)]
     if python:
         args += ["--python-version", python, *(a for p in platforms for a in ("--platform", p))]
     if find_links:
         args += ["--find-links", find_links]
-    _pip(args, f"downloading {', '.join(_specs(pins))}")
+    return args
+
+
+def download_wheels(pins: dict[str, str], dest: Path, find_links: str = "", python: str = "",
+                    platforms: tuple[str, ...] = ()) -> Path:
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    _pip(download_args(pins, dest, find_links, python, platforms), f"downloading {', '.join(_specs(pins))}")
     check_wheels(pins, dest)
     return dest
 
@@ -168,8 +180,10 @@ def download_wheels(pins: dict[str, str], dest: Path, find_links: str = "", pyth
 def install_from(folder: Path, pins: dict[str, str]) -> list[str]:
     """Replace this environment's TensorFlow with the pinned TPU stack from the wheels in folder; returns what was
     uninstalled. Checked first (wheels present, sound, fitting this Python); only then is anything removed."""
-    check_wheels(pins, folder)
-    offline = ["--no-index", "--find-links", str(folder), "--no-deps"]
+    chosen = check_wheels(pins, folder)
+    # pip's --find-links lists one folder, not its sub-folders: name every folder that holds a chosen wheel.
+    offline = ["--no-index", "--no-deps", *(a for d in sorted({str(w.parent) for w in chosen})
+                                            for a in ("--find-links", d))]
     _pip(["install", "--dry-run", *offline, *_specs(pins)], f"checking the wheels in {folder} against this Python")
     installed = installed_versions()
     remove = [n for n in (*TENSORFLOW_DISTRIBUTIONS, "tf-keras") if n in installed]
@@ -183,40 +197,36 @@ def install_from(folder: Path, pins: dict[str, str]) -> list[str]:
     return [f"{n} {installed[n]}" for n in remove]
 
 
-def find_attached_wheels(name: str) -> Path | None:
+def find_attached_wheels(ref: str) -> Path | None:
+    """The attached wheels dataset, in either mount layout; 'owner/slug/3' (a pinned version) is mounted as its slug."""
     from common.paths import find_kaggle_mount
 
-    return find_kaggle_mount(name)
+    parts = ref.split("/")
+    return find_kaggle_mount("/".join(parts[:2] if len(parts) == 3 and parts[2].isdigit() else parts))
 
 
-def ensure_tpu_stack(kaggle_cfg, owner_default: str, rerun) -> int | None:
-    """On a TPU VM without a TPU build: install the pins and return rerun()'s exit code (the kernel, run again in a
-    fresh interpreter). None when there is nothing to do, so the caller goes on in this interpreter."""
+def ensure_tpu_stack(kaggle_cfg, rerun) -> int | None:
+    """Make this environment hold kaggle.tpu_packages: when it does not, install them and return rerun()'s exit code
+    (the kernel, run again in a fresh interpreter). None when there is nothing to do, so the caller goes on here."""
     pins = parse_pins(kaggle_cfg.tpu_packages)
-    installed = installed_versions()
+    wrong = pin_mismatches(pins, installed_versions())
     if os.environ.get(RERUN_ENV):  # we are the interpreter after the install: it must have taken
-        wrong = pin_mismatches(pins, installed)
         if wrong:
             raise TpuStackError("the TPU stack was installed, but this interpreter still finds: " + "; ".join(wrong))
         return None
-    reasons = missing_tpu_build(installed)
-    if not reasons:
-        print(f"[tpu] the image has a TPU stack: tensorflow-tpu {installed['tensorflow-tpu']}, libtpu "
-              f"{installed['libtpu']}, tf-keras {installed['tf-keras']}", flush=True)
+    if not wrong:
+        print(f"[tpu] the TPU stack is installed as pinned: {', '.join(_specs(pins))}", flush=True)
         return None
-    wheels_name = kaggle_cfg.tpu_wheels
-    if wheels_name and "/" not in wheels_name and owner_default:
-        wheels_name = f"{owner_default}/{wheels_name}"
-    attached = find_attached_wheels(wheels_name) if wheels_name else None
+    ref = wheels_ref(kaggle_cfg.tpu_wheels, kaggle_cfg.owner)
+    attached = find_attached_wheels(ref) if ref else None
     if attached is None and not kaggle_cfg.train_internet:
-        where = f"kaggle.tpu_wheels={kaggle_cfg.tpu_wheels!r} is not attached" if wheels_name else \
-            "kaggle.tpu_wheels is empty"
+        where = f"kaggle.tpu_wheels={kaggle_cfg.tpu_wheels!r} is not attached" if ref else "kaggle.tpu_wheels is empty"
         raise TpuStackError(
-            f"this TPU machine has no TPU build of TensorFlow ({'; '.join(reasons)}), and the kernel cannot install "
-            f"one: {where} and kaggle.train_internet is false. Fix: either attach the wheels (`tpu2gpu wheels --out "
-            "DIR`, publish DIR as a dataset, set kaggle.tpu_wheels to it and rebuild), or set "
-            "kaggle.train_internet=true and rebuild (pip installs from the package index)")
-    print(f"[tpu] no TPU build of TensorFlow here: {'; '.join(reasons)}", flush=True)
+            f"this TPU machine lacks the TPU stack ({installed_tensorflow()}; needs {', '.join(_specs(pins))}), and "
+            f"the kernel cannot install it: {where} and kaggle.train_internet is false. Fix: either attach the wheels "
+            "(`tpu2gpu wheels --out DIR`, `tpu2gpu publish-wheels --wheels DIR`, kaggle.tpu_wheels=<its slug>) and "
+            "rebuild, or set kaggle.train_internet=true and rebuild (pip installs from the package index)")
+    print(f"[tpu] installing the TPU stack: {'; '.join(wrong)}", flush=True)
     start = time.monotonic()
     if attached is not None:
         source, folder = f"the attached dataset {attached}", attached

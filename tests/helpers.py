@@ -81,15 +81,28 @@ def fake_wheel(folder: Path, name: str, version: str, files: dict[str, str], req
     return path
 
 
+# What the stand-in `tensorflow` package does on import when FAKE_TENSORFLOW is set: what a real one can do there.
+_FAKE_TENSORFLOW = """import os, signal
+BUILD = {distribution!r}
+if os.environ.get("FAKE_TENSORFLOW") == "exit":  # stands for the rest of the kernel: it got this far
+    raise SystemExit(BUILD + " imported by the kernel's second interpreter")
+if os.environ.get("FAKE_TENSORFLOW") == "abort":  # what a libtpu that does not fit tensorflow-tpu does (KAGGLE.md)
+    os.kill(os.getpid(), signal.SIGABRT)
+"""
+FAKE_TPU_PINS = ("tensorflow-tpu==2.20.0", "libtpu==0.0.21", "tf-keras==2.20.1", "tensorflow-hub==0.16.1")
+
+
 def tensorflow_wheel(folder: Path, distribution: str, version: str) -> Path:
-    return fake_wheel(folder, distribution, version, {"tensorflow/__init__.py": f"BUILD = {distribution!r}\n"})
+    files = {"tensorflow/__init__.py": _FAKE_TENSORFLOW.format(distribution=distribution)}
+    return fake_wheel(folder, distribution, version, files)
 
 
 def tpu_wheels(folder: Path) -> Path:
-    """Stand-ins for the default kaggle.tpu_packages: the files differ, the names, versions and dependencies match."""
+    """Stand-ins for a TPU stack pinned as FAKE_TPU_PINS: the files differ, the names, versions and dependencies
+    are the real ones (tf-keras depends on `tensorflow`, the trap)."""
     tensorflow_wheel(folder, "tensorflow-tpu", "2.20.0")
     fake_wheel(folder, "libtpu", "0.0.21", {"libtpu/__init__.py": ""})
-    fake_wheel(folder, "tf-keras", "2.20.1", {"tf_keras/__init__.py": ""}, requires=["tensorflow>=2.20"])
+    fake_wheel(folder, "tf-keras", "2.20.1", {"tf_keras/__init__.py": ""}, requires=["tensorflow<2.21,>=2.20"])
     fake_wheel(folder, "tensorflow-hub", "0.16.1", {"tensorflow_hub/__init__.py": ""}, requires=["tf-keras>=2.14.1"])
     return folder
 
@@ -114,6 +127,7 @@ class KaggleRecorder:
         competitions.CompetitionApiService/StartSubmissionUpload   bytes land in `uploads` under the file's name
       competitions.CompetitionApiService/CreateSubmission, CreateCodeSubmission   "Successfully submitted to <comp>"
       competitions.CompetitionApiService/GetSubmissionLimits      numAllowedNow `submissions_left`
+    `fail_uploads = True` answers every upload with 500 (the CLI prints "Upload unsuccessful" and exits 0).
     `fail = {"SaveKernel": (403, "Permission denied")}` answers that method with the status and Kaggle's JSON error
     body {"code", "message"} (the CLI prints the message to stderr and exits 1); a bare status (`{"SaveKernel": 500}`)
     answers with an empty body (the CLI prints "500 Server Error: ... for url: ..."). Other methods get a plain 404."""
@@ -136,6 +150,7 @@ class KaggleRecorder:
         self.datasets: dict[str, str] = {}
         self.submissions_left = 4
         self.fail: dict[str, int | tuple[int, str]] = {}
+        self.fail_uploads = False  # answer every blob upload (PUT) with 500
         self._upload_names: dict[str, str] = {}  # upload token -> file name
         recorder = self
 
@@ -206,6 +221,10 @@ class KaggleRecorder:
                     self.answer(200, answer)
 
             def do_PUT(self):  # the blob upload to a createUrl
+                if recorder.fail_uploads:
+                    self.read_body()
+                    self.answer(500, None)
+                    return
                 token = self.path.rsplit("/", 1)[-1]
                 recorder.uploads.append((recorder._upload_names.get(token, token), self.read_body()))
                 self.answer(200, {})

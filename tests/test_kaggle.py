@@ -11,7 +11,7 @@ import pytest
 from tpu2gpu import workflow
 from tpu2gpu.build import MetadataError, build
 
-from helpers import KaggleRecorder, read_csv, tpu_wheels
+from helpers import FAKE_TPU_PINS, KaggleRecorder, read_csv, tpu_wheels
 
 MODEL_HANDLE = "tpu2gpu/tiny-backbone/tensorflow2/demo/1"
 PROJECT = ["kaggle.owner=tester", "kaggle.competition=digit-comp", f"kaggle.model_sources=[{MODEL_HANDLE}]",
@@ -203,8 +203,25 @@ def test_failures_the_cli_exits_0_on_still_stop_the_workflow(tmp_path, recorder)
     assert not (tmp_path / "build" / "train" / workflow.PUSHED_NAME).exists()
 
 
+def test_a_failed_upload_stops_the_publish_and_the_submission(tmp_path, recorder, trained_export):
+    """The CLI prints "Upload unsuccessful" and "Could not submit to competition" and exits 0 (kaggle 2.2.4)."""
+    export = tmp_path / "export"
+    shutil.copytree(trained_export, export)
+    metadata = build(load_config(None, PROJECT), tmp_path / "build")["dataset"] / "dataset-metadata.json"
+    recorder.fail_uploads = True
+    with pytest.raises(workflow.WorkflowError, match="Upload unsuccessful"):
+        workflow.publish_export(export, metadata, "tester/tpu2gpu-model", "m")
+    (tmp_path / "submission.csv").write_text("id,label\nt000,3\n")
+    cfg = load_config(None, [*PROJECT, "kaggle.code_competition=false"])
+    with pytest.raises(workflow.WorkflowError, match="Could not submit to competition"):
+        workflow.submit(cfg, tmp_path / "build", 0, "m", tmp_path / "submission.csv")
+
+
 def test_publish_wheels_creates_then_versions_the_wheels_dataset(tmp_path, recorder, capsys):
     from tpu2gpu.cli import main
+
+    def flags(*overrides):  # the pins of the stand-in wheels
+        return globals()["flags"](f"kaggle.tpu_packages=[{','.join(FAKE_TPU_PINS)}]", *overrides)
 
     wheels = tpu_wheels(tmp_path / "tpu-wheels")
     assert main(["publish-wheels", "--wheels", str(wheels), *flags()]) == 2
@@ -345,6 +362,8 @@ def test_simulated_kaggle_run_of_both_built_kernels(tmp_path, demo_dir, tiny_bac
     export = kaggle / "working" / "export"
     card = json.loads((export / "fold0" / "model_card.json").read_text())
     assert card["complete"] and card["config"]["runtime"]["competition_dir"] == "digit-comp"
+    assert card["verification"]["environment"] == {"CUDA_VISIBLE_DEVICES": "-1", "TPU_LOAD_LIBRARY": "0",
+                                                   "TPU_SKIP_MDS_QUERY": "1"}  # the check ran on the CPU alone
     # The kernel's output is /kaggle/working: the export only. Records and checkpoints went to /kaggle/temp.
     assert sorted(p.name for p in (kaggle / "working").iterdir()) == ["__script__.py", "export"]
     assert (kaggle / "temp" / "tfrecords" / "manifest.json").is_file() and (kaggle / "temp" / "work").is_dir()

@@ -54,9 +54,10 @@ def test_tpu_hardware_that_tensorflow_cannot_see_is_an_error_not_a_cpu_fallback(
     assert "attach the wheels dataset (kaggle.tpu_wheels, made by `tpu2gpu wheels`) or set kaggle.train_internet=true" \
         in message
     assert "runtime.strategy=default" in message
-    monkeypatch.setenv("TPU2GPU_TPU_STACK_INSTALLED", "1")  # the interpreter the kernel re-ran after installing
-    with pytest.raises(StrategyError, match=r"The TPU stack is installed \(tensorflow-tpu missing, libtpu missing, "
-                       r"tf-keras 2\.21\.0\), but no TPU answered"):
+    installed = {"tensorflow-tpu": "2.20.0", "libtpu": "0.0.17", "tf-keras": "2.20.1"}  # after the stack install
+    monkeypatch.setattr("common.tpu_stack.installed_versions", lambda: installed)
+    with pytest.raises(StrategyError, match=r"The TPU stack is installed \(tensorflow-tpu 2\.20\.0, libtpu 0\.0\.17, "
+                       r"tf-keras 2\.20\.1\), but no TPU answered"):
         get_strategy("auto")
 
 

@@ -4,7 +4,7 @@ and the missing tf-keras error, run through real pip and the built kernel script
 The install is exercised with small stand-in wheels (a `tensorflow` package per TensorFlow distribution, so the
 real file collision between tensorflow-cpu, tensorflow and tensorflow-tpu happens in a throwaway venv). The same code
 on the real wheels, in Python 3.12 with tensorflow-cpu 2.20.0 like Kaggle's TPU image, is the `tpu_image` test at the
-end (downloads about 600 MB; `./dev test -m tpu_image`).
+end (downloads about 650 MB; `./dev test -m tpu_image`).
 """
 
 import os
@@ -14,16 +14,16 @@ import sys
 from pathlib import Path
 
 from common.config import load_config
-from common.tpu_stack import TpuStackError, check_wheels, missing_tpu_build, parse_pins, pin_mismatches
+from common.tpu_stack import TpuStackError, check_wheels, parse_pins, pin_mismatches
 
 import pytest
 
 from tpu2gpu.build import build
 
+from helpers import FAKE_TPU_PINS as PINS
 from helpers import fake_wheel, tensorflow_wheel, tpu_wheels
 
 REPO = Path(__file__).resolve().parents[1]
-PINS = ("tensorflow-tpu==2.20.0", "libtpu==0.0.21", "tf-keras==2.20.1", "tensorflow-hub==0.16.1")
 PROJECT = ["kaggle.owner=tester", "kaggle.competition=digit-comp", "kaggle.tpu_wheels=tpu-wheels",
            "kaggle.model_sources=[tpu2gpu/tiny-backbone/tensorflow2/demo/1]",
            "model.hub_handle=tpu2gpu/tiny-backbone/tensorflow2/demo/1", f"kaggle.tpu_packages=[{','.join(PINS)}]"]
@@ -42,6 +42,14 @@ def image_venv(tmp_path_factory):
     fake_wheel(image, "tf-keras", "2.21.0", {"tf_keras/__init__.py": ""}, requires=["tensorflow>=2.21"])
     subprocess.run([python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", *sorted(image.glob("*.whl"))],
                    check=True)
+    # The image's numpy (the kernel imports it before TensorFlow): this project's, same interpreter.
+    import sysconfig
+
+    site = Path(sysconfig.get_paths()["purelib"])
+    venv_site = next((root / "venv" / "lib").glob("python3*/site-packages"))
+    for entry in site.iterdir():
+        if entry.name == "numpy" or entry.name.startswith(("numpy-", "numpy.libs")):
+            (venv_site / entry.name).symlink_to(entry)
     return python
 
 
@@ -79,23 +87,24 @@ def test_pins_are_exact_and_name_the_stack():
         parse_pins(["tensorflow-tpu==2.20.0", "tf-keras==2.20.1"])
 
 
-def test_what_counts_as_a_tpu_stack():
-    kaggle_image = {"tensorflow-cpu": "2.20.0", "tensorflow": "2.21.0", "tf-keras": "2.21.0", "keras": "3.11.0"}
-    assert missing_tpu_build(kaggle_image) == [
-        "TensorFlow is tensorflow 2.21.0, tensorflow-cpu 2.20.0, not a TPU build", "libtpu is not installed"]
-    shadowed = {"tensorflow-tpu": "2.20.0", "tensorflow-cpu": "2.20.0", "libtpu": "0.0.21", "tf-keras": "2.20.1"}
-    assert missing_tpu_build(shadowed) == [
-        "tensorflow-cpu 2.20.0 share(s) the `tensorflow` package with tensorflow-tpu"]
-    clean = {"tensorflow-tpu": "2.18.0", "libtpu": "0.0.9", "tf-keras": "2.18.0"}
-    assert missing_tpu_build(clean) == []  # an image with its own TPU build is left alone
-    assert pin_mismatches(parse_pins(PINS), clean) == [
-        "tensorflow-tpu 2.18.0 (pinned 2.20.0)", "libtpu 0.0.9 (pinned 0.0.21)", "tf-keras 2.18.0 (pinned 2.20.1)",
-        "tensorflow-hub missing (pinned 0.16.1)"]
+def test_the_environment_is_compared_with_the_pins():
+    pins = parse_pins(PINS)
+    kaggle_image = {"tensorflow-cpu": "2.20.0", "tensorflow": "2.21.0", "tf-keras": "2.21.0", "keras": "3.11.0",
+                    "tensorflow-hub": "0.16.1"}
+    assert pin_mismatches(pins, kaggle_image) == [
+        "tensorflow-tpu not installed (pinned 2.20.0)", "libtpu not installed (pinned 0.0.21)",
+        "tf-keras 2.21.0 (pinned 2.20.1)", "tensorflow 2.21.0 (shares the `tensorflow` package; must go)",
+        "tensorflow-cpu 2.20.0 (shares the `tensorflow` package; must go)"]
+    stack = {"tensorflow-tpu": "2.20.0", "libtpu": "0.0.21", "tf-keras": "2.20.1", "tensorflow-hub": "0.16.1"}
+    assert pin_mismatches(pins, stack) == []
+    assert pin_mismatches(parse_pins(["tensorflow-tpu==2.20", "libtpu==0.0.21", "tf-keras==2.20.1"]), stack) == []
+    assert pin_mismatches(pins, {**stack, "libtpu": "0.0.17"}) == ["libtpu 0.0.17 (pinned 0.0.21)"]
 
 
 def test_wheel_folder_checks_name_the_missing_and_the_corrupt(tmp_path):
     folder = tpu_wheels(tmp_path / "wheels")
     assert len(check_wheels(parse_pins(PINS), folder)) == 4
+    assert len(check_wheels(parse_pins(["tensorflow-tpu==2.20", "libtpu==0.0.21", "tf-keras==2.20.1"]), folder)) == 3
     (folder / "libtpu-0.0.21-py3-none-any.whl").unlink()
     with pytest.raises(TpuStackError, match=r"lack \['libtpu==0\.0\.21'\] \(it holds \['tensorflow_hub"):
         check_wheels(parse_pins(PINS), folder)
@@ -110,7 +119,8 @@ def test_wheel_folder_checks_name_the_missing_and_the_corrupt(tmp_path):
 def test_install_replaces_every_tensorflow_with_the_tpu_build(image_venv, tmp_path):
     python = fresh_copy(image_venv, tmp_path)
     assert distributions(python) == {"tensorflow": "2.21.0", "tensorflow-cpu": "2.20.0", "tf-keras": "2.21.0"}
-    wheels = tpu_wheels(tmp_path / "wheels")
+    wheels = tmp_path / "wheels"
+    tpu_wheels(wheels / "nested" / "deeper")  # a dataset made from a zip may hold its files in sub-folders
     out = run_in(python, f"from common.tpu_stack import install_from, parse_pins; "
                          f"print(install_from({str(wheels)!r}, parse_pins({list(PINS)!r})))")
     assert out.returncode == 0, out.stderr
@@ -155,19 +165,23 @@ def test_the_kernel_installs_from_the_attached_wheels_and_runs_once_more(image_v
 import json, subprocess, sys
 from types import SimpleNamespace
 from common.tpu_stack import ensure_tpu_stack
-cfg = SimpleNamespace(tpu_packages={list(PINS)!r}, tpu_wheels="tpu-wheels", train_internet=False, tpu_find_links="")
+cfg = SimpleNamespace(tpu_packages={list(PINS)!r}, tpu_wheels="tpu-wheels", train_internet=False, tpu_find_links="",
+                      owner="tester")
 def rerun(env):
     check = "from common.tpu_stack import ensure_tpu_stack as e; import sys, json; " \\
             "cfg = json.loads(sys.argv[1]); from types import SimpleNamespace as N; " \\
-            "print('rerun:', e(N(**cfg), 'tester', None))"
+            "print('rerun:', e(N(**cfg), None))"
     return subprocess.run([sys.executable, "-c", check, json.dumps(vars(cfg))], env={{**__import__('os').environ,
                           **env}}).returncode
-print("exit", ensure_tpu_stack(cfg, "tester", rerun))
+print("exit", ensure_tpu_stack(cfg, rerun))
 """
     out = run_in(python, code, {"TPU2GPU_KAGGLE_ROOT": str(tmp_path / "kaggle")})
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
-    assert lines[0].startswith("[tpu] no TPU build of TensorFlow here: TensorFlow is tensorflow 2.21.0, tensorflow-cpu")
+    assert lines[0] == "[tpu] installing the TPU stack: tensorflow-tpu not installed (pinned 2.20.0); libtpu not " \
+        "installed (pinned 0.0.21); tf-keras 2.21.0 (pinned 2.20.1); tensorflow-hub not installed (pinned 0.16.1); " \
+        "tensorflow 2.21.0 (shares the `tensorflow` package; must go); tensorflow-cpu 2.20.0 (shares the " \
+        "`tensorflow` package; must go)"
     assert lines[1].startswith("[tpu] installed tensorflow-tpu==2.20.0, libtpu==0.0.21, tf-keras==2.20.1, "
                                "tensorflow-hub==0.16.1 from the attached dataset ")
     assert "removed tensorflow 2.21.0, tensorflow-cpu 2.20.0, tf-keras 2.21.0" in lines[1]
@@ -176,11 +190,10 @@ print("exit", ensure_tpu_stack(cfg, "tester", rerun))
     tensorflow_wheel(tmp_path / "more", "tensorflow-cpu", "2.20.0")
     run_in(python, f"import subprocess, sys; subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', "
                    f"'--no-deps', {str(next((tmp_path / 'more').glob('*.whl')))!r}], check=True)")
-    again = run_in(python, code.replace('print("exit", ensure_tpu_stack(cfg, "tester", rerun))',
-                                        'ensure_tpu_stack(cfg, "tester", None)'),
+    again = run_in(python, code.replace('print("exit", ensure_tpu_stack(cfg, rerun))', 'ensure_tpu_stack(cfg, None)'),
                    {"TPU2GPU_TPU_STACK_INSTALLED": "1"})
-    assert "the TPU stack was installed, but this interpreter still finds: tensorflow-cpu 2.20.0 (must be removed)" \
-        in again.stderr
+    assert "the TPU stack was installed, but this interpreter still finds: tensorflow-cpu 2.20.0 (shares the " \
+        "`tensorflow` package; must go)" in again.stderr
 
 
 def test_the_online_route_downloads_the_pins_and_names_one_the_index_lacks(image_venv, tmp_path):
@@ -191,8 +204,9 @@ def test_the_online_route_downloads_the_pins_and_names_one_the_index_lacks(image
     code = f"""
 from types import SimpleNamespace
 from common.tpu_stack import ensure_tpu_stack
-cfg = SimpleNamespace(tpu_packages={list(PINS)!r}, tpu_wheels="", train_internet=True, tpu_find_links="")
-print("exit", ensure_tpu_stack(cfg, "tester", lambda env: 0))
+cfg = SimpleNamespace(tpu_packages={list(PINS)!r}, tpu_wheels="", train_internet=True, tpu_find_links="",
+                      owner="tester")
+print("exit", ensure_tpu_stack(cfg, lambda env: 0))
 """
     env = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(index), "TMPDIR": str(tmp_path),
            "TPU2GPU_KAGGLE_ROOT": str(tmp_path / "kaggle")}
@@ -234,9 +248,10 @@ def test_tpu_kernel_without_a_route_names_both_before_reading_data(tmp_path):
     run = subprocess.run([sys.executable, "__script__.py"], cwd=kaggle / "working", env=env, capture_output=True,
                          text=True)
     assert run.returncode == 2, run.stdout[-2000:] + run.stderr[-2000:]
-    assert "train: error: this TPU machine has no TPU build of TensorFlow (TensorFlow is tensorflow 2.21.0, not a " \
-           "TPU build; libtpu is not installed), and the kernel cannot install one: kaggle.tpu_wheels is empty and " \
-           "kaggle.train_internet is false. Fix: either attach the wheels (`tpu2gpu wheels" in run.stderr
+    assert "train: error: this TPU machine lacks the TPU stack (tensorflow 2.21.0; needs tensorflow-tpu==2.20.0, " \
+           "libtpu==0.0.21, tf-keras==2.20.1, tensorflow-hub==0.16.1), and the kernel cannot install it: " \
+           "kaggle.tpu_wheels is empty and kaggle.train_internet is false. Fix: either attach the wheels (`tpu2gpu " \
+           "wheels" in run.stderr
     assert "or set kaggle.train_internet=true and rebuild" in run.stderr
     assert "Traceback" not in run.stderr and "=== environment ===" not in run.stdout  # before TensorFlow and data
 
@@ -314,7 +329,8 @@ def test_the_real_tpu_stack_replaces_the_images_tensorflow_and_the_kernel_runs_a
                             "tensorflow-hub==0.16.1, setuptools==80.10.2 from the attached dataset") == 1
     assert "removed tensorflow-cpu 2.20.0" in run.stdout
     # The second interpreter checked the pins, printed the run config and got as far as the TPU strategy.
-    assert run.stdout.count("[tpu] no TPU build") == 1 and run.stdout.count('"tpu_runtime": "install"') == 1
+    assert run.stdout.count("[tpu] installing the TPU stack: tensorflow-tpu not installed") == 1
+    assert run.stdout.count('"tpu_runtime": "install"') == 1
     assert "but TensorFlow 2.20.0 sees no TPU" in run.stderr and "The TPU stack is installed (tensorflow-tpu 2.20.0, " \
         "libtpu 0.0.17, tf-keras 2.20.1), but no TPU answered" in run.stderr
 
@@ -331,3 +347,25 @@ def test_the_real_tpu_stack_replaces_the_images_tensorflow_and_the_kernel_runs_a
     assert listed == "['keras', 'libtpu', 'tensorflow-hub', 'tensorflow-tpu', 'tf-keras']"  # no other TensorFlow
     assert versions.split()[0] == "2.20.0" and versions.split()[1].startswith("tf_keras")
     assert owned == "True"
+
+
+@pytest.mark.parametrize("second_interpreter", ["exit", "abort"])
+def test_the_built_kernel_installs_and_hands_over_to_its_second_interpreter(image_venv, tmp_path, second_interpreter):
+    """The built train.py on a simulated TPU VM: it installs the attached (stand-in) stack, runs itself again, and
+    passes the second interpreter's output and exit code through; a second interpreter killed by a signal (what an
+    unfit libtpu does at `import tensorflow`) is a named error."""
+    python = fresh_copy(image_venv, tmp_path)
+    folders = build(load_config(None, PROJECT), tmp_path / "build")
+    kaggle, env = simulated_kaggle(tmp_path, folders["train"] / "train.py")
+    tpu_wheels(kaggle / "input" / "datasets" / "tester" / "tpu-wheels")
+    env.update(ISTPUVM="1", FAKE_TENSORFLOW=second_interpreter)
+    run = subprocess.run([python, "__script__.py"], cwd=kaggle / "working", env=env, capture_output=True, text=True)
+    assert run.stdout.count("[tpu] installed tensorflow-tpu==2.20.0, libtpu==0.0.21, tf-keras==2.20.1, "
+                            "tensorflow-hub==0.16.1 from the attached dataset") == 1, run.stdout + run.stderr
+    if second_interpreter == "exit":
+        assert run.returncode == 1  # the second interpreter's own exit code
+        assert "tensorflow-tpu imported by the kernel's second interpreter" in run.stderr
+    else:
+        assert run.returncode == 2
+        assert "train: error: the kernel's second interpreter (after the TPU stack install) was killed by signal 6" \
+            in run.stderr and "pin a libtpu of 0.0.14-0.0.31 in kaggle.tpu_packages" in run.stderr

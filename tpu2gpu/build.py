@@ -26,6 +26,7 @@ from pathlib import Path
 from common.atomic import staged_dir
 from common.config import Config, config_to_dict
 from common.errors import UserError
+from common.tpu_stack import TpuStackError, parse_pins, wheels_ref
 
 from slugify import slugify
 
@@ -111,12 +112,6 @@ def validate_dataset_metadata(meta: dict) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- reachability
-def wheels_dataset(cfg: Config) -> str:
-    """kaggle.tpu_wheels as owner/slug ('' when unset): a bare slug is in kaggle.owner's name."""
-    name = cfg.kaggle.tpu_wheels
-    return name if not name or "/" in name else f"{cfg.kaggle.owner}/{name}"
-
-
 def _attached_as_dataset(cfg: Config, name: str) -> bool:
     refs = [source.split("/") for source in cfg.kaggle.dataset_sources]
     return any(name.strip("/") in ("/".join(ref[:2]), ref[1]) for ref in refs if len(ref) >= 2)
@@ -165,6 +160,11 @@ def unreachable(cfg: Config) -> list[str]:
     elif not (data.startswith(("gs://", "/kaggle/input/")) or data == k.competition or _attached_as_dataset(cfg, data)):
         problems.append(f"{key}={data!r} is not attached to the training kernel. Fix: name the competition "
                         "(kaggle.competition) or a dataset listed in kaggle.dataset_sources (owner/slug or slug)")
+    if k.train_accelerator in TPU_SHAPES and k.tpu_runtime == "install":
+        try:
+            parse_pins(k.tpu_packages)
+        except TpuStackError as err:
+            problems.append(str(err))
     if k.train_accelerator in TPU_SHAPES and k.tpu_runtime == "install" and not (k.tpu_wheels or k.train_internet):
         problems.append(
             "the training kernel runs on a TPU (kaggle.train_accelerator=" + k.train_accelerator + "), whose Kaggle "
@@ -189,6 +189,7 @@ def _fill(template, values: dict):
 
 def template_values(cfg: Config) -> dict:
     k = cfg.kaggle
+    wheels = wheels_ref(k.tpu_wheels, k.owner)  # attached to the training kernel: the TPU stack's offline route
     dataset = f"{k.owner}/{k.model_dataset}" + (f"/{k.dataset_version}" if k.dataset_version else "")
     return {
         "owner": k.owner, "train_kernel": k.train_kernel, "infer_kernel": k.infer_kernel,
@@ -198,7 +199,7 @@ def template_values(cfg: Config) -> dict:
         "dataset_title": k.dataset_title or k.model_dataset.replace("-", " "),
         "train_internet": k.train_internet, "infer_internet": k.infer_internet,
         "train_accelerator": k.train_accelerator, "infer_accelerator": k.infer_accelerator,
-        "train_dataset_sources": [*k.dataset_sources, *([wheels_dataset(cfg)] if wheels_dataset(cfg) else [])],
+        "train_dataset_sources": list(dict.fromkeys([*k.dataset_sources, *filter(None, [wheels])])),
         "infer_dataset_sources": [dataset],
         "competition_sources": [k.competition] if k.competition else [], "model_sources": list(k.model_sources),
     }
@@ -208,7 +209,7 @@ def kernel_config(cfg: Config, kernel: str) -> dict:
     """The project config as the kernel runs it on Kaggle: inputs by their attached names, output in /kaggle/working.
     The inference kernel gets the model dataset as its exports, and keeps runtime.tfrecords only when that is the
     competition's own data (the only input attached to both kernels)."""
-    runtime = dataclasses.replace(cfg.runtime, output_dir="",
+    runtime = dataclasses.replace(cfg.runtime, output_dir="", scratch_dir="",
                                   competition_dir=cfg.kaggle.competition or cfg.runtime.competition_dir)
     run = dataclasses.replace(cfg, runtime=runtime)
     if kernel == "infer":

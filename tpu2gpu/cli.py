@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
 import common  # noqa: F401  (environment bootstrap first)
 from common.config import format_config, load_config
 from common.errors import UserError
+from common.tpu_stack import IMAGE_PYTHON
 
 DEFAULT_DEMO_DIR = Path("runs/demo/competition")
 
@@ -129,9 +131,9 @@ def cmd_publish(args) -> int:
 
 
 def _wheels_dataset(cfg) -> str:
-    from tpu2gpu.build import wheels_dataset
+    from common.tpu_stack import wheels_ref
 
-    ref = wheels_dataset(cfg)
+    ref = wheels_ref(cfg.kaggle.tpu_wheels, cfg.kaggle.owner)
     if not ref:
         raise UserError("kaggle.tpu_wheels is empty: set it to the slug of the wheels dataset, e.g. "
                         "--set kaggle.tpu_wheels=tpu2gpu-tpu-wheels")
@@ -140,7 +142,7 @@ def _wheels_dataset(cfg) -> str:
 
 def cmd_wheels(args) -> int:
     from common.atomic import staged_dir
-    from common.tpu_stack import IMAGE_PLATFORMS, download_wheels, parse_pins
+    from common.tpu_stack import IMAGE_PLATFORMS, download_args, download_wheels, parse_pins
 
     from tpu2gpu.build import validate_dataset_metadata
 
@@ -153,9 +155,8 @@ def cmd_wheels(args) -> int:
     print(f"[wheels] {', '.join(f'{n}=={v}' for n, v in pins.items())} for Python {args.python} ({platforms[0]}, ...)"
           f" into {args.out}", flush=True)
     if args.dry_run:
-        print("$ " + " ".join(["pip", "download", "--no-deps", "--only-binary=:all:", "--dest", args.out,
-                               *(f"{n}=={v}" for n, v in pins.items()), "--python-version", args.python,
-                               *(a for p in platforms for a in ("--platform", p))]))
+        print("$ " + shlex.join(["pip", *download_args(pins, Path(args.out), cfg.kaggle.tpu_find_links, args.python,
+                                                        platforms)]))
         return 0
     with staged_dir(Path(args.out), overwrite=args.overwrite) as tmp:
         download_wheels(pins, tmp, cfg.kaggle.tpu_find_links, args.python, platforms)
@@ -277,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "into a dataset folder")
     _add_config_flags(p)
     p.add_argument("--out", default="build/tpu-wheels", help="dataset folder to write (default: %(default)s)")
-    p.add_argument("--python", default="3.12", help="the TPU image's Python (default: %(default)s)")
+    p.add_argument("--python", default=IMAGE_PYTHON, help="the TPU image's Python (default: %(default)s)")
     p.add_argument("--platform", action="append", default=[], help="pip --platform tags (repeatable; default: "
                    "manylinux x86_64 tags)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing folder")

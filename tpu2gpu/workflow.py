@@ -38,7 +38,8 @@ def kaggle_executable() -> str:
 
 # Failures the kaggle CLI (2.2.4) prints but exits 0 on (kaggle_api_extended.py), and sources it silently dropped.
 _SILENT_FAILURES = re.compile(r"^(Kernel push error|Dataset creation error|Dataset version creation error|"
-                              r"The following are not valid .* sources)", re.M)
+                              r"The following are not valid .* sources|Upload unsuccessful|"
+                              r"Could not submit to competition|Could not find competition)", re.M)
 PUSHED_NAME = "pushed.json"
 
 
