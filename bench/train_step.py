@@ -26,6 +26,7 @@ import common  # noqa: F401,E402
 from common.config import Config, load_config  # noqa: E402
 from common.data import make_train_dataset  # noqa: E402
 from common.model import build_model, compile_model  # noqa: E402
+from common.tasks import TASKS, training_target  # noqa: E402
 from common.tfrecords import convert_competition, split_files  # noqa: E402
 
 import tensorflow as tf  # noqa: E402
@@ -49,13 +50,14 @@ def main() -> None:
     train_files, _ = split_files(manifest, str(tmp / "records"), fold=0)
     backbone = save_tiny_backbone(tmp / "backbone", width=args.width)
     cfg = load_config(None, [f"model.hub_handle={backbone}", f"data.image_size={args.image_size}"])
-    dataset = make_train_dataset(train_files, cfg.data, args.batch, seed=0)
+    dataset = make_train_dataset(train_files, cfg.data, args.batch,
+                                 lambda labels: training_target(TASKS["multiclass"], labels, 10, None), seed=0)
 
     models = {}
     for spe in (1, args.n):
         tf.keras.utils.set_random_seed(0)
         model = build_model(cfg.model, 10, args.image_size)
-        compile_model(model, load_config(None, [f"train.steps_per_execution={spe}"]).train, 10, 1e-3)
+        compile_model(model, load_config(None, [f"train.steps_per_execution={spe}"]).train, TASKS["multiclass"], 1e-3)
         model.fit(dataset, steps_per_epoch=args.n, epochs=1, verbose=0)  # trace, compile, warm the pipeline
         models[spe] = model
 

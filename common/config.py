@@ -26,16 +26,19 @@ from common.tpu_stack import TPU_PACKAGES
 
 @dataclass
 class DataConfig:
+    task: Literal["multiclass", "binary", "multilabel", "regression"] = "multiclass"  # see common/tasks.py
     # Kaggle-style competition folder (read by `tpu2gpu tfrecords`, the training and the inference kernel).
     train_csv: str = "train.csv"  # CSV of training ids and labels, in the competition folder
     train_images: str = "train"  # folder of training images (JPEG/PNG named <id> or <id>.<ext>)
     test_images: str = "test"  # folder of test images
     test_csv: str = "sample_submission.csv"  # test ids, their order and the submission's columns
     id_column: str = "id"  # id column of the CSVs
-    label_column: str = "label"  # label column of train.csv (strings or integers)
+    label_column: str = "label"  # label column of train.csv: class, 0/1, space-separated labels or a number by task
+    label_columns: tuple[str, ...] = ()  # multilabel given as one 0/1 column per class (instead of label_column)
+    group_column: str = ""  # e.g. patient id: folds keep each group whole (StratifiedGroupKFold)
     # TFRecord schema: feature names inside each tf.train.Example.
     image_feature: str = "image"  # encoded JPEG/PNG bytes
-    label_feature: str = "label"  # int64 class index (Kaggle's Flowers records: class)
+    label_feature: str = "label"  # class index / 0-1 (int64), multi-hot (int64 list) or value (float) by task
     id_feature: str = "id"  # sample id bytes
     # Only for TFRecords without a tpu2gpu manifest (e.g. Kaggle's Flowers records).
     class_names: tuple[str, ...] = ()  # class list in label-index order
@@ -86,6 +89,10 @@ class TrainConfig:
     steps_per_execution: int = 32  # training steps per host round trip (tf.function call)
     loop: Literal["fit", "custom"] = "fit"  # Keras fit, or the custom strategy.run loop
     label_smoothing: float = 0.0  # cross-entropy label smoothing
+    metric: str = ""  # competition metric on the validation fold; "" = the task's default (common/tasks.py)
+    keep: Literal["best", "last"] = "best"  # export the epoch with the best train.metric, or the last epoch
+    ema: float = 0.0  # > 0: export the optimiser's moving average of the weights with this momentum (e.g. 0.999)
+    early_stopping: int = 0  # > 0: stop a fold after this many epochs without a better train.metric
     fold: int = 0  # fold to train; -1 = every fold in turn
     precision: Literal["auto", "float32", "mixed_bfloat16", "mixed_float16"] = "auto"  # auto: bf16 TPU, fp16 GPU
     time_budget_hours: float = 8.25  # stop training in time to export (a 9 h Kaggle session minus a margin)

@@ -2,9 +2,9 @@
 
     parse_record -> decode_image (JPEG/PNG -> uint8 [S, S, 3]) -> augment (training only) -> batch -> prefetch
 
-    train = make_train_dataset(train_files, cfg.data, global_batch)                 # endless, shuffled, augmented
+    train = make_train_dataset(train_files, cfg.data, global_batch, to_target)      # endless, shuffled, augmented
     train = strategy.distribute_datasets_from_function(
-        lambda ctx: make_train_dataset(train_files, cfg.data, global_batch, input_context=ctx))
+        lambda ctx: make_train_dataset(train_files, cfg.data, global_batch, to_target, input_context=ctx))
     test = make_eval_dataset(test_files, schema, cfg.data.image_size, 256, labeled=False)  # ordered, every id once
 
 Images stay uint8 to the model: 4x less host-to-TPU traffic than float32, and exactly what the exported serving
@@ -26,12 +26,14 @@ def parse_record(serialized: tf.Tensor, schema: RecordSchema, labeled: bool) -> 
         schema.image: tf.io.FixedLenFeature([], tf.string),
         schema.id: tf.io.FixedLenFeature([], tf.string, default_value=""),
     }
-    if labeled:
-        features[schema.label] = tf.io.FixedLenFeature([], tf.int64)
+    floats = schema.label_dtype == "float32"
+    if labeled:  # a scalar (class index, 0/1, value) or a multi-hot list (common/tasks.py)
+        shape = [schema.label_size] if schema.label_size else []
+        features[schema.label] = tf.io.FixedLenFeature(shape, tf.float32 if floats else tf.int64)
     example = tf.io.parse_single_example(serialized, features)
     record = {"image": example[schema.image], "id": example[schema.id]}
     if labeled:
-        record["label"] = tf.cast(example[schema.label], tf.int32)
+        record["label"] = tf.cast(example[schema.label], tf.float32 if floats else tf.int32)
     return record
 
 
@@ -80,14 +82,16 @@ def _check_files(files) -> list[str]:
     return files
 
 
-def make_train_dataset(files, data_cfg, batch_size: int, input_context: tf.distribute.InputContext | None = None,
+def make_train_dataset(files, data_cfg, batch_size: int, to_target=None, schema: RecordSchema | None = None,
+                       input_context: tf.distribute.InputContext | None = None,
                        seed: int | None = None) -> tf.data.Dataset:
-    """Endless (image uint8 [B,S,S,3], label int32 [B]) batches: parallel non-deterministic reads, shuffled, augmented.
+    """Endless (image uint8 [B,S,S,3], target) batches: parallel non-deterministic reads, shuffled, augmented.
 
+    to_target maps a batch of labels to the loss's targets (common.tasks.training_target); None keeps the labels.
     batch_size is the global batch; with an input_context (distribute_datasets_from_function) each input pipeline
-    reads its share of the files and batches per replica."""
+    reads its share of the files and batches per replica. schema defaults to the config's."""
     files = _check_files(files)
-    schema = schema_from_config(data_cfg)
+    schema = schema or schema_from_config(data_cfg)
     records = tf.data.Dataset.from_tensor_slices(files)
     if input_context is not None:
         batch_size = input_context.get_per_replica_batch_size(batch_size)
@@ -111,6 +115,8 @@ def make_train_dataset(files, data_cfg, batch_size: int, input_context: tf.distr
     dataset = records.map(to_example, num_parallel_calls=AUTOTUNE, deterministic=False)
     # drop_remainder keeps the batch dimension static, which XLA on TPU requires.
     dataset = dataset.batch(batch_size, drop_remainder=True)
+    if to_target is not None:
+        dataset = dataset.map(lambda images, labels: (images, to_target(labels)), num_parallel_calls=AUTOTUNE)
     options = tf.data.Options()
     options.deterministic = False
     return dataset.with_options(options).prefetch(AUTOTUNE)
@@ -134,7 +140,8 @@ def make_eval_dataset(files, schema: RecordSchema, image_size: int, batch_size: 
 
 
 def read_ids_and_labels(files, schema: RecordSchema, labeled: bool) -> tuple[list[str], np.ndarray | None]:
-    """Ids (and labels) of every record, in make_eval_dataset's order, without decoding a single image."""
+    """Ids (and labels, in the task's label form) of every record, in make_eval_dataset's order, without decoding
+    a single image."""
     records = tf.data.TFRecordDataset(_check_files(files))
     batches = records.map(lambda r: parse_record(r, schema, labeled), num_parallel_calls=AUTOTUNE,
                           deterministic=True).batch(4096)
@@ -159,6 +166,7 @@ def make_image_file_dataset(paths, ids, image_size: int, batch_size: int) -> tf.
     return dataset.map(load, num_parallel_calls=AUTOTUNE, deterministic=True).batch(batch_size).prefetch(AUTOTUNE)
 
 
-def images_and_labels(dataset: tf.data.Dataset) -> tf.data.Dataset:
-    """(image, label) pairs from eval-dataset dicts, the form Keras fit/evaluate take."""
-    return dataset.map(lambda batch: (batch["image"], batch["label"]))
+def images_and_labels(dataset: tf.data.Dataset, to_target=None) -> tf.data.Dataset:
+    """(image, label) pairs from eval-dataset dicts, the form Keras fit/evaluate take; to_target as in training."""
+    convert = to_target or (lambda labels: labels)
+    return dataset.map(lambda batch: (batch["image"], convert(batch["label"])))

@@ -1,16 +1,17 @@
 """The train -> infer contract: an export folder that a GPU kernel with another TensorFlow version can load.
 
     export/fold0/
-      saved_model/         serving_default: images uint8 [N, S, S, 3] (RGB 0..255) -> probabilities float32 [N, K]
+      saved_model/         serving_default: images uint8 [N, S, S, 3] (RGB 0..255) -> predictions float32 [N, K]
+                           (the card's task: class probabilities, P(1), a probability per label, or the value)
       model_card.json      class names, image size, input/output schema, record schema, config, metrics, versions
-      verify_batch.npz     a few validation images and the probabilities the exported model must give for them
+      verify_batch.npz     a few validation images and the predictions the exported model must give for them
       history.csv, *.png   training curves and the confusion matrix
 
     write_export(export_dir, float32_model, card, verify_images, extra_files)   # training kernel
     card, predict = load_export(export_dir)                                       # inference kernel
 
 The folder is written to a hidden temporary name, reloaded in a fresh Python process in which importing tf_keras or
-tensorflow_hub fails, its probabilities compared with the in-memory model's (max abs difference < 1e-4), and only then
+tensorflow_hub fails, its predictions compared with the in-memory model's (max abs difference < 1e-4), and only then
 marked complete (card "complete": true) and renamed into place. Loading needs TensorFlow alone.
 """
 
@@ -30,7 +31,8 @@ from common.errors import DataError
 import numpy as np
 import tensorflow as tf
 
-EXPORT_FORMAT = "tpu2gpu-export/1"
+EXPORT_FORMAT = "tpu2gpu-export/2"  # 2: task-typed predictions (common/tasks.py); 1 had class probabilities only
+OUTPUT_NAME = "predictions"
 CARD_NAME = "model_card.json"
 SAVED_MODEL_DIR = "saved_model"
 VERIFY_NAME = "verify_batch.npz"
@@ -41,7 +43,7 @@ BLOCKED_IN_CHECK = ("tf_keras", "tensorflow_hub")
 
 
 class ExportError(DataError):
-    """An export that is missing, incomplete, or does not reproduce its own probabilities."""
+    """An export that is missing, incomplete, or does not reproduce its own predictions."""
 
 
 def library_versions() -> dict[str, str]:
@@ -52,14 +54,19 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
-def _serving_module(models: dict[str, tf.keras.Model], image_size: int) -> tf.Module:
-    """One tf.function per precision, each taking uint8 images and returning float32 probabilities."""
+def _serving_module(models: dict[str, tf.keras.Model], image_size: int,
+                    output_scaling: dict | None = None) -> tf.Module:
+    """One tf.function per precision, each taking uint8 images and returning float32 predictions; regression outputs
+    are de-standardised in the graph (output_scaling), so the export predicts the value itself."""
     module = tf.Module()
     module.models = models  # tracked: their variables are saved
     spec = tf.TensorSpec([None, image_size, image_size, 3], tf.uint8, name="images")
     def serving_function(model):
         def serve(images):
-            return {"probabilities": tf.cast(model(images, training=False), tf.float32)}
+            outputs = tf.cast(model(images, training=False), tf.float32)
+            if output_scaling:
+                outputs = outputs * output_scaling["std"] + output_scaling["mean"]
+            return {OUTPUT_NAME: outputs}
 
         return tf.function(serve, input_signature=[spec])
 
@@ -69,7 +76,8 @@ def _serving_module(models: dict[str, tf.keras.Model], image_size: int) -> tf.Mo
 
 
 def write_export(export_dir: str | Path, model: tf.keras.Model, card: dict, verify_images: np.ndarray,
-                 extra_files: dict[str, Path] | None = None, float16_model: tf.keras.Model | None = None) -> dict:
+                 extra_files: dict[str, Path] | None = None, float16_model: tf.keras.Model | None = None,
+                 output_scaling: dict | None = None) -> dict:
     """Save, reload in a fresh process, compare, then publish export_dir (replacing an older one). Returns the card.
 
     `model` must compute in float32 (see inference_copy): the export has to run on GPUs without bfloat16.
@@ -78,13 +86,15 @@ def write_export(export_dir: str | Path, model: tf.keras.Model, card: dict, veri
     export_dir = Path(export_dir)
     image_size = int(card["image_size"])
     expected = model(tf.constant(verify_images), training=False).numpy().astype(np.float32)
+    if output_scaling:
+        expected = expected * np.float32(output_scaling["std"]) + np.float32(output_scaling["mean"])
     with staged_dir(export_dir, overwrite=True) as tmp:
         models = {"float32": model, **({"float16": float16_model} if float16_model is not None else {})}
-        module = _serving_module(models, image_size)
+        module = _serving_module(models, image_size, output_scaling)
         tf.saved_model.save(module, str(tmp / SAVED_MODEL_DIR),
                             signatures={SIGNATURES[p]: getattr(module, SIGNATURES[p]) for p in models},
                             options=tf.saved_model.SaveOptions(experimental_io_device="/job:localhost"))
-        np.savez(tmp / VERIFY_NAME, images=verify_images, probabilities=expected)
+        np.savez(tmp / VERIFY_NAME, images=verify_images, predictions=expected)
         for name, source in (extra_files or {}).items():
             if Path(source).is_file():
                 shutil.copyfile(source, tmp / name)
@@ -137,14 +147,17 @@ def read_card(export_dir: str | Path) -> dict:
         raise ExportError(f"{export_dir} holds no {CARD_NAME}: it is not a tpu2gpu export. Fix: point the inference "
                           "kernel at the folder the training kernel exported (e.g. export/fold0)")
     card = json.loads(path.read_text())
-    if card.get("format") != EXPORT_FORMAT or card.get("complete") is not True:
+    if card.get("format") != EXPORT_FORMAT:
+        raise ExportError(f"{export_dir} is a {card.get('format')!r} export; this code reads {EXPORT_FORMAT}. Fix: "
+                          "export it again with this version of the training kernel")
+    if card.get("complete") is not True:
         raise ExportError(f"{export_dir} is not marked complete (an interrupted or failed export). Fix: run the "
                           "training kernel again, or attach a complete export")
     return card
 
 
 def load_export(export_dir: str | Path, precision: str = "float32"):
-    """(card, predict): predict(uint8 images [N, S, S, 3]) -> float32 probabilities [N, K], computed in `precision`
+    """(card, predict): predict(uint8 images [N, S, S, 3]) -> float32 predictions [N, K], computed in `precision`
     (float32, or float16 where the export offers it). TensorFlow only."""
     card = read_card(export_dir)
     offered = card.get("precisions", {"float32": "serving_default"})
@@ -156,7 +169,7 @@ def load_export(export_dir: str | Path, precision: str = "float32"):
     serve = loaded.signatures[offered[precision]]
 
     def predict(images) -> tf.Tensor:
-        return serve(images=tf.convert_to_tensor(images, tf.uint8))["probabilities"]
+        return serve(images=tf.convert_to_tensor(images, tf.uint8))[OUTPUT_NAME]
 
     predict.loaded = loaded  # keeps the variables alive as long as predict is
     return card, predict
@@ -169,13 +182,15 @@ def check_export(folder: str) -> dict[str, float]:
     batch = np.load(Path(folder) / VERIFY_NAME)
     diffs = {}
     for precision, signature in card["precisions"].items():
-        probs = loaded.signatures[signature](images=tf.constant(batch["images"]))["probabilities"]
-        if probs.dtype != tf.float32 or probs.shape[-1] != len(card["class_names"]):
-            raise SystemExit(f"{signature} gives {probs.dtype.name} {probs.shape}, not float32 [N, "
-                             f"{len(card['class_names'])}]")
-        diffs[precision] = float(np.max(np.abs(probs.numpy() - batch["probabilities"])))
+        outputs = loaded.signatures[signature](images=tf.constant(batch["images"]))[OUTPUT_NAME]
+        width = card["output"]["shape"][-1]
+        if outputs.dtype != tf.float32 or outputs.shape[-1] != width:
+            raise SystemExit(f"{signature} gives {outputs.dtype.name} {outputs.shape}, not float32 [N, {width}]")
+        # Regression values can be large: the tolerance is relative to the values' scale.
+        scale = max(1.0, float(np.max(np.abs(batch["predictions"]))))
+        diffs[precision] = float(np.max(np.abs(outputs.numpy() - batch["predictions"]))) / scale
         tolerance = VERIFY_TOLERANCE if precision == "float32" else FLOAT16_TOLERANCE
         if not diffs[precision] < tolerance:
-            raise SystemExit(f"{signature}: reloaded probabilities differ by {diffs[precision]:.2e} (tolerance "
+            raise SystemExit(f"{signature}: reloaded predictions differ by {diffs[precision]:.2e} (tolerance "
                              f"{tolerance:.0e})")
     return diffs

@@ -3,8 +3,8 @@ validated submission.csv. TensorFlow only: no tf_keras, no tensorflow_hub, no tr
 
     exports = find_exports(["model-dataset"])                      # every export/fold<k> under it
     models = [load_export(e) for e in exports]                     # (card, predict) pairs
-    probs = ensemble_probabilities(models, batches, tta=["flip_left_right"], strategy=strategy)
-    rows = submission_rows(template, ids, probs, class_names)     # validated, in sample_submission order
+    ids, predictions = ensemble_probabilities(models, batches, tta=["flip_left_right"], strategy=strategy)
+    rows = submission_rows(template, ids, predictions, task, class_names, thresholds)   # validated, template order
     write_csv_atomically(out / "submission.csv", template.header, rows)
 """
 
@@ -20,6 +20,7 @@ from pathlib import Path
 from common.errors import DataError
 from common.export import CARD_NAME, ExportError
 from common.paths import kaggle_input_dir, resolve_data_path
+from common.tasks import Task, check_template_values, output_names, submission_value
 
 import numpy as np
 import tensorflow as tf
@@ -64,12 +65,23 @@ def find_exports(names_or_paths) -> list[Path]:
 
 
 def check_same_classes(cards: list[dict], exports: list[Path]) -> list[str]:
-    names = cards[0]["class_names"]
+    """Exports are averaged: they must be of one task and one class list."""
+    names, task = cards[0]["class_names"], cards[0]["task"]
     for card, export in zip(cards[1:], exports[1:], strict=True):
+        if card["task"] != task:
+            raise ExportError(f"{export} is a {card['task']} model but {exports[0]} a {task} one: they cannot be "
+                              "averaged")
         if card["class_names"] != names:
             raise ExportError(f"{export} predicts classes {card['class_names'][:5]}... but {exports[0]} predicts "
                               f"{names[:5]}...: exports of different class lists cannot be averaged")
     return list(names)
+
+
+def ensemble_thresholds(cards: list[dict]) -> list[float] | None:
+    """Multilabel thresholds: each fold's were chosen on its own out-of-fold predictions; the ensemble uses their
+    mean (the ensemble's predictions are the mean of the folds')."""
+    chosen = [card["thresholds"] for card in cards if card.get("thresholds")]
+    return [float(v) for v in np.mean(chosen, axis=0)] if chosen else None
 
 
 def inference_precision(setting: str, cards: list[dict]) -> str:
@@ -112,19 +124,17 @@ def read_template(csv_path: Path, id_column: str) -> SubmissionTemplate:
     return SubmissionTemplate(header, [r[id_column] for r in rows], id_column, label_column, values)
 
 
-def check_template_classes(template: SubmissionTemplate, class_names: list[str], csv_name: str) -> None:
-    """The template's label values (or probability columns) must be classes the model knows."""
+def check_template_classes(template: SubmissionTemplate, task: Task, class_names: list[str], csv_name: str) -> None:
+    """The template's columns must be ones the model can fill: one target column (of the task's kind of value), or
+    a probability column per class."""
     if template.label_column is None:
         columns = [c for c in template.header if c != template.id_column]
-        if sorted(columns) != sorted(class_names):
-            raise DataError(f"{csv_name} has probability columns {columns[:5]}... but the model's classes are "
-                            f"{class_names[:5]}...: the export was trained for another competition or label set")
+        if task.name not in ("multiclass", "multilabel") or sorted(columns) != sorted(class_names):
+            raise DataError(f"{csv_name} has columns {columns[:5]}... but the {task.name} model's outputs are "
+                            f"{output_names(task, class_names)[:5]}...: the export was trained for another "
+                            "competition or label set")
         return
-    unknown = sorted(template.label_values - set(class_names))
-    if unknown:
-        raise DataError(f"{csv_name} uses labels {unknown[:5]} in column '{template.label_column}' that the model "
-                        f"does not know (its classes: {class_names[:8]}{'...' if len(class_names) > 8 else ''}). "
-                        "Fix: attach the export trained on this competition's labels")
+    check_template_values(task, template.label_values, class_names, template.label_column, csv_name)
 
 
 def find_test_images(image_dir: Path, ids: list[str], csv_name: str) -> list[Path]:
@@ -211,12 +221,13 @@ def ensemble_probabilities(predicts, batches, tta=(), strategy: tf.distribute.St
 
 
 # ------------------------------------------------------------------------------------------------------- submission
-def submission_rows(template: SubmissionTemplate, ids: list[str], probs: np.ndarray,
-                    class_names: list[str]) -> list[list[str]]:
-    """Rows in the template's id order: the argmax class name, or one probability per class column."""
+def submission_rows(template: SubmissionTemplate, ids: list[str], probs: np.ndarray, task: Task,
+                    class_names: list[str], thresholds=None) -> list[list[str]]:
+    """Rows in the template's id order: the task's value in the one target column (the class, P(1), the labels
+    over their thresholds, the value), or one probability per class column."""
     if not np.all(np.isfinite(probs)):
         bad = ids[int(np.argwhere(~np.isfinite(probs))[0][0])]
-        raise DataError(f"the model gave non-finite probabilities (e.g. for '{bad}'): the export or its precision is "
+        raise DataError(f"the model gave non-finite predictions (e.g. for '{bad}'): the export or its precision is "
                         "broken; try infer with the float32 export, or retrain")
     position = {i: k for k, i in enumerate(ids)}
     missing = [i for i in template.ids if i not in position]
@@ -229,13 +240,14 @@ def submission_rows(template: SubmissionTemplate, ids: list[str], probs: np.ndar
             by_class = dict(zip(class_names, p, strict=True))
             rows.append([sample_id] + [f"{by_class[c]:.6f}" for c in template.header if c != template.id_column])
         else:
-            rows.append([sample_id, class_names[int(np.argmax(p))]])
-    validate_submission(template, rows, class_names)
+            rows.append([sample_id, submission_value(task, p, class_names, thresholds)])
+    validate_submission(template, rows, task, class_names)
     return rows
 
 
-def validate_submission(template: SubmissionTemplate, rows: list[list[str]], class_names: list[str]) -> None:
-    """Every test id exactly once and in order, no NaN, every label a class."""
+def validate_submission(template: SubmissionTemplate, rows: list[list[str]], task: Task,
+                        class_names: list[str]) -> None:
+    """Every test id exactly once and in order, no NaN, every label a class, probabilities in [0, 1]."""
     got = [r[0] for r in rows]
     if got != template.ids:
         missing = sorted(set(template.ids) - set(got))
@@ -244,10 +256,14 @@ def validate_submission(template: SubmissionTemplate, rows: list[list[str]], cla
     for row in rows:
         if len(row) != len(template.header):
             raise DataError(f"submission row for '{row[0]}' has {len(row)} fields, the header {len(template.header)}")
-        if template.label_column is not None and row[1] not in class_names:
+        if template.label_column is None or task.name in ("binary", "regression"):
+            values = [float(v) for v in row[1:]]
+            if not all(math.isfinite(v) for v in values):
+                raise DataError(f"submission row for '{row[0]}' holds a non-finite value")
+            if task.kind == "probabilities" and not all(0.0 <= v <= 1.0 for v in values):
+                raise DataError(f"submission row for '{row[0]}' holds a probability outside [0, 1]: {values[:3]}")
+        elif not set(row[1].split() if task.name == "multilabel" else [row[1]]) <= set(class_names):
             raise DataError(f"submission label {row[1]!r} for '{row[0]}' is not a class")
-        if template.label_column is None and not all(math.isfinite(float(v)) for v in row[1:]):
-            raise DataError(f"submission row for '{row[0]}' holds a non-finite probability")
 
 
 def write_csv_atomically(path: Path, header: list[str], rows: list[list]) -> None:

@@ -41,8 +41,11 @@ def plot_history(history_csv: Path, out_png: Path) -> None:
     if not history:
         return
     epochs = [int(e) + 1 for e in history.get("epoch", range(len(next(iter(history.values())))))]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, metric in zip(axes, ("loss", "accuracy"), strict=True):
+    # loss, the running training metric, and validation-only metrics (the competition metric), each beside its val_
+    panels = [k for k in history if k != "epoch" and not k.startswith("val_")]
+    panels += [k for k in history if k.startswith("val_") and k[4:] not in panels]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    for ax, metric in zip(axes[0], panels, strict=True):
         for key, style in ((metric, "-"), (f"val_{metric}", "--")):
             if key in history:
                 ax.plot(epochs, history[key], style, marker="o", label=key)

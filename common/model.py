@@ -1,12 +1,14 @@
-"""The model: uint8 images -> preprocessing -> backbone (TF Hub or the efficientnet package) -> head -> probabilities.
+"""The model: uint8 images -> preprocessing -> backbone (TF Hub or the efficientnet package) -> the task's head.
 
     with strategy.scope():
-        model = build_model(cfg.model, num_classes, cfg.data.image_size, hub_handle=resolved_handle)
-        compile_model(model, cfg.train, num_classes, lr_schedule)
+        model = build_model(cfg.model, task.outputs(num_classes), cfg.data.image_size, hub_handle=resolved_handle,
+                            activation=task.activation)
+        compile_model(model, cfg.train, task, lr_schedule)
 
 Preprocessing lives inside the graph (uint8 0..255 in, the backbone's own normalisation applied here), so the exported
 serving signature takes exactly what the test pipeline yields and inference never re-declares it.
-The head's softmax is float32 under mixed precision: probabilities and the loss stay numerically safe.
+The head's activation (softmax, sigmoid, linear: common/tasks.py) is float32 under mixed precision: probabilities and
+the loss stay numerically safe.
 """
 
 from __future__ import annotations
@@ -66,10 +68,11 @@ def efficientnet_backbone(variant: str, weights: str, image_size: int, trainable
     return base
 
 
-def build_model(model_cfg, num_classes: int, image_size: int, hub_handle: str | None = None) -> tf.keras.Model:
-    """uint8 [B, S, S, 3] -> float32 class probabilities [B, num_classes]. Call inside strategy.scope()."""
-    if num_classes < 2:
-        raise ConfigError(f"a classifier needs at least 2 classes, got {num_classes}")
+def build_model(model_cfg, outputs: int, image_size: int, hub_handle: str | None = None,
+                activation: str = "softmax") -> tf.keras.Model:
+    """uint8 [B, S, S, 3] -> float32 [B, outputs] (class probabilities with softmax). Call inside strategy.scope()."""
+    if activation == "softmax" and outputs < 2:
+        raise ConfigError(f"a classifier needs at least 2 classes, got {outputs}")
     images = tf.keras.Input((image_size, image_size, 3), dtype=tf.uint8, name="image")
     x = tf.keras.layers.Rescaling(1.0 / 255.0, dtype="float32", name="to_unit_range")(images)
     if model_cfg.backbone == "hub":
@@ -81,20 +84,9 @@ def build_model(model_cfg, num_classes: int, image_size: int, hub_handle: str | 
                                      model_cfg.trainable)
         features = base(x)
     x = tf.keras.layers.Dropout(model_cfg.dropout, name="head_dropout")(features)
-    logits = tf.keras.layers.Dense(num_classes, name="head_logits")(x)
-    probs = tf.keras.layers.Activation("softmax", dtype="float32", name="probabilities")(logits)
-    return tf.keras.Model(images, probs, name=f"{model_cfg.backbone}_classifier")
-
-
-def classification_loss(num_classes: int, label_smoothing: float):
-    """Per-example cross-entropy on integer labels, with optional label smoothing (which needs one-hot targets).
-    Unreduced: Keras fit reduces it, and the custom loop averages it over the global batch."""
-
-    def loss(labels, probs):
-        targets = tf.one_hot(tf.cast(tf.reshape(labels, [-1]), tf.int32), num_classes)
-        return tf.keras.losses.categorical_crossentropy(targets, probs, label_smoothing=label_smoothing)
-
-    return loss
+    logits = tf.keras.layers.Dense(outputs, name="head_logits")(x)
+    predictions = tf.keras.layers.Activation(activation, dtype="float32", name="predictions")(logits)
+    return tf.keras.Model(images, predictions, name=f"{model_cfg.backbone}_{activation}")
 
 
 def learning_rate_schedule(peak_lr: float, total_steps: int, warmup_steps: int):
@@ -105,12 +97,22 @@ def learning_rate_schedule(peak_lr: float, total_steps: int, warmup_steps: int):
         alpha=0.0, warmup_target=peak_lr if warmup_steps else None, warmup_steps=warmup_steps)
 
 
-def compile_model(model: tf.keras.Model, train_cfg, num_classes: int, lr_schedule) -> None:
-    """Optimiser, loss and metrics for Keras fit; call inside strategy.scope()."""
+def make_optimizer(train_cfg, lr_schedule) -> tf.keras.optimizers.Optimizer:
+    """Adam; with train.ema > 0 it also keeps the moving average of the weights (tf_keras' own use_ema), which fit
+    swaps into the model when training ends."""
+    if train_cfg.ema > 0:
+        return tf.keras.optimizers.Adam(lr_schedule, use_ema=True, ema_momentum=train_cfg.ema)
+    return tf.keras.optimizers.Adam(lr_schedule)
+
+
+def compile_model(model: tf.keras.Model, train_cfg, task, lr_schedule) -> None:
+    """Optimiser, the task's loss and running metric for Keras fit; call inside strategy.scope()."""
+    from common.tasks import keras_metrics, loss_function
+
     model.compile(
-        optimizer=tf.keras.optimizers.Adam(lr_schedule),
-        loss=classification_loss(num_classes, train_cfg.label_smoothing),
-        metrics=[tf.keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+        optimizer=make_optimizer(train_cfg, lr_schedule),
+        loss=loss_function(task, train_cfg.label_smoothing),
+        metrics=keras_metrics(task),
         # Several steps per host round trip: the TPU stays busy instead of waiting for Python.
         steps_per_execution=train_cfg.steps_per_execution,
     )

@@ -38,19 +38,32 @@ MB = 1024 * 1024
 
 @dataclass(frozen=True)
 class RecordSchema:
-    """Feature names inside each tf.train.Example. Kaggle's Flowers records: RecordSchema('image', 'class', 'id')."""
+    """Feature names inside each tf.train.Example, and the label's form (common/tasks.py): an int64 scalar (class
+    index, 0/1), an int64 list of label_size (multi-hot), or a float (value). Kaggle's Flowers records:
+    RecordSchema('image', 'class', 'id')."""
 
     image: str = "image"
     label: str = "label"
     id: str = "id"
+    label_dtype: str = "int64"  # int64 | float32
+    label_size: int = 0  # 0: a scalar; K: a multi-hot list of K
 
 
-def schema_from_config(data_cfg) -> RecordSchema:
-    return RecordSchema(data_cfg.image_feature, data_cfg.label_feature, data_cfg.id_feature)
+def label_form(task_name: str, num_classes: int) -> dict:
+    """The label's dtype and size in records of this task."""
+    if task_name == "regression":
+        return {"label_dtype": "float32", "label_size": 0}
+    return {"label_dtype": "int64", "label_size": num_classes if task_name == "multilabel" else 0}
+
+
+def schema_from_config(data_cfg, num_classes: int = 0) -> RecordSchema:
+    return RecordSchema(data_cfg.image_feature, data_cfg.label_feature, data_cfg.id_feature,
+                        **label_form(data_cfg.task, num_classes or len(data_cfg.class_names)))
 
 
 # ---------------------------------------------------------------------------------------------------------- records
-def serialize_example(image_bytes: bytes, record_id: str, label: int | None, schema: RecordSchema) -> bytes:
+def serialize_example(image_bytes: bytes, record_id: str, label, schema: RecordSchema) -> bytes:
+    """label: an int (class, 0/1), a list of 0/1 (multi-hot), a float (value), or None (test records)."""
     import tensorflow as tf
 
     feature = {
@@ -58,7 +71,10 @@ def serialize_example(image_bytes: bytes, record_id: str, label: int | None, sch
         schema.id: tf.train.Feature(bytes_list=tf.train.BytesList(value=[record_id.encode()])),
     }
     if label is not None:
-        feature[schema.label] = tf.train.Feature(int64_list=tf.train.Int64List(value=[label]))
+        values = list(label) if isinstance(label, (list, tuple)) else [label]
+        feature[schema.label] = (
+            tf.train.Feature(float_list=tf.train.FloatList(value=values)) if schema.label_dtype == "float32"
+            else tf.train.Feature(int64_list=tf.train.Int64List(value=values)))
     return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
 
@@ -140,9 +156,9 @@ class RecordSet:
     val_files: list[str]
     train_count: int
     val_count: int
-    class_names: list[str]
+    class_names: list[str]  # regression: none
     schema: RecordSchema
-    label_type: str = "str"
+    label_type: str = "str"  # int | str | float
     source_images: dict | None = None  # sizes and colour modes of the training images, when known
 
 
@@ -156,11 +172,15 @@ def record_set(tfrecord_dir: str, data_cfg, fold: int) -> RecordSet:
         def count(names):
             return sum(manifest["splits"][n]["count"] for n in names)
 
+        task = manifest.get("task", "multiclass")
+        if task != data_cfg.task:
+            raise DataError(f"{tfrecord_dir} was converted for data.task={task}, the config says data.task="
+                            f"{data_cfg.task}. Fix: --set data.task={task}, or convert again with this task")
         return RecordSet(shard_paths(manifest, tfrecord_dir, train_names),
                          shard_paths(manifest, tfrecord_dir, val_names), count(train_names), count(val_names),
                          list(manifest["class_names"]),
                          RecordSchema(**manifest["schema"]), manifest["label_type"], manifest.get("source_images"))
-    if not data_cfg.class_names:
+    if not data_cfg.class_names and data_cfg.task != "regression":
         raise DataError(f"{tfrecord_dir} has no {MANIFEST_NAME}, so data.class_names must list the classes in label "
                         "order. Fix: --set data.class_names=[...], or convert the data with `tpu2gpu tfrecords`")
     if fold != 0:
@@ -173,7 +193,8 @@ def record_set(tfrecord_dir: str, data_cfg, fold: int) -> RecordSet:
             pattern = getattr(data_cfg, key.split(".")[1])
             raise DataError(f"{key}={pattern!r} matches no file under {tfrecord_dir}")
     return RecordSet(train_files, val_files, count_records(train_files), count_records(val_files),
-                     list(data_cfg.class_names), schema_from_config(data_cfg), "str")
+                     list(data_cfg.class_names), schema_from_config(data_cfg),
+                     "float" if data_cfg.task == "regression" else "str")
 
 
 # ------------------------------------------------------------------------------------------------ competition input
@@ -182,19 +203,20 @@ class Sample:
     id: str
     path: Path
     source: str  # "train.csv line 7" -- named in every error about this sample
-    label: int | None = None
+    label: int | float | list | None = None  # in the task's label form (common/tasks.py)
+    group: str = ""  # data.group_column
 
 
-def read_csv_columns(csv_path: Path, columns: Sequence[str]) -> list[tuple[int, dict]]:
-    """Rows of a CSV as (line number, row); a missing column is an error listing the columns there are."""
+def read_csv_columns(csv_path: Path, columns: dict[str, str]) -> list[tuple[int, dict]]:
+    """Rows of a CSV as (line number, row); a missing column (given as {column: its config key}) is an error listing
+    the columns there are."""
     if not csv_path.is_file():
         raise DataError(f"{csv_path} does not exist. Fix: set data.train_csv / data.test_csv or the competition folder")
     with csv_path.open(newline="") as f:
         reader = csv.DictReader(f)
         header = reader.fieldnames or []
-        for column in columns:
+        for column, key in columns.items():
             if column not in header:
-                key = "data.id_column" if column == columns[0] else "data.label_column"
                 raise DataError(f"{csv_path.name} has no column '{column}' (columns: {', '.join(header)}). "
                                 f"Fix: --set {key}=<one of those>")
         rows = [(line, row) for line, row in enumerate(reader, start=2)]
@@ -224,40 +246,45 @@ def _find_image(index: dict[str, Path], image_dir: Path, sample_id: str, source:
                     "Fix: add the image, drop the row, or check data.id_column")
 
 
-def class_names_of(raw_labels: Sequence[str]) -> tuple[list[str], str]:
-    """Stable class order: integer labels numerically (so label k keeps index k when labels are 0..K-1), else
-    strings alphabetically. Returns (names, 'int' | 'str')."""
-    unique = set(raw_labels)
-    try:
-        return [str(v) for v in sorted({int(v) for v in unique})], "int"
-    except ValueError:
-        return sorted(unique), "str"
-
-
 def read_train_samples(comp_dir: Path, data_cfg) -> tuple[list[Sample], list[str], str]:
+    """The labelled rows of train.csv with their images, labels in the task's form, class names and label type."""
+    from common.tasks import encode_labels, get_task
+
+    task = get_task(data_cfg.task)
     csv_path = comp_dir / data_cfg.train_csv
-    rows = read_csv_columns(csv_path, [data_cfg.id_column, data_cfg.label_column])
+    label_columns = list(data_cfg.label_columns)
+    if label_columns and task.name != "multilabel":
+        raise DataError(f"data.label_columns is for data.task=multilabel (one 0/1 column per class), not {task.name}. "
+                        "Fix: data.label_column for one label column")
+    columns = {data_cfg.id_column: "data.id_column"}
+    columns.update({c: "data.label_columns" for c in label_columns} or {data_cfg.label_column: "data.label_column"})
+    if data_cfg.group_column:
+        columns[data_cfg.group_column] = "data.group_column"
+    rows = read_csv_columns(csv_path, columns)
     image_dir = comp_dir / data_cfg.train_images
     index = index_images(image_dir)
-    raw = []
+    raw, sources = [], []
     for line, row in rows:
-        value = (row[data_cfg.label_column] or "").strip()
-        if not value:
-            raise DataError(f"{csv_path.name} line {line} (id '{row[data_cfg.id_column]}'): empty label in column "
-                            f"'{data_cfg.label_column}'")
+        source = f"{csv_path.name} line {line} (id '{row[data_cfg.id_column]}')"
+        if label_columns:  # one 0/1 column per class -> the space-separated form
+            value = " ".join(c for c in label_columns if (row[c] or "").strip() in ("1", "1.0", "True", "true"))
+        else:
+            value = (row[data_cfg.label_column] or "").strip()
+            if not value and task.name != "multilabel":  # an empty multilabel list is a row with no label on
+                raise DataError(f"{source}: empty label in column '{data_cfg.label_column}'")
         raw.append(value)
-    names, label_type = class_names_of(raw)
-    to_index = {name: i for i, name in enumerate(names)}
+        sources.append(source)
+    labels, names, label_type = encode_labels(task, raw, sources, label_columns)
     samples = []
     seen: dict[str, int] = {}
-    for (line, row), value in zip(rows, raw, strict=True):
+    for (line, row), label in zip(rows, labels, strict=True):
         sample_id = row[data_cfg.id_column].strip()
         source = f"{csv_path.name} line {line}"
         if sample_id in seen:
             raise DataError(f"{source}: id '{sample_id}' already appears on line {seen[sample_id]}")
         seen[sample_id] = line
-        key = str(int(value)) if label_type == "int" else value
-        samples.append(Sample(sample_id, _find_image(index, image_dir, sample_id, source), source, to_index[key]))
+        group = (row[data_cfg.group_column] or "").strip() if data_cfg.group_column else ""
+        samples.append(Sample(sample_id, _find_image(index, image_dir, sample_id, source), source, label, group))
     return samples, names, label_type
 
 
@@ -269,36 +296,54 @@ def read_test_samples(comp_dir: Path, data_cfg) -> list[Sample]:
     index = index_images(image_dir)
     csv_path = comp_dir / data_cfg.test_csv
     if csv_path.is_file():
-        rows = read_csv_columns(csv_path, [data_cfg.id_column])
+        rows = read_csv_columns(csv_path, {data_cfg.id_column: "data.id_column"})
         ids = [(row[data_cfg.id_column].strip(), f"{csv_path.name} line {line}") for line, row in rows]
     else:
         ids = sorted({(p.stem, f"{image_dir.name}/{p.name}") for p in index.values()})
     return [Sample(i, _find_image(index, image_dir, i, source), source) for i, source in ids]
 
 
-def assign_splits(labels: Sequence[int], folds: int, val_fraction: float, seed: int) -> tuple[list[str], dict]:
-    """A split name per sample ('fold0'..'foldK-1', or 'train' / 'valid'), stratified by label with scikit-learn."""
-    from sklearn.model_selection import StratifiedKFold, train_test_split
+def assign_splits(samples: Sequence[Sample], task, folds: int, val_fraction: float, seed: int) -> tuple[list, dict]:
+    """A split name per sample ('fold0'..'foldK-1', or 'train' / 'valid') with scikit-learn: stratified by the task's
+    key (class, label combination, target bin), and with whole groups in one fold when samples have a group."""
+    from common.tasks import stratify_key
 
-    labels = np.asarray(labels)
-    smallest = int(np.bincount(labels).min())
+    from sklearn.model_selection import StratifiedGroupKFold, StratifiedKFold, train_test_split
+
+    key = stratify_key(task, [s.label for s in samples], folds)
+    groups = [s.group for s in samples] if any(s.group for s in samples) else None
+    _, counts = np.unique(key, return_counts=True)
+    smallest = int(counts.min())
     if folds >= 2:
-        if smallest < folds:
-            raise DataError(f"data.folds={folds} but the rarest class has {smallest} samples; every fold needs one. "
-                            f"Fix: --set data.folds={max(2, smallest)} or data.folds=0 (hold-out split)")
-        names = np.empty(len(labels), dtype=object)
-        splitter = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
-        for k, (_, val_idx) in enumerate(splitter.split(np.zeros(len(labels)), labels)):
+        if groups is not None:
+            n_groups = len(set(groups))
+            if n_groups < folds:
+                raise DataError(f"data.folds={folds} but data.group_column has {n_groups} groups; every fold needs one")
+            splitter = StratifiedGroupKFold(n_splits=folds, shuffle=True, random_state=seed)
+        else:
+            if smallest < folds:
+                raise DataError(f"data.folds={folds} but the rarest {'class' if task.name != 'regression' else 'bin'} "
+                                f"has {smallest} samples; every fold needs one. Fix: --set data.folds="
+                                f"{max(2, smallest)} or data.folds=0 (hold-out split)")
+            splitter = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
+        names = np.empty(len(samples), dtype=object)
+        for k, (_, val_idx) in enumerate(splitter.split(np.zeros(len(samples)), key, groups)):
             names[val_idx] = f"fold{k}"
-        return list(names), {"kind": "kfold", "folds": folds, "seed": seed}
+        return list(names), {"kind": "kfold", "folds": folds, "seed": seed, "grouped": groups is not None}
     if not 0 < val_fraction < 1:
         raise DataError(f"data.val_fraction must be in (0, 1), got {val_fraction}")
-    idx = np.arange(len(labels))
-    stratify = labels if smallest >= 2 else None
-    _, val_idx = train_test_split(idx, test_size=val_fraction, random_state=seed, stratify=stratify)
-    names = np.full(len(labels), "train", dtype=object)
+    idx = np.arange(len(samples))
+    if groups is not None:
+        from sklearn.model_selection import GroupShuffleSplit
+
+        _, val_idx = next(GroupShuffleSplit(n_splits=1, test_size=val_fraction, random_state=seed).split(idx,
+                                                                                                     groups=groups))
+    else:
+        stratify = key if smallest >= 2 else None
+        _, val_idx = train_test_split(idx, test_size=val_fraction, random_state=seed, stratify=stratify)
+    names = np.full(len(samples), "train", dtype=object)
     names[val_idx] = "valid"
-    return list(names), {"kind": "holdout", "val_fraction": val_fraction, "seed": seed}
+    return list(names), {"kind": "holdout", "val_fraction": val_fraction, "seed": seed, "grouped": groups is not None}
 
 
 def shard_count(n_samples: int, total_bytes: int, target_mb: float) -> int:
@@ -383,9 +428,15 @@ def _write_split(name: str, samples: list[Sample], out_dir: Path, data_cfg, sche
         _progress(name, done + len(chunk), len(samples), done)
         done += len(chunk)
         shards.append({"file": file_name, "count": len(chunk), "bytes": (out_dir / file_name).stat().st_size})
-    counts = Counter(s.label for s in samples if s.label is not None)
     split = {"count": len(samples), "shards": shards}
-    if counts:
+    labelled = [s.label for s in samples if s.label is not None]
+    if labelled and isinstance(labelled[0], list):  # multi-hot: samples on per label
+        split["label_counts"] = {str(k): int(v) for k, v in enumerate(np.sum(labelled, axis=0))}
+    elif labelled and isinstance(labelled[0], float):
+        split["label_stats"] = {"mean": float(np.mean(labelled)), "std": float(np.std(labelled)),
+                                "min": float(np.min(labelled)), "max": float(np.max(labelled))}
+    elif labelled:
+        counts = Counter(labelled)
         split["label_counts"] = {str(k): counts[k] for k in sorted(counts)}
     return split, formats, geometries
 
@@ -397,10 +448,12 @@ def convert_competition(comp_dir: str | Path, out_dir: str | Path, data_cfg, ove
         raise DataError(f"{out_dir} already exists. Fix: pass --overwrite to replace it, or choose another --out")
     if not comp_dir.is_dir():
         raise DataError(f"competition folder {comp_dir} does not exist")
+    from common.tasks import get_task
+
+    task = get_task(data_cfg.task)
     samples, class_names, label_type = read_train_samples(comp_dir, data_cfg)
     test_samples = read_test_samples(comp_dir, data_cfg)
-    split_of, split_info = assign_splits([s.label for s in samples], data_cfg.folds, data_cfg.val_fraction,
-                                         data_cfg.split_seed)
+    split_of, split_info = assign_splits(samples, task, data_cfg.folds, data_cfg.val_fraction, data_cfg.split_seed)
     order = np.random.default_rng(data_cfg.split_seed).permutation(len(samples))  # shards mix the classes
     by_split: dict[str, list[Sample]] = {}
     for i in order:
@@ -409,7 +462,7 @@ def convert_competition(comp_dir: str | Path, out_dir: str | Path, data_cfg, ove
     if test_samples:
         by_split["test"] = test_samples
 
-    schema = schema_from_config(data_cfg)
+    schema = schema_from_config(data_cfg, len(class_names))
     with staged_dir(out_dir, overwrite=overwrite) as tmp:
         splits, formats, train_geometries = {}, set(), set()
         workers = data_cfg.workers or os.cpu_count() or 1
@@ -427,12 +480,14 @@ def convert_competition(comp_dir: str | Path, out_dir: str | Path, data_cfg, ove
             "image_formats": sorted(formats),
             "image_size": data_cfg.convert_size or None,  # None: images kept at their own sizes
             "source_images": source_images(train_geometries),
+            "task": task.name,
             "class_names": class_names,
             "label_type": label_type,
             "split": split_info,
             "splits": splits,
             "source": {"competition_dir": str(comp_dir), "train_csv": data_cfg.train_csv,
-                       "id_column": data_cfg.id_column, "label_column": data_cfg.label_column},
+                       "id_column": data_cfg.id_column, "label_column": data_cfg.label_column,
+                       "label_columns": list(data_cfg.label_columns), "group_column": data_cfg.group_column},
             "complete": True,
         }
         (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")  # last: it marks completeness

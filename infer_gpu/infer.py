@@ -4,8 +4,9 @@
         --set runtime.competition_dir=runs/demo/competition                   # locally
     tpu2gpu build, then kaggle kernels push                                  # on Kaggle (GPU T4 x2, internet off)
 
-Needs TensorFlow only (no tf_keras, no tensorflow_hub) and no training config: image size, classes and schema come
-from each export's model_card.json. Test images come from the competition folder (data.test_images, ids and column
+Needs TensorFlow only (no tf_keras, no tensorflow_hub) and no training config: task, image size, classes, thresholds
+and schema come from each export's model_card.json; predictions are averaged over TTA views and exports before any
+threshold or argmax. Test images come from the competition folder (data.test_images, ids and column
 order from data.test_csv, i.e. sample_submission.csv) or from test TFRecords (runtime.tfrecords). Writes
 submission.csv (validated: every test id once, no NaN, every label a class; written atomically) and
 probabilities.csv into runtime.output_dir (/kaggle/working on Kaggle, ./runs/infer locally).
@@ -29,6 +30,7 @@ from common.inference import (
     check_template_classes,
     check_test_images,
     ensemble_probabilities,
+    ensemble_thresholds,
     find_exports,
     find_test_images,
     inference_precision,
@@ -40,6 +42,7 @@ from common.inference import (
 from common.kernel import guarded
 from common.paths import output_dir, resolve_data_path
 from common.strategy import get_strategy, split_cpu
+from common.tasks import get_task, output_names
 
 
 def test_batches(cfg, card: dict, template, csv_name: str):
@@ -83,8 +86,9 @@ def main(argv: list[str] | None = None) -> int:
         models = [load_export(e, precision) for e in exports]
     cards = [card for card, _ in models]
     class_names = check_same_classes(cards, exports)
-    print(f"[infer] {len(exports)} export(s), {precision} computation: " + ", ".join(str(e) for e in exports),
-          flush=True)
+    task, thresholds = get_task(cards[0]["task"]), ensemble_thresholds(cards)
+    print(f"[infer] {len(exports)} {task.name} export(s), {precision} computation: "
+          + ", ".join(str(e) for e in exports), flush=True)
 
     # ---- test data, checked against the cards and the competition's template
     competition = Path(resolve_data_path(cfg.runtime.competition_dir)) if cfg.runtime.competition_dir else None
@@ -92,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"no {cfg.data.test_csv} found: set runtime.competition_dir to the competition folder, which "
                         "gives the test ids and the submission's columns")
     template = read_template(competition / cfg.data.test_csv, cfg.data.id_column)
-    check_template_classes(template, class_names, cfg.data.test_csv)
+    check_template_classes(template, task, class_names, cfg.data.test_csv)
 
     # ---- predict: exports grouped by image size share one pass over the test data
     total, weight, ids = None, 0, None
@@ -106,12 +110,12 @@ def main(argv: list[str] | None = None) -> int:
 
     # ---- write
     out = output_dir(cfg.runtime.output_dir, "runs/infer")
-    rows = submission_rows(template, ids, probs, class_names)
+    rows = submission_rows(template, ids, probs, task, class_names, thresholds)  # averaged, then thresholded
     submission = out / cfg.infer.submission
     write_csv_atomically(submission, template.header, rows)
     if cfg.infer.save_probabilities:
         position = {i: k for k, i in enumerate(ids)}
-        write_csv_atomically(out / "probabilities.csv", [template.id_column, *class_names],
+        write_csv_atomically(out / "probabilities.csv", [template.id_column, *output_names(task, class_names)],
                              [[i, *(f"{v:.6f}" for v in probs[position[i]])] for i in template.ids])
     print(f"[infer] {len(rows)} predictions, {len(exports)} export(s) x {len(tta_view_names(cfg.infer.tta))} view(s), "
           f"{len(rows) / (time.perf_counter() - start):.0f} images/s overall; wrote {submission}", flush=True)

@@ -386,7 +386,7 @@ def test_verify_export_before_publishing(trained_export, tmp_path, capsys):
     from tpu2gpu.cli import main
 
     assert main(["verify-export", "--export", str(trained_export)]) == 0
-    assert "fold0: complete, 10 classes, 16 px" in capsys.readouterr().out
+    assert "fold0: complete, multiclass, 10 classes, 16 px, macro_f1 " in capsys.readouterr().out
     broken = tmp_path / "export"
     shutil.copytree(trained_export, broken)
     card = json.loads((broken / "fold0" / "model_card.json").read_text())

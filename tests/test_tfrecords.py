@@ -18,7 +18,7 @@ def test_demo_round_trip(demo_dir, demo_records):
     out, manifest = demo_records
     train_rows = read_csv(demo_dir / "train.csv")
     assert manifest["class_names"] == sorted(CLASS_NAMES) and manifest["label_type"] == "str"
-    assert manifest["split"] == {"kind": "kfold", "folds": 5, "seed": 42}
+    assert manifest["split"] == {"kind": "kfold", "folds": 5, "seed": 42, "grouped": False}
     folds = [f"fold{k}" for k in range(5)]
     assert list(manifest["splits"]) == [*folds, "test"]
     assert sum(manifest["splits"][f]["count"] for f in folds) == len(train_rows) == 1437

@@ -10,7 +10,8 @@ from common.errors import ConfigError, StrategyError
 from common.export import CARD_NAME, ExportError, load_export, read_card, write_export
 from common.model import build_model
 from common.strategy import get_strategy
-from common.training import PROGRESS_NAME, CustomLoop
+from common.tasks import TASKS
+from common.training import PROGRESS_NAME, CustomLoop, inference_copy
 
 import numpy as np
 import pytest
@@ -36,8 +37,8 @@ def test_custom_loop_step_on_two_replicas_equals_the_single_device_step(plain_ba
             model.set_weights(initial)
             model.compile(optimizer=tf.keras.optimizers.SGD(0.5))
             model.optimizer.build(model.trainable_variables)
-        loop = CustomLoop(strategy, model, num_classes=4, label_smoothing=0.1, global_batch=8)
-        batch = tf.data.Dataset.from_tensor_slices((images, labels)).batch(8)
+        loop = CustomLoop(strategy, model, TASKS["multiclass"], label_smoothing=0.1, global_batch=8)
+        batch = tf.data.Dataset.from_tensor_slices((images, tf.one_hot(labels, 4))).batch(8)
         batches = strategy.experimental_distribute_dataset(batch)
         loop.train_steps(iter(batches), tf.constant(1))
         return model.get_weights(), float(loop.loss.result())
@@ -61,7 +62,14 @@ def test_train_export_reload_in_a_fresh_process(train_argv, tmp_path):
     assert card["class_names"] == sorted(card["class_names"]) and len(card["class_names"]) == 10
     assert card["input"]["dtype"] == "uint8" and card["input"]["shape"] == [None, 16, 16, 3]
     assert card["config"]["data"]["image_size"] == 16 and card["metrics"]["count"] == 288
-    assert 0.0 <= card["metrics"]["macro_f1"] <= 1.0 and card["metrics"]["epochs"] == 2
+    assert card["task"] == "multiclass" and card["metric"]["name"] == "macro_f1" and card["metrics"]["epochs"] == 2
+    # The card's score is the one scikit-learn gives on the exported oof.csv (the fold's validation predictions).
+    from common.tasks import TASKS, metric_score
+    from common.training import read_oof
+
+    _, oof_labels, oof_predictions = read_oof(export / "oof.csv", TASKS["multiclass"], card["class_names"])
+    assert card["metric"]["value"] == pytest.approx(metric_score("macro_f1", TASKS["multiclass"], oof_labels,
+                                                                 oof_predictions), abs=1e-6)
     assert {"history.csv", "history.png", "confusion.png", "oof.csv", "verify_batch.npz"} <= {
         p.name for p in export.iterdir()}
     assert not (tmp_path / "out" / "work" / "fold0" / "checkpoints").exists()  # removed once exported
@@ -72,12 +80,12 @@ def test_train_export_reload_in_a_fresh_process(train_argv, tmp_path):
     batch = np.load(export / "verify_batch.npz")
     code = (BLOCK_KERAS_AND_HUB + "import numpy as np; from common.export import load_export; "
             f"card, predict = load_export({str(export)!r}); b = np.load({str(export / 'verify_batch.npz')!r}); "
-            "p = predict(b['images']).numpy(); print(p.dtype, np.abs(p - b['probabilities']).max())")
+            "p = predict(b['images']).numpy(); print(p.dtype, np.abs(p - b['predictions']).max())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     dtype, diff = out.stdout.split()
     assert dtype == "float32" and float(diff) < 1e-4
-    assert batch["probabilities"].shape == (4, 10)
-    np.testing.assert_allclose(batch["probabilities"].sum(axis=1), 1.0, atol=1e-5)
+    assert batch["predictions"].shape == (4, 10)
+    np.testing.assert_allclose(batch["predictions"].sum(axis=1), 1.0, atol=1e-5)
 
 
 def test_bfloat16_training_exports_a_float32_signature(train_argv, tmp_path):
@@ -90,7 +98,7 @@ def test_bfloat16_training_exports_a_float32_signature(train_argv, tmp_path):
     code = (BLOCK_KERAS_AND_HUB + "import numpy as np, tensorflow as tf; "
             f"m = tf.saved_model.load({str(export / 'saved_model')!r}); s = m.signatures['serving_default']; "
             "spec = s.structured_input_signature[1]['images']; "
-            "out = s(images=tf.zeros([3, 16, 16, 3], tf.uint8))['probabilities']; "
+            "out = s(images=tf.zeros([3, 16, 16, 3], tf.uint8))['predictions']; "
             "dtypes = {v.dtype.name for v in s.variables}; "
             "bf16 = 'DT_BFLOAT16' in str(s.graph.as_graph_def()); "  # nested functions included
             "print(spec.dtype.name, out.dtype.name, out.shape[0], out.shape[1], ','.join(sorted(dtypes)), bf16)")
@@ -136,7 +144,7 @@ def test_an_interrupted_export_never_looks_complete(tiny_backbone, tmp_path, mon
     cfg = load_config(None, [f"model.hub_handle={tiny_backbone}"])
     model = build_model(cfg.model, 3, 16)
     images = np.zeros((2, 16, 16, 3), np.uint8)
-    card = {"class_names": ["a", "b", "c"], "image_size": 16}
+    card = {"class_names": ["a", "b", "c"], "image_size": 16, "output": {"shape": [None, 3]}}
     export = tmp_path / "export" / "fold0"
     first = write_export(export, model, card, images)
     assert first["complete"]
@@ -190,3 +198,66 @@ def test_all_folds_in_turn_give_out_of_fold_scores(tmp_path, tiny_backbone):
     assert set(oof["per_class"]) >= {"cat", "dog", "emu", "macro avg"}
     for fold in range(3):
         assert read_card(tmp_path / "out" / "export" / f"fold{fold}")["fold"] == fold
+
+
+def test_the_best_epoch_is_exported_not_the_last(tmp_path, tiny_backbone):
+    """Images whose colour gives the class, and a validation split labelled with the classes rotated: the better the
+    model learns, the worse the validation log loss, so the first epoch is the best. The export must hold its
+    weights, not the last epoch's."""
+    import io
+
+    from common.tfrecords import RecordSchema, serialize_example
+    from common.training import read_oof
+
+    from PIL import Image
+
+    colours = [(220, 30, 30), (30, 220, 30), (30, 30, 220)]
+    rng = np.random.default_rng(0)
+    for split, count, shift in (("train", 24, 0), ("val", 12, 1)):
+        (tmp_path / "rec" / split).mkdir(parents=True)
+        with tf.io.TFRecordWriter(str(tmp_path / "rec" / split / "records.tfrec")) as writer:
+            for i in range(count):
+                pixels = np.clip(np.array(colours[i % 3]) + rng.normal(0, 20, (16, 16, 3)), 0, 255).astype(np.uint8)
+                png = io.BytesIO()
+                Image.fromarray(pixels).save(png, format="PNG")
+                writer.write(serialize_example(png.getvalue(), f"{split}{i}", (i + shift) % 3, RecordSchema()))
+    argv = [f"runtime.tfrecords={tmp_path / 'rec'}", "data.class_names=[cat,dog,emu]", "data.train_files=train/*.tfrec",
+            "data.val_files=val/*.tfrec", f"model.hub_handle={tiny_backbone}", "data.image_size=16",
+            "train.fold=0", "train.epochs=4", "train.steps_per_epoch=6", "train.batch_size_per_replica=4",
+            "train.learning_rate=0.1", "train.warmup_epochs=0", "train.metric=log_loss", "model.dropout=0",
+            f"runtime.output_dir={tmp_path / 'out'}"]
+    assert train_main([a for item in argv for a in ("--set", item)]) == 0
+    export = tmp_path / "out" / "export" / "fold0"
+    card = read_card(export)
+    history = np.genfromtxt(export / "history.csv", delimiter=",", names=True)
+    best = card["metrics"]["best_epoch"]
+    assert best == int(np.argmin(history["val_log_loss"])) + 1 and best < 4, history["val_log_loss"]
+    assert history["val_log_loss"][-1] > history["val_log_loss"][best - 1]  # the last epoch is worse
+    # The exported predictions are the best epoch's: its score, and the outputs saved when it was scored.
+    assert card["metric"]["value"] == pytest.approx(history["val_log_loss"][best - 1], abs=1e-5)
+    _, _, predictions = read_oof(export / "oof.csv", TASKS["multiclass"], card["class_names"])
+    saved = np.load(tmp_path / "out" / "work" / "fold0" / "best" / "predictions.npy")
+    np.testing.assert_allclose(predictions, saved, atol=1e-6)
+
+
+def test_ema_exports_the_optimisers_averaged_weights(demo_records, tiny_backbone, tmp_path):
+    from common.tfrecords import record_set
+    from common.training import train_fold
+
+    records_dir, _ = demo_records
+    cfg = load_config(None, [f"model.hub_handle={tiny_backbone}", "data.image_size=16", "train.epochs=2",
+                             "train.steps_per_epoch=5", "train.batch_size_per_replica=16", "train.ema=0.9",
+                             "train.keep=last", "train.learning_rate=0.1"])
+    strategy = get_strategy("default")
+    result = train_fold(cfg, strategy, record_set(str(records_dir), cfg.data, 0), tmp_path / "work",
+                        deadline=time.monotonic() + 600, hub_handle=str(tiny_backbone))
+    optimizer = result.model.optimizer
+    assert optimizer.use_ema and optimizer.ema_momentum == pytest.approx(0.9)
+    averages = [v.numpy() for v in optimizer._model_variables_moving_average]
+    weights = [v.numpy() for v in result.model.trainable_variables]
+    assert len(averages) == len(weights) > 0
+    for average, weight in zip(averages, weights, strict=True):
+        np.testing.assert_array_equal(weight, average)  # fit swapped the averages in; they are what gets exported
+    copy = inference_copy(result.model, cfg, 10, str(tiny_backbone))
+    for exported, average in zip(copy.trainable_variables, averages, strict=True):
+        np.testing.assert_array_equal(exported.numpy(), average)

@@ -115,9 +115,10 @@ def cmd_verify_export(args) -> int:
     from tpu2gpu import workflow
 
     for card in workflow.verify_export(Path(args.export)):
-        m = card["metrics"]
-        print(f"fold{card['fold']}: complete, {len(card['class_names'])} classes, {card['image_size']} px, "
-              f"macro-F1 {m['macro_f1']:.4f} after {m['epochs']} epochs, signatures {sorted(card['precisions'])}")
+        m, metric = card["metrics"], card["metric"]
+        print(f"fold{card['fold']}: complete, {card['task']}, {len(card['class_names'])} classes, {card['image_size']} "
+              f"px, {metric['name']} {metric['value']:.4f} (epoch {m['best_epoch']} of {m['epochs']}), signatures "
+              f"{sorted(card['precisions'])}")
     return 0
 
 

@@ -1,0 +1,228 @@
+"""Every task type end to end through the entry points, on competitions made from scikit-learn's digits in the shapes
+real competitions have: conversion (tpu2gpu tfrecords) -> training kernel -> inference kernel (TensorFlow only) ->
+submission.csv in the template's columns and order, scored against the held-out answers.
+
+    binary      SIIM-ISIC Melanoma: image_name,patient_id,target (0/1), a probability per row, scored by ROC AUC
+    multilabel  Plant Pathology 2021: image,labels ("even loop big"), space-separated labels, samples-F1
+    regression  PetFinder Pawpularity: Id,Pawpularity (a number), the value, RMSE
+"""
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from common.config import load_config
+from common.errors import ConfigError, DataError
+from common.tasks import TASKS, choose_thresholds, competition_metric, encode_labels, metric_score
+from common.tfrecords import convert_competition
+
+import numpy as np
+import pytest
+
+from train_tpu.train import main as train_main
+
+from helpers import read_csv, write_csv
+
+REPO = Path(__file__).resolve().parents[1]
+DIGITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+
+
+def digit_labels(value: int) -> str:
+    """Plant-Pathology-like label sets: parity always, 'big' from 5, 'loop' for digits drawn with a closed loop."""
+    labels = ["even" if value % 2 == 0 else "odd"]
+    if value >= 5:
+        labels.append("big")
+    if value in (0, 6, 8, 9):
+        labels.append("loop")
+    return " ".join(sorted(labels))
+
+
+SHAPES = {
+    # task: (id column, target column, target from the digit, template placeholder, extra columns)
+    "binary": ("image_name", "target", lambda d: str(int(d % 2 == 0)), "0.0"),
+    "multilabel": ("image", "labels", digit_labels, "even"),
+    "regression": ("Id", "Pawpularity", lambda d: str(10 * d), "0"),
+}
+
+
+def task_competition(demo_dir: Path, root: Path, task: str) -> tuple[Path, list[dict]]:
+    """The demo's images under another competition's columns; returns (folder, held-out answers)."""
+    id_col, target_col, target, placeholder = SHAPES[task]
+    root.mkdir(parents=True)
+    for split in ("train", "test"):
+        os.symlink(demo_dir / split, root / split)
+    train = read_csv(demo_dir / "train.csv")
+    header = [id_col, "patient_id", target_col] if task == "binary" else [id_col, target_col]
+    rows = []
+    for k, row in enumerate(train):
+        value = target(DIGITS.index(row["label"]))
+        rows.append([row["id"], f"patient_{k // 3:04d}", value] if task == "binary" else [row["id"], value])
+    write_csv(root / "train.csv", header, rows)
+    solution = read_csv(demo_dir / "solution.csv")
+    write_csv(root / "sample_submission.csv", [id_col, target_col], [[r["id"], placeholder] for r in solution])
+    answers = [{"id": r["id"], "target": target(DIGITS.index(r["label"]))} for r in solution]
+    return root, answers
+
+
+def run_task(tmp_path: Path, demo_dir: Path, tiny_backbone: Path, task: str, *extra: str):
+    competition, answers = task_competition(demo_dir, tmp_path / "competition", task)
+    id_col, target_col = SHAPES[task][:2]
+    settings = [f"data.task={task}", f"data.id_column={id_col}", f"data.label_column={target_col}",
+                "data.image_size=32", "data.flip_left_right=false", f"model.hub_handle={tiny_backbone}",
+                "train.fold=0", "train.epochs=12", "train.batch_size_per_replica=32", "train.learning_rate=0.2",
+                "train.steps_per_execution=8", "train.export_float16=false", *extra]
+    flags = [a for s in settings for a in ("--set", s)]
+    from tpu2gpu.cli import main as cli_main
+
+    assert cli_main(["tfrecords", "--competition", str(competition), "--out", str(tmp_path / "records"),
+                     *flags]) == 0
+    assert train_main([*flags, "--set", f"runtime.tfrecords={tmp_path / 'records'}", "--set",
+                       f"runtime.output_dir={tmp_path / 'train'}"]) == 0
+    # The inference kernel with TensorFlow alone, and no training config: the card says what the task is.
+    infer = ["--set", f"infer.exports=[{tmp_path / 'train' / 'export'}]", "--set",
+             f"runtime.competition_dir={competition}", "--set", f"data.id_column={id_col}", "--set",
+             f"runtime.output_dir={tmp_path / 'infer'}"]
+    code = ("import sys; sys.modules['tf_keras'] = None; sys.modules['tensorflow_hub'] = None; "
+            f"from infer_gpu.infer import main; sys.exit(main({infer!r}))")
+    run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    with (tmp_path / "infer" / "submission.csv").open(newline="") as f:
+        header = next(csv.reader(f))
+    submission = read_csv(tmp_path / "infer" / "submission.csv")
+    assert header == [id_col, target_col]
+    assert [r[id_col] for r in submission] == [a["id"] for a in answers]  # the template's order
+    card = json.loads((tmp_path / "train" / "export" / "fold0" / "model_card.json").read_text())
+    return [r[target_col] for r in submission], answers, card
+
+
+def test_binary_submission_is_a_probability_per_row_with_patients_kept_whole(tmp_path, demo_dir, tiny_backbone):
+    from sklearn.metrics import roc_auc_score
+
+    values, answers, card = run_task(tmp_path, demo_dir, tiny_backbone, "binary", "data.group_column=patient_id")
+    probabilities = np.array([float(v) for v in values])
+    assert probabilities.min() >= 0 and probabilities.max() <= 1
+    assert len(set(values)) > 0.9 * len(values)  # probabilities, not 0/1 decisions
+    auc = roc_auc_score([int(a["target"]) for a in answers], probabilities)
+    print(f"binary: ROC AUC {auc:.4f} on {len(answers)} held-out images")
+    assert auc >= 0.9, auc
+    assert card["task"] == "binary" and card["metric"]["name"] == "roc_auc" and card["output"]["shape"] == [None, 1]
+    manifest = json.loads((tmp_path / "records" / "manifest.json").read_text())
+    assert manifest["split"]["grouped"] is True
+    fold_of = {}  # every patient's images in one fold
+    from helpers import read_records
+
+    for name in manifest["splits"]:
+        if name.startswith("fold"):
+            files = [tmp_path / "records" / s["file"] for s in manifest["splits"][name]["shards"]]
+            for record in read_records(files, labeled=False):
+                fold_of[record["id"]] = name
+    patients = {}
+    for row in read_csv(tmp_path / "competition" / "train.csv"):
+        patients.setdefault(row["patient_id"], set()).add(fold_of[row["image_name"]])
+    assert all(len(folds) == 1 for folds in patients.values())
+
+
+def test_multilabel_submission_is_known_labels_over_fold_thresholds(tmp_path, demo_dir, tiny_backbone):
+    from sklearn.metrics import f1_score
+    from sklearn.preprocessing import MultiLabelBinarizer
+
+    values, answers, card = run_task(tmp_path, demo_dir, tiny_backbone, "multilabel")
+    names = ["big", "even", "loop", "odd"]
+    assert card["class_names"] == names and len(card["thresholds"]) == 4
+    assert all(v and set(v.split()) <= set(names) for v in values)
+    binarizer = MultiLabelBinarizer(classes=names)
+    truth = binarizer.fit_transform([a["target"].split() for a in answers])
+    predicted = binarizer.transform([v.split() for v in values])
+    samples_f1 = f1_score(truth, predicted, average="samples")
+    print(f"multilabel: samples-F1 {samples_f1:.4f}, thresholds {card['thresholds']}")
+    assert samples_f1 >= 0.8, samples_f1
+
+
+def test_regression_submission_is_the_value_with_the_scaling_in_the_export(tmp_path, demo_dir, tiny_backbone):
+    values, answers, card = run_task(tmp_path, demo_dir, tiny_backbone, "regression")
+    predicted = np.array([float(v) for v in values])
+    truth = np.array([float(a["target"]) for a in answers])
+    rmse = float(np.sqrt(np.mean((predicted - truth) ** 2)))
+    print(f"regression: RMSE {rmse:.2f} (target std {truth.std():.2f})")
+    assert rmse <= 0.6 * truth.std(), (rmse, truth.std())
+    scaling = card["target_scaling"]
+    assert 35 < scaling["mean"] < 55 and 25 < scaling["std"] < 33  # digits 0..9 x 10, standardised for training
+    assert card["metric"]["name"] == "rmse" and card["output"]["kind"] == "values"
+
+
+# ---------------------------------------------------------------------------------------------- task rules and metrics
+def test_metric_must_fit_the_task():
+    assert competition_metric(TASKS["binary"], "") == "roc_auc"
+    assert competition_metric(TASKS["multiclass"], "qwk") == "qwk"
+    with pytest.raises(ConfigError, match=r"train.metric='rmse' does not fit data.task=multilabel; for multilabel "
+                                          r"choose one of \['samples_f1'"):
+        competition_metric(TASKS["multilabel"], "rmse")
+    with pytest.raises(ConfigError, match="train.metric='auc' is not a metric"):
+        competition_metric(TASKS["binary"], "auc")
+
+
+@pytest.mark.parametrize(("task", "values", "message"), [
+    ("binary", ["0", "1", "2"], r"train.csv line 4: label '2' is not 0 or 1"),
+    ("regression", ["1.5", "cat"], r"train.csv line 3: label 'cat' is not a number"),
+])
+def test_labels_of_the_wrong_kind_are_named(task, values, message):
+    sources = [f"train.csv line {i + 2}" for i in range(len(values))]
+    with pytest.raises(DataError, match=message):
+        encode_labels(TASKS[task], values, sources)
+
+
+def test_metrics_are_scikit_learns_on_known_numbers():
+    binary = TASKS["binary"]
+    labels, p = np.array([0, 0, 1, 1]), np.array([[0.1], [0.6], [0.4], [0.9]])
+    assert metric_score("roc_auc", binary, labels, p) == pytest.approx(0.75)
+    assert metric_score("accuracy", binary, labels, p) == pytest.approx(0.5)
+    regression = TASKS["regression"]
+    assert metric_score("rmse", regression, np.array([1.0, 3.0]), np.array([[2.0], [3.0]])) == pytest.approx(
+        np.sqrt(0.5))
+    # Rounded to [0, 1, 3, 3]: one step off on one of four; by hand 1 - (1/9) / (4/3) = 11/12.
+    assert metric_score("qwk", regression, np.array([0, 1, 2, 3]), np.array([[0.2], [1.4], [2.6], [3.1]])) == \
+        pytest.approx(11 / 12)
+    multilabel = TASKS["multilabel"]
+    truth = np.array([[1, 0], [0, 1], [1, 1]])
+    scores = np.array([[0.7, 0.2], [0.3, 0.35], [0.6, 0.4]])
+    # Label 0 is perfect for thresholds in (0.3, 0.6], label 1 in (0.2, 0.35]: the middle grid point of each.
+    assert choose_thresholds(multilabel, truth, scores) == [0.5, 0.3]
+    assert metric_score("samples_f1", multilabel, truth, scores, [0.5, 0.3]) == pytest.approx(1.0)
+    # At 0.5: row 0 right; row 1 has no label over it, so gets its likeliest (right); row 2 finds one of two.
+    assert metric_score("samples_f1", multilabel, truth, scores) == pytest.approx((1 + 1 + 2 / 3) / 3)
+
+
+def test_multilabel_from_one_column_per_class_and_an_unknown_template_label(tmp_path, demo_dir):
+    competition, _ = task_competition(demo_dir, tmp_path / "competition", "multilabel")
+    rows = read_csv(competition / "train.csv")
+    names = ["big", "even", "loop", "odd"]
+    write_csv(competition / "train.csv", ["image", *names],
+              [[r["image"], *(int(n in r["labels"].split()) for n in names)] for r in rows])
+    cfg = load_config(None, ["data.task=multilabel", "data.id_column=image", f"data.label_columns=[{','.join(names)}]"])
+    manifest = convert_competition(competition, tmp_path / "records", cfg.data)
+    assert manifest["class_names"] == names and manifest["schema"]["label_size"] == 4
+    counts = {n: 0 for n in names}
+    for row in rows:
+        for label in row["labels"].split():
+            counts[label] += 1
+    totals = [sum(s["label_counts"][str(k)] for n, s in manifest["splits"].items() if n != "test") for k in range(4)]
+    assert totals == [counts[n] for n in names]
+    from common.inference import check_template_classes, read_template
+
+    write_csv(competition / "sample_submission.csv", ["image", "labels"], [["digit_0001", "even rust"]])
+    with pytest.raises(DataError, match=r"uses labels \['rust'\] in column 'labels' that the model does not know"):
+        check_template_classes(read_template(competition / "sample_submission.csv", "image"), TASKS["multilabel"],
+                               names, "sample_submission.csv")
+
+
+def test_regression_folds_are_stratified_by_target_bins(tmp_path, demo_dir):
+    competition, _ = task_competition(demo_dir, tmp_path / "competition", "regression")
+    cfg = load_config(None, ["data.task=regression", "data.id_column=Id", "data.label_column=Pawpularity"])
+    manifest = convert_competition(competition, tmp_path / "records", cfg.data)
+    means = [manifest["splits"][f"fold{k}"]["label_stats"]["mean"] for k in range(5)]
+    assert max(means) - min(means) < 2.0  # each fold holds every range of the target (overall std about 29)
+    shutil.rmtree(tmp_path / "records")
