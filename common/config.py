@@ -89,6 +89,7 @@ class TrainConfig:
     steps_per_execution: int = 32  # training steps per host round trip (tf.function call)
     loop: Literal["fit", "custom"] = "fit"  # Keras fit, or the custom strategy.run loop
     label_smoothing: float = 0.0  # cross-entropy label smoothing
+    class_weight: Literal["none", "balanced"] = "none"  # balanced: weigh the loss by n / (classes x count) per class
     metric: str = ""  # competition metric on the validation fold; "" = the task's default (common/tasks.py)
     keep: Literal["best", "last"] = "best"  # export the epoch with the best train.metric, or the last epoch
     ema: float = 0.0  # > 0: export the optimiser's moving average of the weights with this momentum (e.g. 0.999)

@@ -31,7 +31,8 @@ def read_history(history_csv: Path) -> dict[str, list[float]]:
     return {key: [float(r[key]) for r in rows] for key in (rows[0] if rows else {})}
 
 
-def plot_history(history_csv: Path, out_png: Path) -> None:
+def plot_history(history_csv: Path, out_png: Path, learning_rates: list[tuple[float, float]] | None = None) -> None:
+    """Loss and metrics per epoch, and the learning-rate schedule ((epoch, rate) points) beside them."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -44,8 +45,14 @@ def plot_history(history_csv: Path, out_png: Path) -> None:
     # loss, the running training metric, and validation-only metrics (the competition metric), each beside its val_
     panels = [k for k in history if k != "epoch" and not k.startswith("val_")]
     panels += [k for k in history if k.startswith("val_") and k[4:] not in panels]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
-    for ax, metric in zip(axes[0], panels, strict=True):
+    fig, axes = plt.subplots(1, len(panels) + bool(learning_rates), figsize=(5 * (len(panels) + 1), 4),
+                             squeeze=False)
+    if learning_rates:
+        ax = axes[0][-1]
+        ax.plot([e for e, _ in learning_rates], [r for _, r in learning_rates])
+        ax.set_xlabel("epoch")
+        ax.set_title("learning rate")
+    for ax, metric in zip(axes[0], panels, strict=False):
         for key, style in ((metric, "-"), (f"val_{metric}", "--")):
             if key in history:
                 ax.plot(epochs, history[key], style, marker="o", label=key)
@@ -69,6 +76,41 @@ def plot_confusion(matrix, class_names, out_png: Path) -> None:
     fig, ax = plt.subplots(figsize=(size, size))
     ConfusionMatrixDisplay(np.asarray(matrix), display_labels=list(class_names)).plot(
         ax=ax, include_values=n <= 20, colorbar=False, xticks_rotation="vertical")
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=100)
+    plt.close(fig)
+
+
+def plot_roc(labels, probabilities, out_png: Path) -> None:
+    """Binary: the ROC curve of P(1) on the validation fold, with its AUC."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from sklearn.metrics import RocCurveDisplay
+
+    fig, ax = plt.subplots(figsize=(5, 5))
+    RocCurveDisplay.from_predictions(np.asarray(labels), np.asarray(probabilities)[:, 0], ax=ax)
+    ax.plot([0, 1], [0, 1], ":", color="grey")
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=100)
+    plt.close(fig)
+
+
+def plot_predicted_vs_true(values, predictions, out_png: Path) -> None:
+    """Regression: predicted against true values on the validation fold, with the diagonal."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    values, predicted = np.asarray(values, dtype=float), np.asarray(predictions, dtype=float)[:, 0]
+    fig, ax = plt.subplots(figsize=(5, 5))
+    ax.scatter(values, predicted, s=8, alpha=0.5)
+    low, high = float(min(values.min(), predicted.min())), float(max(values.max(), predicted.max()))
+    ax.plot([low, high], [low, high], ":", color="grey")
+    ax.set_xlabel("true")
+    ax.set_ylabel("predicted")
     fig.tight_layout()
     fig.savefig(out_png, dpi=100)
     plt.close(fig)

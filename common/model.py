@@ -105,13 +105,14 @@ def make_optimizer(train_cfg, lr_schedule) -> tf.keras.optimizers.Optimizer:
     return tf.keras.optimizers.Adam(lr_schedule)
 
 
-def compile_model(model: tf.keras.Model, train_cfg, task, lr_schedule) -> None:
-    """Optimiser, the task's loss and running metric for Keras fit; call inside strategy.scope()."""
+def compile_model(model: tf.keras.Model, train_cfg, task, lr_schedule, class_weights=None) -> None:
+    """Optimiser, the task's loss (class-weighted if given) and running metric for Keras fit; call inside
+    strategy.scope()."""
     from common.tasks import keras_metrics, loss_function
 
     model.compile(
         optimizer=make_optimizer(train_cfg, lr_schedule),
-        loss=loss_function(task, train_cfg.label_smoothing),
+        loss=loss_function(task, train_cfg.label_smoothing, class_weights),
         metrics=keras_metrics(task),
         # Several steps per host round trip: the TPU stays busy instead of waiting for Python.
         steps_per_execution=train_cfg.steps_per_execution,

@@ -154,18 +154,42 @@ def training_target(task: Task, labels, num_classes: int, scaling: dict | None):
     return tf.reshape(labels, [-1, 1])
 
 
-def loss_function(task: Task, label_smoothing: float):
-    """Per-example loss on training targets (unreduced: fit reduces it, the custom loop averages it globally)."""
+def loss_function(task: Task, label_smoothing: float, class_weights: Sequence[float] | None = None):
+    """Per-example loss on training targets (unreduced: fit reduces it, the custom loop averages it globally).
+    class_weights (multiclass, binary) scale each example's loss by its target's weight; for soft targets (MixUp)
+    by the targets' mixture of weights."""
     import tensorflow as tf
 
     def loss(targets, outputs):
         if task.name == "multiclass":
-            return tf.keras.losses.categorical_crossentropy(targets, outputs, label_smoothing=label_smoothing)
-        if task.name == "regression":
+            per_example = tf.keras.losses.categorical_crossentropy(targets, outputs, label_smoothing=label_smoothing)
+        elif task.name == "regression":
             return tf.reduce_mean(tf.square(tf.cast(outputs, tf.float32) - targets), axis=-1)
-        return tf.keras.losses.binary_crossentropy(targets, outputs, label_smoothing=label_smoothing)
+        else:
+            per_example = tf.keras.losses.binary_crossentropy(targets, outputs, label_smoothing=label_smoothing)
+        if class_weights is None:
+            return per_example
+        weights = tf.constant(class_weights, tf.float32)
+        if task.name == "binary":  # P(1) targets: the mixture of the two classes' weights
+            return per_example * (weights[1] * targets[:, 0] + weights[0] * (1.0 - targets[:, 0]))
+        return per_example * tf.linalg.matvec(targets, weights)
 
     return loss
+
+
+def class_weights(task: Task, setting: str, labels, num_classes: int) -> list[float] | None:
+    """train.class_weight=balanced: scikit-learn's n_samples / (n_classes x count) per class (multiclass, binary)."""
+    if setting == "none":
+        return None
+    if task.name not in ("multiclass", "binary"):
+        raise ConfigError(f"train.class_weight={setting!r} is for multiclass and binary tasks, not {task.name}")
+    from sklearn.utils.class_weight import compute_class_weight
+
+    classes = np.arange(2 if task.name == "binary" else num_classes)
+    present = np.unique(labels)
+    weights = compute_class_weight("balanced", classes=present, y=np.asarray(labels))
+    by_class = dict(zip(present.tolist(), weights.tolist(), strict=True))
+    return [float(by_class.get(int(c), 0.0)) for c in classes]
 
 
 def keras_metrics(task: Task) -> list:

@@ -24,12 +24,13 @@ from common.config import config_to_dict
 from common.data import make_eval_dataset, make_train_dataset, read_ids_and_labels
 from common.errors import ConfigError
 from common.export import read_card, write_export
-from common.metrics import classification_scores, plot_confusion, plot_history
+from common.metrics import classification_scores, plot_confusion, plot_history, plot_predicted_vs_true, plot_roc
 from common.model import build_model, compile_model, learning_rate_schedule
 from common.strategy import global_batch_size, scaled_learning_rate
 from common.tasks import (
     Task,
     choose_thresholds,
+    class_weights,
     competition_metric,
     get_task,
     is_better,
@@ -61,6 +62,8 @@ class FoldResult:
     best_epoch: int  # 1-based epoch whose weights the model holds
     metric: str
     scaling: dict | None = None  # regression target standardisation
+    class_weights: list[float] | None = None
+    learning_rates: list[tuple[float, float]] | None = None  # (epoch, rate) along the schedule, for the plot
     val_ids: list[str] = field(default_factory=list)
     val_labels: np.ndarray | None = None
     val_predictions: np.ndarray | None = None  # in value space: probabilities, or de-standardised values
@@ -192,11 +195,11 @@ class CustomLoop:
     averaged over the global batch with tf.nn.compute_average_loss, so the update equals the single-device one."""
 
     def __init__(self, strategy: tf.distribute.Strategy, model: tf.keras.Model, task: Task, label_smoothing: float,
-                 global_batch: int):
+                 global_batch: int, class_weights=None):
         self.strategy = strategy
         self.model = model
         self.global_batch = global_batch
-        self.per_example_loss = loss_function(task, label_smoothing)
+        self.per_example_loss = loss_function(task, label_smoothing, class_weights)
         with strategy.scope():
             self.loss = tf.keras.metrics.Mean(name="loss")
             self.running = keras_metrics(task)[0]
@@ -300,8 +303,14 @@ def train_fold(cfg, strategy: tf.distribute.Strategy, records: RecordSet, work_d
           f"{num_classes} classes; global batch {batch} ({replicas} replicas), {steps_per_epoch} steps/epoch, peak lr "
           f"{peak_lr:.2e}; metric {metric}, keeping the {cfg.train.keep} epoch", flush=True)
 
-    scaling = target_scaling(task, read_ids_and_labels(records.train_files, records.schema, True)[1]) \
-        if task.name == "regression" else None
+    train_labels = read_ids_and_labels(records.train_files, records.schema, True)[1] \
+        if task.name == "regression" or cfg.train.class_weight != "none" else None  # no image is decoded
+    scaling = target_scaling(task, train_labels) if task.name == "regression" else None
+    weights = class_weights(task, cfg.train.class_weight, train_labels, num_classes) \
+        if cfg.train.class_weight != "none" else None
+    if weights:
+        print("[train] class weights (balanced): " + ", ".join(
+            f"{name} {w:.3f}" for name, w in zip(records.class_names, weights, strict=True)), flush=True)
 
     def to_target(labels):
         return training_target(task, labels, num_classes, scaling)
@@ -312,7 +321,7 @@ def train_fold(cfg, strategy: tf.distribute.Strategy, records: RecordSet, work_d
     with strategy.scope():
         model = build_model(cfg.model, task.outputs(num_classes), cfg.data.image_size, hub_handle=hub_handle,
                             activation=task.activation)
-        compile_model(model, cfg.train, task, schedule)
+        compile_model(model, cfg.train, task, schedule, weights)
         model.optimizer.build(model.trainable_variables)  # slots exist before restore: nothing is deferred
         checkpoint = EpochCheckpoint(model, work_dir / "checkpoints")
         initial_epoch = checkpoint.restore()
@@ -339,7 +348,7 @@ def train_fold(cfg, strategy: tf.distribute.Strategy, records: RecordSet, work_d
             model.fit(train_data, epochs=cfg.train.epochs, initial_epoch=initial_epoch,
                       steps_per_epoch=steps_per_epoch, callbacks=callbacks, verbose=2)
         else:
-            CustomLoop(strategy, model, task, cfg.train.label_smoothing, batch).fit(
+            CustomLoop(strategy, model, task, cfg.train.label_smoothing, batch, weights).fit(
                 train_data, cfg.train.epochs, initial_epoch, steps_per_epoch, cfg.train.steps_per_execution,
                 callbacks)
     epochs_done = int(checkpoint.epoch.numpy())
@@ -355,8 +364,10 @@ def train_fold(cfg, strategy: tf.distribute.Strategy, records: RecordSet, work_d
               f"restored, max difference {drift:.1e})", flush=True)
     predictions = to_values(outputs, scaling)
     best_epoch = best_epoch or epochs_done
-    return FoldResult(model, history_csv, epochs_done, budget.stopped, best_epoch, metric, scaling, val_ids,
-                      val_labels, predictions)
+    rates = [(step / steps_per_epoch, float(schedule(step))) for step in range(0, total_steps + 1,
+                                                                              max(1, total_steps // 200))]
+    return FoldResult(model, history_csv, epochs_done, budget.stopped, best_epoch, metric, scaling, weights, rates,
+                      val_ids, val_labels, predictions)
 
 
 def to_values(outputs: np.ndarray, scaling: dict | None) -> np.ndarray:
@@ -402,12 +413,18 @@ def read_oof(path: Path, task: Task, class_names) -> tuple[list[str], list, list
 
 
 def _fold_outputs(work: Path, task: Task, result: FoldResult, records: RecordSet, confusion) -> dict[str, Path]:
-    """oof.csv, the history plot and (single-label tasks) the confusion matrix, to travel inside the export."""
+    """oof.csv and the plots (history with the learning-rate schedule; the confusion matrix for single-label tasks,
+    the ROC curve for binary, predicted against true for regression), to travel inside the export."""
     write_oof(work / "oof.csv", task, records.class_names, result.val_ids, result.val_labels, result.val_predictions)
-    plot_history(result.history_csv, work / "history.png")
+    plot_history(result.history_csv, work / "history.png", result.learning_rates)
     if confusion is not None:
         plot_confusion(confusion, records.class_names, work / "confusion.png")
-    return {name: work / name for name in ("history.csv", "history.png", "confusion.png", "oof.csv")}
+    if task.name == "binary" and len(set(np.asarray(result.val_labels).tolist())) == 2:
+        plot_roc(result.val_labels, result.val_predictions, work / "roc.png")
+    if task.name == "regression":
+        plot_predicted_vs_true(result.val_labels, result.val_predictions, work / "predicted_vs_true.png")
+    names = ("history.csv", "history.png", "confusion.png", "roc.png", "predicted_vs_true.png", "oof.csv")
+    return {name: work / name for name in names}
 
 
 def _golden_batch(records: RecordSet, image_size: int, n: int = 4) -> np.ndarray:
@@ -447,6 +464,7 @@ def export_fold(cfg, result: FoldResult, records: RecordSet, fold: int, export_d
         "metric": {"name": result.metric, "value": report[result.metric]},
         "thresholds": thresholds,  # multilabel: per label, chosen on this fold's validation predictions
         "target_scaling": result.scaling,  # regression: undone inside the export, which predicts the value
+        "class_weights": result.class_weights,
         "trained_precision": trained_policy, "export_precision": "float32",
         "metrics": {**report, "count": int(len(labels)), "epochs": result.epochs_done, "best_epoch": result.best_epoch,
                     "keep": cfg.train.keep, "ema": cfg.train.ema, "stopped_by_time_budget": result.stopped_by_budget,

@@ -56,4 +56,23 @@ def test_config_reference_in_the_readme_is_current():
     table = README.split("<!-- config-reference:start -->\n", 1)[1].split("\n<!-- config-reference:end -->", 1)[0]
     assert table == config_reference()
     rows = table.splitlines()[2:]
-    assert len(rows) == 96 and all(row.count(" | ") == 2 and row.rsplit(" | ", 1)[1].strip(" |") for row in rows)
+    assert len(rows) == 95 and all(row.count(" | ") == 2 and row.rsplit(" | ", 1)[1].strip(" |") for row in rows)
+
+
+def test_task_type_configs_in_the_readme_are_valid():
+    """Each competition's `section: {...}` snippets in the Task types section load as a config."""
+    from common.config import config_from_dict, load_config
+    from common.tasks import competition_metric, get_task
+
+    import yaml
+
+    section = re.sub(r"\s*\n\s*", " ", README.split("## Task types", 1)[1].split("\n## ", 1)[0])
+    items = re.findall(r"- \*\*(.+?)\*\*(.*?)(?= - \*\*|$)", section.split("does not fit the task", 1)[1].strip())
+    assert [name for name, _ in items] == ["SIIM-ISIC Melanoma", "Plant Pathology 2021", "PetFinder Pawpularity",
+                                           "Cassava Leaf Disease"]
+    for _, text in items:
+        raw = {}
+        for snippet in re.findall(r"`((?:data|train|kaggle): \{[^`]*\})`", text):
+            raw.update(yaml.safe_load("{" + snippet + "}"))
+        cfg = config_from_dict(raw, load_config())
+        competition_metric(get_task(cfg.data.task), cfg.train.metric)

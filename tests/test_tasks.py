@@ -110,6 +110,7 @@ def test_binary_submission_is_a_probability_per_row_with_patients_kept_whole(tmp
     print(f"binary: ROC AUC {auc:.4f} on {len(answers)} held-out images")
     assert auc >= 0.9, auc
     assert card["task"] == "binary" and card["metric"]["name"] == "roc_auc" and card["output"]["shape"] == [None, 1]
+    assert (tmp_path / "train" / "export" / "fold0" / "roc.png").is_file()
     manifest = json.loads((tmp_path / "records" / "manifest.json").read_text())
     assert manifest["split"]["grouped"] is True
     fold_of = {}  # every patient's images in one fold
@@ -152,6 +153,7 @@ def test_regression_submission_is_the_value_with_the_scaling_in_the_export(tmp_p
     scaling = card["target_scaling"]
     assert 35 < scaling["mean"] < 55 and 25 < scaling["std"] < 33  # digits 0..9 x 10, standardised for training
     assert card["metric"]["name"] == "rmse" and card["output"]["kind"] == "values"
+    assert (tmp_path / "train" / "export" / "fold0" / "predicted_vs_true.png").is_file()
 
 
 # ---------------------------------------------------------------------------------------------- task rules and metrics
@@ -226,3 +228,24 @@ def test_regression_folds_are_stratified_by_target_bins(tmp_path, demo_dir):
     means = [manifest["splits"][f"fold{k}"]["label_stats"]["mean"] for k in range(5)]
     assert max(means) - min(means) < 2.0  # each fold holds every range of the target (overall std about 29)
     shutil.rmtree(tmp_path / "records")
+
+
+def test_balanced_class_weights_scale_each_examples_loss():
+    from common.tasks import class_weights, loss_function
+
+    import tensorflow as tf
+
+    binary = TASKS["binary"]
+    weights = class_weights(binary, "balanced", [0, 0, 0, 1], 2)
+    assert weights == pytest.approx([4 / (2 * 3), 4 / (2 * 1)])  # n / (classes x count)
+    loss = loss_function(binary, 0.0, [0.5, 2.0])
+    targets, outputs = tf.constant([[1.0], [0.0], [0.5]]), tf.constant([[0.8], [0.8], [0.8]])
+    expected = [2.0 * -np.log(0.8), 0.5 * -np.log(0.2), 1.25 * -(0.5 * np.log(0.8) + 0.5 * np.log(0.2))]
+    np.testing.assert_allclose(loss(targets, outputs).numpy(), expected, rtol=1e-5)  # soft targets mix the weights
+    multiclass = TASKS["multiclass"]
+    assert class_weights(multiclass, "balanced", [0, 1, 1, 2, 2, 2], 4) == pytest.approx([2.0, 1.0, 2 / 3, 0.0])
+    weighted = loss_function(multiclass, 0.0, [1.0, 3.0, 1.0])(tf.constant([[0.0, 1.0, 0.0]]),
+                                                              tf.constant([[0.2, 0.5, 0.3]]))
+    assert float(weighted[0]) == pytest.approx(3.0 * -np.log(0.5), rel=1e-5)
+    with pytest.raises(ConfigError, match="train.class_weight='balanced' is for multiclass and binary tasks"):
+        class_weights(TASKS["regression"], "balanced", [1.0, 2.0], 0)
