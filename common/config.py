@@ -63,6 +63,20 @@ class DataConfig:
     rotate90: bool = False  # random multiple of 90 degrees
     brightness: float = 0.0  # random brightness shift, max delta in [0, 1] image units
     contrast: float = 0.0  # random contrast factor in [1 - contrast, 1 + contrast]
+    hue: float = 0.0  # random hue shift, max delta in [0, 0.5]
+    saturation: float = 0.0  # random saturation factor in [1 - saturation, 1 + saturation]
+    crop_scale: float = 0.0  # > 0: random resized crop keeping this minimum share of the area (e.g. 0.08 to 1)
+    crop_ratio: float = 1.333  # its aspect ratios in [1 / crop_ratio, crop_ratio]
+    rotation: float = 0.0  # affine: random rotation, max degrees
+    shear: float = 0.0  # affine: random shear, max degrees
+    zoom: float = 0.0  # affine: random zoom in [1 - zoom, 1 + zoom]
+    shift: float = 0.0  # affine: random shift, max share of the image size
+    cutout: int = 0  # coarse dropout: this many holes per image (filled with grey)
+    cutout_size: float = 0.2  # each hole's side, as a share of the image size
+    mixup_prob: float = 0.0  # share of batches mixed with MixUp (soft targets, every task)
+    mixup_alpha: float = 0.2  # MixUp's Beta(alpha, alpha)
+    cutmix_prob: float = 0.0  # share of batches mixed with CutMix (mixup_prob + cutmix_prob <= 1)
+    cutmix_alpha: float = 1.0  # CutMix's Beta(alpha, alpha)
 
 
 @dataclass

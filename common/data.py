@@ -13,6 +13,8 @@ signature takes; normalisation happens inside the model graph.
 
 from __future__ import annotations
 
+import math
+
 from common.tfrecords import RecordSchema, schema_from_config
 
 import numpy as np
@@ -57,22 +59,158 @@ def _random_flip(image: tf.Tensor, axis: int) -> tf.Tensor:
     return tf.cond(tf.random.uniform([]) < 0.5, lambda: tf.reverse(image, [axis]), lambda: image)
 
 
+def _to_uint8(x: tf.Tensor) -> tf.Tensor:
+    return tf.cast(tf.clip_by_value(tf.round(x), 0.0, 255.0), tf.uint8)
+
+
+def random_resized_crop(image: tf.Tensor, scale: float, ratio: float) -> tf.Tensor:
+    """A random box of at least `scale` of the area, aspect ratio in [1/ratio, ratio], resized back (Inception)."""
+    size = image.shape[0]
+    begin, box, _ = tf.image.sample_distorted_bounding_box(
+        tf.shape(image), tf.constant([[[0.0, 0.0, 1.0, 1.0]]]), min_object_covered=0.0,
+        aspect_ratio_range=(1.0 / ratio, ratio), area_range=(scale, 1.0), max_attempts=10,
+        use_image_if_no_bounding_boxes=True)
+    crop = tf.slice(image, begin, box)
+    return _to_uint8(tf.image.resize(crop, [size, size]))
+
+
+def affine_transform(size: int, rotation: float, shear: float, zoom: float, shift: float) -> tf.Tensor:
+    """A random affine map about the image centre (rotation and shear in degrees, zoom factor range, shift as a
+    share of the size), as the 8 output-to-input coefficients ImageProjectiveTransformV3 takes."""
+    def uniform(limit):
+        return tf.random.uniform([], -limit, limit) if limit > 0 else tf.constant(0.0)
+
+    angle, slant = uniform(rotation) * math.pi / 180.0, uniform(shear) * math.pi / 180.0
+    scale = 1.0 + uniform(zoom)
+    dx, dy = uniform(shift) * size, uniform(shift) * size
+    centre = (size - 1) / 2.0
+    cos, sin = tf.cos(angle), tf.sin(angle)
+    zero, one = tf.constant(0.0), tf.constant(1.0)
+
+    def matrix(rows):
+        return tf.stack([tf.stack(r) for r in rows])
+
+    to_centre = matrix([[one, zero, -centre], [zero, one, -centre], [zero, zero, one]])
+    rotate = matrix([[cos, -sin, zero], [sin, cos, zero], [zero, zero, one]])
+    skew = matrix([[one, -tf.sin(slant), zero], [zero, tf.cos(slant), zero], [zero, zero, one]])
+    resize = matrix([[scale, zero, zero], [zero, scale, zero], [zero, zero, one]])
+    back = matrix([[one, zero, centre + dx], [zero, one, centre + dy], [zero, zero, one]])
+    forward = back @ rotate @ skew @ resize @ to_centre  # input pixel -> output pixel
+    inverse = tf.linalg.inv(forward)  # the op asks, for each output pixel, where to read from
+    return tf.reshape(inverse / inverse[2, 2], [9])[:8]
+
+
+def affine(image: tf.Tensor, data_cfg) -> tf.Tensor:
+    """Rotation, shear, zoom and shift in one resampling (TensorFlow's ImageProjectiveTransformV3, bilinear,
+    reflected borders): Deotte's transform-matrix augmentation, without per-pixel Python."""
+    size = image.shape[0]
+    transform = affine_transform(size, data_cfg.rotation, data_cfg.shear, data_cfg.zoom, data_cfg.shift)
+    out = tf.raw_ops.ImageProjectiveTransformV3(
+        images=tf.cast(image, tf.float32)[None], transforms=transform[None], output_shape=[size, size],
+        fill_value=0.0, interpolation="BILINEAR", fill_mode="REFLECT")
+    return _to_uint8(out[0])
+
+
+def cutout(image: tf.Tensor, holes: int, side: float) -> tf.Tensor:
+    """Coarse dropout: `holes` grey squares of side `side` x size at random centres (they may overlap the border)."""
+    size = image.shape[0]
+    half = max(1, int(round(side * size))) / 2.0
+    centres = tf.random.uniform([holes, 2], 0.0, float(size))
+    grid = tf.range(size, dtype=tf.float32) + 0.5
+    inside_rows = tf.abs(grid[None, :] - centres[:, :1]) < half  # [holes, size]
+    inside_cols = tf.abs(grid[None, :] - centres[:, 1:]) < half
+    mask = tf.reduce_any(inside_rows[:, :, None] & inside_cols[:, None, :], axis=0)  # [size, size]
+    return tf.where(mask[:, :, None], tf.constant(128, tf.uint8), image)
+
+
 def augment(image: tf.Tensor, data_cfg) -> tf.Tensor:
-    """Random training augmentation on one uint8 image, as configured in data_cfg; output uint8, same shape."""
+    """Random training augmentation on one uint8 image, as configured in data_cfg; output uint8, same shape.
+    Order: crop, affine, flips and quarter turns, colour, cutout."""
+    if data_cfg.crop_scale > 0:
+        image = random_resized_crop(image, data_cfg.crop_scale, data_cfg.crop_ratio)
+    if data_cfg.rotation > 0 or data_cfg.shear > 0 or data_cfg.zoom > 0 or data_cfg.shift > 0:
+        image = affine(image, data_cfg)
     if data_cfg.flip_left_right:
         image = _random_flip(image, axis=1)
     if data_cfg.flip_up_down:
         image = _random_flip(image, axis=0)
     if data_cfg.rotate90:
         image = tf.image.rot90(image, k=tf.random.uniform([], 0, 4, dtype=tf.int32))
-    if data_cfg.brightness > 0 or data_cfg.contrast > 0:
+    if data_cfg.brightness > 0 or data_cfg.contrast > 0 or data_cfg.hue > 0 or data_cfg.saturation > 0:
         x = tf.cast(image, tf.float32) / 255.0
         if data_cfg.brightness > 0:
             x = tf.image.random_brightness(x, data_cfg.brightness)
         if data_cfg.contrast > 0:
             x = tf.image.random_contrast(x, 1.0 - data_cfg.contrast, 1.0 + data_cfg.contrast)
+        if data_cfg.hue > 0:
+            x = tf.image.random_hue(x, data_cfg.hue)
+        if data_cfg.saturation > 0:
+            x = tf.image.random_saturation(x, 1.0 - data_cfg.saturation, 1.0 + data_cfg.saturation)
         image = tf.cast(tf.clip_by_value(x, 0.0, 1.0) * 255.0 + 0.5, tf.uint8)
+    if data_cfg.cutout > 0:
+        image = cutout(image, data_cfg.cutout, data_cfg.cutout_size)
     return image
+
+
+# -------------------------------------------------------------------------------------------- batch-level mixing
+def _beta(alpha: float, n) -> tf.Tensor:
+    a, b = tf.random.gamma([n], alpha), tf.random.gamma([n], alpha)
+    return a / (a + b)
+
+
+def mixup(images: tf.Tensor, targets: tf.Tensor, alpha: float) -> tuple[tf.Tensor, tf.Tensor]:
+    """Each example blended with another of the batch, weight lam ~ Beta(alpha, alpha) per example; targets (float
+    training targets of any task) blended with the same weights."""
+    n = tf.shape(images)[0]
+    lam = _beta(alpha, n)
+    partner = tf.random.shuffle(tf.range(n))
+    pixels = lam[:, None, None, None]
+    x = tf.cast(images, tf.float32)
+    mixed = _to_uint8(pixels * x + (1.0 - pixels) * tf.gather(x, partner))
+    return mixed, lam[:, None] * targets + (1.0 - lam[:, None]) * tf.gather(targets, partner)
+
+
+def cutmix(images: tf.Tensor, targets: tf.Tensor, alpha: float) -> tuple[tf.Tensor, tf.Tensor]:
+    """A box of another example pasted into each example; the box's side is sqrt(1 - lam) of the image's with
+    lam ~ Beta(alpha, alpha), clipped at the border, and the targets are weighted by the area actually pasted."""
+    n, size = tf.shape(images)[0], images.shape[1]
+    side = tf.cast(tf.round(tf.sqrt(1.0 - _beta(alpha, n)) * size), tf.int32)
+    centre = tf.random.uniform([n, 2], 0, size, dtype=tf.int32)
+    low = tf.clip_by_value(centre - side[:, None] // 2, 0, size)
+    high = tf.clip_by_value(centre - side[:, None] // 2 + side[:, None], 0, size)
+    grid = tf.range(size)
+    rows = (grid[None, :] >= low[:, :1]) & (grid[None, :] < high[:, :1])  # [n, size]
+    cols = (grid[None, :] >= low[:, 1:]) & (grid[None, :] < high[:, 1:])
+    box = rows[:, :, None] & cols[:, None, :]  # [n, size, size]
+    partner = tf.random.shuffle(tf.range(n))
+    mixed = tf.where(box[..., None], tf.gather(images, partner), images)
+    kept = 1.0 - tf.reduce_mean(tf.cast(box, tf.float32), axis=[1, 2])  # exactly the unpasted share
+    return mixed, kept[:, None] * targets + (1.0 - kept[:, None]) * tf.gather(targets, partner)
+
+
+def check_mixing(data_cfg) -> None:
+    """MixUp / CutMix settings that cannot work, named before training starts."""
+    from common.errors import ConfigError
+
+    for name in ("mixup", "cutmix"):
+        prob, alpha = getattr(data_cfg, f"{name}_prob"), getattr(data_cfg, f"{name}_alpha")
+        if not 0.0 <= prob <= 1.0:
+            raise ConfigError(f"data.{name}_prob={prob} must be in [0, 1] (the share of batches mixed)")
+        if prob > 0 and alpha <= 0:
+            raise ConfigError(f"data.{name}_alpha={alpha} must be > 0: it is the Beta(alpha, alpha) of the mixing "
+                              f"weights (e.g. {0.2 if name == 'mixup' else 1.0}), with data.{name}_prob={prob}")
+    if data_cfg.mixup_prob + data_cfg.cutmix_prob > 1.0:
+        raise ConfigError(f"data.mixup_prob + data.cutmix_prob = {data_cfg.mixup_prob + data_cfg.cutmix_prob} must "
+                          "be <= 1 (they share the batches)")
+
+
+def mix_batch(images: tf.Tensor, targets: tf.Tensor, data_cfg) -> tuple[tf.Tensor, tf.Tensor]:
+    """MixUp on a data.mixup_prob share of batches, CutMix on a data.cutmix_prob share, the rest as they are."""
+    draw = tf.random.uniform([])
+    return tf.case([
+        (draw < data_cfg.mixup_prob, lambda: mixup(images, targets, data_cfg.mixup_alpha)),
+        (draw < data_cfg.mixup_prob + data_cfg.cutmix_prob, lambda: cutmix(images, targets, data_cfg.cutmix_alpha)),
+    ], default=lambda: (images, targets))
 
 
 def _check_files(files) -> list[str]:
@@ -91,6 +229,7 @@ def make_train_dataset(files, data_cfg, batch_size: int, to_target=None, schema:
     batch_size is the global batch; with an input_context (distribute_datasets_from_function) each input pipeline
     reads its share of the files and batches per replica. schema defaults to the config's."""
     files = _check_files(files)
+    check_mixing(data_cfg)
     schema = schema or schema_from_config(data_cfg)
     records = tf.data.Dataset.from_tensor_slices(files)
     if input_context is not None:
@@ -117,6 +256,9 @@ def make_train_dataset(files, data_cfg, batch_size: int, to_target=None, schema:
     dataset = dataset.batch(batch_size, drop_remainder=True)
     if to_target is not None:
         dataset = dataset.map(lambda images, labels: (images, to_target(labels)), num_parallel_calls=AUTOTUNE)
+        if data_cfg.augment and (data_cfg.mixup_prob > 0 or data_cfg.cutmix_prob > 0):
+            dataset = dataset.map(lambda images, targets: mix_batch(images, targets, data_cfg),
+                                  num_parallel_calls=AUTOTUNE)
     options = tf.data.Options()
     options.deterministic = False
     return dataset.with_options(options).prefetch(AUTOTUNE)

@@ -79,6 +79,14 @@ def cmd_tfrecords(args) -> int:
     return 0
 
 
+def cmd_augment_preview(args) -> int:
+    from tpu2gpu.preview import augment_preview
+
+    titles = augment_preview(_config(args), args.out, args.rows, args.cols)
+    print(f"{len(titles)} training images as the pipeline yields them, in {args.out}")
+    return 0
+
+
 def cmd_build(args) -> int:
     from tpu2gpu.build import build
 
@@ -248,6 +256,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", help="output folder (default: runtime.tfrecords, else <competition>-tfrec)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     p.set_defaults(func=cmd_tfrecords)
+
+    p = steps.add_parser("augment-preview", help="draw a grid of augmented (and mixed) training images with their "
+                         "targets")
+    _add_config_flags(p)
+    p.add_argument("--out", required=True, metavar="FILE.png")
+    p.add_argument("--rows", type=int, default=4)
+    p.add_argument("--cols", type=int, default=6)
+    p.set_defaults(func=cmd_augment_preview)
 
     def kaggle_step(name: str, help_text: str, func, kernel: bool = False):
         step = steps.add_parser(name, help=help_text)
