@@ -12,6 +12,11 @@ per-round ratios to decode-only (adjacent measurements, so drift in this shared 
                 at the training size
   pipeline@384  the same at image_size 384: a real bilinear resize on every image
 Target: pipeline@512 keeps >= 0.85 of the decode-only rate, and both scale with cores.
+
+    .venv/bin/python bench/input_pipeline.py --augmentations [--cores 1]
+
+prices each augmentation (data.* keys) on its own and the full stack, as the rate of pipeline@512 with it against
+pipeline@512 without it in the same round (MixUp / CutMix on every batch, so their whole cost shows).
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ def write_records(out_dir: Path, n_images: int, n_shards: int = 8) -> list[str]:
     return files
 
 
-def measure(cores: int, files: list[str], seconds: float, rounds: int) -> dict:
+def measure(cores: int, files: list[str], seconds: float, rounds: int, augmentations: bool = False) -> dict:
     """Runs inside a process pinned to `cores` cores (before TensorFlow is imported, so its pools size to them)."""
     os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:cores]))
     import common  # noqa: F401
@@ -74,9 +79,10 @@ def measure(cores: int, files: list[str], seconds: float, rounds: int) -> dict:
                     num_parallel_calls=AUTOTUNE, deterministic=False)
         return ds.batch(64).prefetch(AUTOTUNE)
 
-    def pipeline(size: int) -> tf.data.Dataset:
-        cfg = load_config(None, [f"data.image_size={size}", "data.shuffle_buffer=512"]).data
-        return make_train_dataset(files, cfg, batch_size=64, seed=0)
+    def pipeline(size: int, *settings: str) -> tf.data.Dataset:
+        cfg = load_config(None, [f"data.image_size={size}", "data.shuffle_buffer=512", *settings]).data
+        to_target = (lambda labels: tf.one_hot(labels, 5)) if settings else None  # float targets, as training has
+        return make_train_dataset(files, cfg, batch_size=64, to_target=to_target, seed=0)
 
     def rate(dataset: tf.data.Dataset) -> float:
         it = iter(dataset)
@@ -87,8 +93,12 @@ def measure(cores: int, files: list[str], seconds: float, rounds: int) -> dict:
             n += int(next(it)[0].shape[0]) if isinstance(dataset.element_spec, tuple) else int(next(it).shape[0])
         return n / (time.perf_counter() - start)
 
-    variants = {"decode-only": decode_only, "pipeline@512": lambda: pipeline(512),
-                "pipeline@384": lambda: pipeline(384)}
+    if augmentations:
+        variants = {"decode-only": decode_only, "pipeline@512": lambda: pipeline(512, "data.augment=true")}
+        variants.update({name: (lambda s=settings: pipeline(512, *s)) for name, settings in AUGMENTATIONS.items()})
+    else:
+        variants = {"decode-only": decode_only, "pipeline@512": lambda: pipeline(512),
+                    "pipeline@384": lambda: pipeline(384)}
     rates: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(rounds):
         for name, make in variants.items():
@@ -97,7 +107,22 @@ def measure(cores: int, files: list[str], seconds: float, rounds: int) -> dict:
     for name, values in rates.items():
         result[name] = statistics.median(values)
         result[f"{name} ratio"] = statistics.median(v / b for v, b in zip(values, rates["decode-only"], strict=True))
+        result[f"{name} vs plain"] = statistics.median(v / b for v, b in zip(values, rates["pipeline@512"],
+                                                                             strict=True))
     return result
+
+
+# Each augmentation alone at a typical setting, then all of them (what a strong competition config turns on).
+AUGMENTATIONS = {
+    "crop": ["data.crop_scale=0.5"],
+    "affine": ["data.rotation=15", "data.shear=5", "data.zoom=0.1", "data.shift=0.1"],
+    "colour": ["data.brightness=0.1", "data.contrast=0.1", "data.hue=0.02", "data.saturation=0.2"],
+    "cutout": ["data.cutout=4", "data.cutout_size=0.15"],
+    "mixup": ["data.mixup_prob=1"],
+    "cutmix": ["data.cutmix_prob=1"],
+}
+AUGMENTATIONS["all"] = [s for name in ("crop", "affine", "colour", "cutout") for s in AUGMENTATIONS[name]] + [
+    "data.mixup_prob=0.5", "data.cutmix_prob=0.5"]
 
 
 def main() -> None:
@@ -106,11 +131,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=4.0, help="per measurement")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--cores", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--augmentations", action="store_true", help="price each augmentation against the plain "
+                        "pipeline instead")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         spec = json.loads(args.worker)
-        print(json.dumps(measure(spec["cores"], spec["files"], args.seconds, args.rounds)))
+        print(json.dumps(measure(spec["cores"], spec["files"], args.seconds, args.rounds, args.augmentations)))
         return
     available = len(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory() as tmp:
@@ -124,9 +151,17 @@ def main() -> None:
                 continue
             spec = json.dumps({"cores": cores, "files": files})
             out = subprocess.run([sys.executable, __file__, "--seconds", str(args.seconds), "--rounds",
-                                  str(args.rounds), "--worker", spec],
+                                  str(args.rounds), "--worker", spec, *(["--augmentations"] if args.augmentations
+                                                                        else [])],
                                  capture_output=True, text=True, check=True)
             rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    if args.augmentations:
+        print(f"\n{'cores':>5} {'variant':>14} {'rate':>10} {'vs plain':>9} {'vs decode':>10}")
+        for r in rows:
+            for name in ("pipeline@512", *AUGMENTATIONS):
+                print(f"{r['cores']:>5} {name:>14} {r[name]:>8.0f}/s {r[name + ' vs plain']:>9.2f} "
+                      f"{r[name + ' ratio']:>10.2f}")
+        return
     print(f"\n{'cores':>5} {'decode-only':>12} {'pipeline@512':>13} {'ratio':>6} {'pipeline@384':>13} {'ratio':>6}")
     for r in rows:
         base = r["decode-only"]

@@ -83,10 +83,18 @@ def _number(value: str, source: str, what: str) -> float:
 def encode_labels(task: Task, values: Sequence[str], sources: Sequence[str],
                   label_order: Sequence[str] = ()) -> tuple[list, list[str], str]:
     """Raw label strings (one per training row; multilabel: space-separated labels) -> (labels, class names,
-    label type 'int' | 'str' | 'float'). label_order fixes the multilabel class order (one 0/1 column per class).
-    Errors name the CSV line."""
+    label type 'int' | 'str' | 'float'). label_order (data.class_names, or the 0/1 columns) fixes the class order of
+    multiclass and multilabel, and a label outside it is an error. Errors name the CSV line."""
+    if label_order and task.name in ("multiclass", "multilabel"):
+        known = set(label_order)
+        for value, source in zip(values, sources, strict=True):
+            unknown = sorted(set(value.split() if task.name == "multilabel" else [value]) - known)
+            if unknown:
+                raise DataError(f"{source}: label(s) {unknown} are not in data.class_names {list(label_order)[:8]}"
+                                f"{'...' if len(label_order) > 8 else ''}. Fix: add them, or leave data.class_names "
+                                "empty to take the classes from the data")
     if task.name == "multiclass":
-        names, label_type = class_names_of(values)
+        names, label_type = (list(label_order), "str") if label_order else class_names_of(values)
         index = {name: i for i, name in enumerate(names)}
         return [index[str(int(v)) if label_type == "int" else v] for v in values], names, label_type
     if task.name == "binary":

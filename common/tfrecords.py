@@ -274,7 +274,7 @@ def read_train_samples(comp_dir: Path, data_cfg) -> tuple[list[Sample], list[str
                 raise DataError(f"{source}: empty label in column '{data_cfg.label_column}'")
         raw.append(value)
         sources.append(source)
-    labels, names, label_type = encode_labels(task, raw, sources, label_columns)
+    labels, names, label_type = encode_labels(task, raw, sources, label_columns or list(data_cfg.class_names))
     samples = []
     seen: dict[str, int] = {}
     for (line, row), label in zip(rows, labels, strict=True):

@@ -170,11 +170,14 @@ def test_metric_must_fit_the_task():
 @pytest.mark.parametrize(("task", "values", "message"), [
     ("binary", ["0", "1", "2"], r"train.csv line 4: label '2' is not 0 or 1"),
     ("regression", ["1.5", "cat"], r"train.csv line 3: label 'cat' is not a number"),
+    ("multilabel", ["even", "odd big", "even rust"], r"train.csv line 4: label\(s\) \['rust'\] are not in "
+     r"data.class_names \['big', 'even', 'odd'\]"),
 ])
 def test_labels_of_the_wrong_kind_are_named(task, values, message):
+    """Wrong kinds for the task; a label outside data.class_names is named too (multilabel lists included)."""
     sources = [f"train.csv line {i + 2}" for i in range(len(values))]
     with pytest.raises(DataError, match=message):
-        encode_labels(TASKS[task], values, sources)
+        encode_labels(TASKS[task], values, sources, ["big", "even", "odd"] if task == "multilabel" else [])
 
 
 def test_metrics_are_scikit_learns_on_known_numbers():

@@ -225,6 +225,7 @@ def test_the_best_epoch_is_exported_not_the_last(tmp_path, tiny_backbone):
             "data.val_files=val/*.tfrec", f"model.hub_handle={tiny_backbone}", "data.image_size=16",
             "train.fold=0", "train.epochs=4", "train.steps_per_epoch=6", "train.batch_size_per_replica=4",
             "train.learning_rate=0.1", "train.warmup_epochs=0", "train.metric=log_loss", "model.dropout=0",
+            "train.early_stopping=2",
             f"runtime.output_dir={tmp_path / 'out'}"]
     assert train_main([a for item in argv for a in ("--set", item)]) == 0
     export = tmp_path / "out" / "export" / "fold0"
@@ -232,6 +233,7 @@ def test_the_best_epoch_is_exported_not_the_last(tmp_path, tiny_backbone):
     history = np.genfromtxt(export / "history.csv", delimiter=",", names=True)
     best = card["metrics"]["best_epoch"]
     assert best == int(np.argmin(history["val_log_loss"])) + 1 and best < 4, history["val_log_loss"]
+    assert card["metrics"]["epochs"] == best + 2 == len(history)  # early stopping: 2 epochs without a better one
     assert history["val_log_loss"][-1] > history["val_log_loss"][best - 1]  # the last epoch is worse
     # The exported predictions are the best epoch's: its score, and the outputs saved when it was scored.
     assert card["metric"]["value"] == pytest.approx(history["val_log_loss"][best - 1], abs=1e-5)
