@@ -161,7 +161,11 @@ class EpochScore(tf.keras.callbacks.Callback):
             swap[0]()
         try:
             raw = self.predict_val()
-            value = metric_score(self.metric, self.task, self.val_labels, self.to_values(raw))
+            try:
+                value = metric_score(self.metric, self.task, self.val_labels, self.to_values(raw))
+            except ValueError as err:  # e.g. AUC on a validation fold that holds one class: no score, no best
+                print(f"[train] epoch {epoch + 1}: val_{self.metric} cannot be computed ({err})", flush=True)
+                value = float("nan")
             logs["val_loss"] = float(tf.reduce_mean(self.loss(self.val_targets, raw)))
             logs[f"val_{self.metric}"] = value
             if is_better(self.metric, value, self.best["value"]):
@@ -173,8 +177,8 @@ class EpochScore(tf.keras.callbacks.Callback):
         finally:
             if swap:
                 swap[1]()
-        print(f"[train] epoch {epoch + 1}: val_{self.metric} {value:.4f} (best {self.best['value']:.4f} at epoch "
-              f"{self.best['epoch']})", flush=True)
+        best = "none yet" if self.best["value"] is None else f"{self.best['value']:.4f} at epoch {self.best['epoch']}"
+        print(f"[train] epoch {epoch + 1}: val_{self.metric} {value:.4f} (best {best})", flush=True)
         if self.patience and epoch + 1 - self.best["epoch"] >= self.patience:
             print(f"[train] early stopping: no better val_{self.metric} for {self.patience} epochs", flush=True)
             self.model.stop_training = True
@@ -362,6 +366,8 @@ def train_fold(cfg, strategy: tf.distribute.Strategy, records: RecordSet, work_d
                                "that epoch predicted: the best-epoch checkpoint did not capture the model")
         print(f"[train] exporting the weights of epoch {best_epoch} (val_{metric} {score.best['value']:.4f}; "
               f"restored, max difference {drift:.1e})", flush=True)
+    elif cfg.train.keep == "best":
+        print(f"[train] no epoch gave a val_{metric}: exporting the last epoch's weights", flush=True)
     predictions = to_values(outputs, scaling)
     best_epoch = best_epoch or epochs_done
     rates = [(step / steps_per_epoch, float(schedule(step))) for step in range(0, total_steps + 1,
@@ -442,6 +448,10 @@ def _class_scores(task: Task, labels, predictions, class_names) -> dict | None:
     return None
 
 
+def _shown(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4f}"
+
+
 def export_fold(cfg, result: FoldResult, records: RecordSet, fold: int, export_dir: Path, hub_handle: str | None,
                 trained_policy: str) -> dict:
     """Score the fold, then write its verified export (float32, plus float16 if configured). Returns the card."""
@@ -450,9 +460,9 @@ def export_fold(cfg, result: FoldResult, records: RecordSet, fold: int, export_d
     thresholds = choose_thresholds(task, labels, predictions)  # on this model's own out-of-fold predictions
     report = metric_report(task, labels, predictions, thresholds)
     classes = _class_scores(task, labels, predictions, records.class_names)
-    print(f"[train] fold {fold}: validation {result.metric} {report[result.metric]:.4f} (epoch {result.best_epoch} of "
-          f"{result.epochs_done}); " + ", ".join(f"{k} {v:.4f}" for k, v in report.items()
-                                                  if v is not None and k != result.metric), flush=True)
+    print(f"[train] fold {fold}: validation {result.metric} {_shown(report[result.metric])} (epoch "
+          f"{result.best_epoch} of {result.epochs_done}); " + ", ".join(
+              f"{k} {_shown(v)}" for k, v in report.items() if k != result.metric), flush=True)
     size, outputs = cfg.data.image_size, task.outputs(len(records.class_names))
     card = {
         "fold": fold, "task": task.name, "class_names": records.class_names, "label_type": records.label_type,
@@ -499,7 +509,7 @@ def out_of_fold_scores(export_root: Path, folds) -> dict | None:
     report = metric_report(task, labels, predictions, thresholds)
     classes = _class_scores(task, labels, predictions, card["class_names"])
     metric = card["metric"]["name"]
-    print(f"[train] out-of-fold over {len(folds)} fold(s), {len(ids)} records: {metric} {report[metric]:.4f}",
+    print(f"[train] out-of-fold over {len(folds)} fold(s), {len(ids)} records: {metric} {_shown(report[metric])}",
           flush=True)
     return {"folds": list(folds), "unique_ids": len(set(ids)), "count": len(ids), "metric": metric,
             "thresholds": thresholds, **report, **({"per_class": classes["per_class"],

@@ -124,8 +124,9 @@ def cmd_verify_export(args) -> int:
 
     for card in workflow.verify_export(Path(args.export)):
         m, metric = card["metrics"], card["metric"]
+        value = "n/a" if metric["value"] is None else f"{metric['value']:.4f}"
         print(f"fold{card['fold']}: complete, {card['task']}, {len(card['class_names'])} classes, {card['image_size']} "
-              f"px, {metric['name']} {metric['value']:.4f} (epoch {m['best_epoch']} of {m['epochs']}), signatures "
+              f"px, {metric['name']} {value} (epoch {m['best_epoch']} of {m['epochs']}), signatures "
               f"{sorted(card['precisions'])}")
     return 0
 
