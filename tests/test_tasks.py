@@ -144,7 +144,7 @@ def test_multilabel_submission_is_known_labels_over_fold_thresholds(tmp_path, de
 
 
 def test_regression_submission_is_the_value_with_the_scaling_in_the_export(tmp_path, demo_dir, tiny_backbone):
-    values, answers, card = run_task(tmp_path, demo_dir, tiny_backbone, "regression")
+    values, answers, card = run_task(tmp_path, demo_dir, tiny_backbone, "regression", "train.epochs=20")
     predicted = np.array([float(v) for v in values])
     truth = np.array([float(a["target"]) for a in answers])
     rmse = float(np.sqrt(np.mean((predicted - truth) ** 2)))
