@@ -122,7 +122,7 @@ class InferConfig:
     tta: tuple[str, ...] = ()  # extra views, e.g. [flip_left_right]; averaged with the original image's
     xla: bool = False  # compile the prediction step with XLA (for GPUs; slower on the CPU)
     precision: Literal["auto", "float32", "float16"] = "auto"  # auto: float16 on tensor-core GPUs when exported
-    check_images: bool = True  # refuse test images whose size or colour mode differ from the training images
+    check_images: Literal["warn", "strict", "off"] = "warn"  # test images unlike the training ones: count, refuse, skip
     save_probabilities: bool = True  # probabilities.csv beside submission.csv, for blending
     submission: str = "submission.csv"  # file name in the output folder
 
@@ -179,6 +179,52 @@ class Config:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
 
+# Every number's range: (lowest, highest, lowest excluded, highest excluded); None is unbounded. Checked whenever a
+# value is set, so a run stops at its config, not hours later inside fit.
+RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
+    "data.image_size": (8, 4096, False, False), "data.folds": (0, 100, False, False),
+    "data.val_fraction": (0, 1, True, True), "data.shard_target_mb": (0, None, True, False),
+    "data.convert_size": (0, 4096, False, False), "data.jpeg_quality": (1, 100, False, False),
+    "data.workers": (0, None, False, False), "data.split_seed": (0, None, False, False),
+    "data.shuffle_buffer": (0, None, False, False), "data.brightness": (0, 1, False, False),
+    "data.contrast": (0, 1, False, True), "data.hue": (0, 0.5, False, False), "data.saturation": (0, 1, False, False),
+    "data.crop_scale": (0, 1, False, False), "data.crop_ratio": (1, 10, False, False),
+    "data.rotation": (0, 180, False, False), "data.shear": (0, 80, False, False), "data.zoom": (0, 1, False, True),
+    "data.shift": (0, 1, False, False), "data.cutout": (0, 64, False, False), "data.cutout_size": (0, 1, True, False),
+    "data.mixup_prob": (0, 1, False, False), "data.mixup_alpha": (0, None, False, False),
+    "data.cutmix_prob": (0, 1, False, False), "data.cutmix_alpha": (0, None, False, False),
+    "model.dropout": (0, 1, False, True), "model.num_classes": (0, None, False, False),
+    "train.epochs": (1, None, False, False), "train.batch_size_per_replica": (1, None, False, False),
+    "train.batch_size": (0, None, False, False), "train.steps_per_epoch": (0, None, False, False),
+    "train.learning_rate": (0, None, True, False), "train.lr_reference_batch": (1, None, False, False),
+    "train.warmup_epochs": (0, None, False, False), "train.steps_per_execution": (1, None, False, False),
+    "train.label_smoothing": (0, 1, False, True), "train.ema": (0, 1, False, True),
+    "train.early_stopping": (0, None, False, False), "train.fold": (-1, None, False, False),
+    "train.time_budget_hours": (0, None, True, False), "train.seed": (0, None, False, False),
+    "infer.batch_size": (1, None, False, False), "kaggle.dataset_version": (0, None, False, False),
+    "runtime.cpu_devices": (1, 64, False, False),
+}
+TTA_NAMES = ("identity", "flip_left_right", "flip_up_down", "rotate90", "rotate180", "rotate270", "transpose")
+
+
+def _interval(low, high, low_open, high_open) -> str:
+    return f"{'(' if low_open else '['}{'-inf' if low is None else low}, {'inf' if high is None else high}" \
+           f"{')' if high_open or high is None else ']'}"
+
+
+def _check_range(key: str, value) -> None:
+    if key in RANGES:
+        low, high, low_open, high_open = RANGES[key]
+        below = low is not None and (value <= low if low_open else value < low)
+        above = high is not None and (value >= high if high_open else value > high)
+        if below or above:
+            raise ConfigError(f"config key '{key}' is {value}, outside its range {_interval(*RANGES[key])}")
+    if key == "infer.tta":
+        unknown = [name for name in value if name not in TTA_NAMES]
+        if unknown:
+            raise ConfigError(f"config key 'infer.tta' names unknown views {unknown}; choose from {list(TTA_NAMES)}")
+
+
 def _did_you_mean(name: str, known: typing.Iterable[str]) -> str:
     match = difflib.get_close_matches(name, list(known), n=1)
     return f" (did you mean '{match[0]}'?)" if match else ""
@@ -198,6 +244,8 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
             value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"config key '{key}' must be a list, got {value!r}")
+        if item_type is str:  # YAML reads class names 0, 1, 2 as integers: their meaning is plain
+            value = [str(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in value]
         return tuple(_coerce(v, item_type, f"{key}[{i}]") for i, v in enumerate(value))
     if annotation is bool:
         if isinstance(value, bool):
@@ -235,7 +283,9 @@ def _apply(cfg: Config, section: str, key: str, value: Any) -> None:
     if key not in types:
         raise ConfigError(f"unknown config key '{section}.{key}'{_did_you_mean(key, types)}; "
                           f"keys of '{section}' are {sorted(types)}")
-    setattr(target, key, _coerce(value, types[key], f"{section}.{key}"))
+    value = _coerce(value, types[key], f"{section}.{key}")
+    _check_range(f"{section}.{key}", value)
+    setattr(target, key, value)
 
 
 def config_from_dict(raw: dict[str, Any], base: Config | None = None) -> Config:

@@ -54,8 +54,12 @@ def test_batches(cfg, card: dict, template, csv_name: str):
     if cfg.runtime.competition_dir and not cfg.runtime.tfrecords:
         image_dir = Path(resolve_data_path(cfg.runtime.competition_dir)) / cfg.data.test_images
         paths = find_test_images(image_dir, template.ids, csv_name)
-        if cfg.infer.check_images:
-            check_test_images(paths, card)
+        if cfg.infer.check_images != "off":
+            unlike = check_test_images(paths, card, strict=cfg.infer.check_images == "strict")
+            if unlike:
+                print(f"[infer] warning: {sum(unlike.values())} of {len(paths)} test images differ from the training "
+                      f"images ({', '.join(f'{n} x {kind}' for kind, n in unlike.most_common(5))}); the pipeline "
+                      "resizes and converts them to RGB. infer.check_images=strict refuses them", flush=True)
         return make_image_file_dataset(paths, template.ids, size, cfg.infer.batch_size)
     root = resolve_data_path(cfg.runtime.tfrecords)
     files = (shard_paths(read_manifest(root), root, ["test"]) if has_manifest(root)

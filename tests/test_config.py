@@ -65,3 +65,38 @@ def test_parse_override_reads_yaml_values():
     assert parse_override("train.epochs=3") == ("train", "epochs", 3)
     assert parse_override("model.hub_handle=https://x/y=1") == ("model", "hub_handle", "https://x/y=1")
     assert parse_override("runtime.output_dir=") == ("runtime", "output_dir", "")
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("train.epochs=0", "config key 'train.epochs' is 0, outside its range [1, inf)"),
+    ("train.steps_per_execution=0", "config key 'train.steps_per_execution' is 0, outside its range [1, inf)"),
+    ("model.dropout=1", "config key 'model.dropout' is 1.0, outside its range [0, 1)"),
+    ("infer.batch_size=0", "config key 'infer.batch_size' is 0, outside its range [1, inf)"),
+    ("data.image_size=0", "config key 'data.image_size' is 0, outside its range [8, 4096]"),
+    ("train.learning_rate=0", "config key 'train.learning_rate' is 0.0, outside its range (0, inf)"),
+    ("infer.tta=[flip, transpose]", "config key 'infer.tta' names unknown views ['flip']"),
+])
+def test_values_out_of_range_are_named_with_the_range(override, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    assert message in str(err.value)
+
+
+def test_integer_class_names_are_read_as_names():
+    assert load_config(None, ["data.class_names=[0, 1, 2, 3]"]).data.class_names == ("0", "1", "2", "3")
+    with pytest.raises(ConfigError, match=r"data.class_names\[0\]' must be str"):
+        load_config(None, ["data.class_names=[true, false]"])
+
+
+@pytest.mark.parametrize(("entry", "override"), [
+    ("train", "train.epochs=0"), ("train", "train.steps_per_execution=0"), ("train", "model.dropout=1"),
+    ("infer", "infer.batch_size=0"),
+])
+def test_entry_points_exit_2_naming_the_key(entry, override):
+    import subprocess
+    import sys
+
+    module = "train_tpu.train" if entry == "train" else "infer_gpu.infer"
+    run = subprocess.run([sys.executable, "-m", module, "--set", override], capture_output=True, text=True)
+    assert run.returncode == 2
+    assert f"config key '{override.split('=')[0]}' is" in run.stderr and "Traceback" not in run.stderr
