@@ -124,17 +124,86 @@ def split_files(manifest: dict, tfrecord_dir: str, fold: int) -> tuple[list[str]
     return shard_paths(manifest, tfrecord_dir, train_names), shard_paths(manifest, tfrecord_dir, val_names)
 
 
-def count_records(files: Sequence[str]) -> int:
-    """Records in the files: from names ending -<count>.tfrec / -n<count>.tfrec (Kaggle's and ours), else counted."""
-    import re
+SCAN_CACHE = ".tpu2gpu-scan.json"
+
+
+def _scan_file(path: str, label_feature: str, labeled: bool) -> dict:
+    """Records in one file and the labels they hold (scalars only), parsing the label alone: no image is decoded."""
+    import tensorflow as tf
+
+    count, labels = 0, set()
+    spec = {label_feature: tf.io.VarLenFeature(tf.int64)} if labeled else None
+    for batch in tf.data.TFRecordDataset(path).batch(4096):
+        count += int(batch.shape[0])
+        if spec is not None:
+            values = tf.io.parse_example(batch, spec)[label_feature].values.numpy()
+            labels.update(int(v) for v in set(values.tolist()))
+    return {"count": count, "labels": sorted(labels)}
+
+
+def scan_records(files: Sequence[str], schema: RecordSchema, labeled: bool) -> dict[str, dict]:
+    """{file: {'count', 'labels'}} for TFRecords without a manifest: counted, never guessed from file names
+    (Kaggle's `train00-512.tfrec` holds 512, but `train-00003-of-00010.tfrecord` does not hold 10). Files are scanned
+    in parallel, and the result is cached beside them where writable (keyed by size and modification time)."""
+    from concurrent.futures import ThreadPoolExecutor as Pool
 
     import tensorflow as tf
 
-    total = 0
-    for f in files:
-        match = re.search(r"-n?(\d+)\.tfrec(ord)?$", str(f))
-        total += int(match.group(1)) if match else int(tf.data.TFRecordDataset(str(f)).reduce(0, lambda n, _: n + 1))
-    return total
+    files = [str(f) for f in files]
+    folder = os.path.dirname(files[0]) if files else "."
+    cache_path = os.path.join(folder, SCAN_CACHE)
+    cache = {}
+    if tf.io.gfile.exists(cache_path):
+        with tf.io.gfile.GFile(cache_path) as f:
+            cache = json.loads(f.read())
+
+    def key(path: str) -> str:
+        stat = tf.io.gfile.stat(path)
+        return f"{os.path.basename(path)}:{stat.length}:{stat.mtime_nsec}:{schema.label if labeled else ''}"
+
+    keys = {path: key(path) for path in files}
+    todo = [path for path in files if keys[path] not in cache]
+    with Pool(max_workers=min(8, max(1, len(todo)))) as pool:
+        # Integer labels are collected to be checked; float (regression) records are only counted.
+        collect = labeled and schema.label_dtype == "int64"
+        for path, result in zip(todo, pool.map(lambda p: _scan_file(p, schema.label, collect), todo), strict=True):
+            cache[keys[path]] = result
+    if todo and not folder.startswith("gs://") and os.access(folder, os.W_OK):
+        with open(cache_path, "w") as f:
+            json.dump(cache, f)
+    return {path: cache[keys[path]] for path in files}
+
+
+def check_features(files: Sequence[str], schema: RecordSchema, labeled: bool, key_of: dict[str, str]) -> None:
+    """The first record must hold the schema's features; a missing one is named with the features present."""
+    import tensorflow as tf
+
+    first = next(iter(tf.data.TFRecordDataset([str(f) for f in files[:1]]).take(1)), None)
+    if first is None:
+        raise DataError(f"{files[0]} holds no records")
+    present = sorted(tf.train.Example.FromString(first.numpy()).features.feature)
+    wanted = {schema.image: key_of["image"], schema.id: key_of["id"], **({schema.label: key_of["label"]}
+                                                                          if labeled else {})}
+    for feature, config_key in wanted.items():
+        if feature not in present:
+            raise DataError(f"{files[0]}: the records have no feature '{feature}' ({config_key}); they hold "
+                            f"{present}. Fix: --set {config_key}=<one of those>")
+
+
+def count_and_check(files: Sequence[str], schema: RecordSchema, num_classes: int, what: str) -> int:
+    """Records in `files` (scanned), after checking their features and that every label is one of num_classes."""
+    check_features(files, schema, True, {"image": "data.image_feature", "id": "data.id_feature",
+                                         "label": "data.label_feature"})
+    scanned = scan_records(files, schema, labeled=True)
+    if num_classes and schema.label_dtype == "int64":
+        limit = 2 if schema.label_size else num_classes  # multi-hot values are 0/1
+        for path, result in scanned.items():
+            outside = [label for label in result["labels"] if not 0 <= label < limit]
+            if outside:
+                raise DataError(f"{path} ({what}) holds label(s) {outside[:5]}, outside the {num_classes} classes of "
+                                "data.class_names (labels are indices 0.."
+                                f"{num_classes - 1}). Fix: list every class in data.class_names, in label order")
+    return sum(result["count"] for result in scanned.values())
 
 
 def glob_files(root: str, pattern: str) -> list[str]:
@@ -192,8 +261,13 @@ def record_set(tfrecord_dir: str, data_cfg, fold: int) -> RecordSet:
         if not files:
             pattern = getattr(data_cfg, key.split(".")[1])
             raise DataError(f"{key}={pattern!r} matches no file under {tfrecord_dir}")
-    return RecordSet(train_files, val_files, count_records(train_files), count_records(val_files),
-                     list(data_cfg.class_names), schema_from_config(data_cfg),
+    schema = schema_from_config(data_cfg)
+    classes = len(data_cfg.class_names)
+    train_count = count_and_check(train_files, schema, classes, "data.train_files")
+    val_count = count_and_check(val_files, schema, classes, "data.val_files")
+    print(f"[tfrecords] {tfrecord_dir}: {train_count} training and {val_count} validation records (scanned; no "
+          f"manifest), labels within the {classes} classes", flush=True)
+    return RecordSet(train_files, val_files, train_count, val_count, list(data_cfg.class_names), schema,
                      "float" if data_cfg.task == "regression" else "str")
 
 

@@ -80,8 +80,10 @@ def test_cutout_and_affine_keep_shape_and_change_pixels():
 def test_mixing_settings_that_cannot_work_are_named():
     with pytest.raises(ConfigError, match=r"data.mixup_alpha=0.0 must be > 0"):
         check_mixing(load_config(None, ["data.mixup_prob=0.5", "data.mixup_alpha=0"]).data)
-    with pytest.raises(ConfigError, match=r"data.cutmix_alpha=-1.0 must be > 0"):
-        check_mixing(load_config(None, ["data.cutmix_prob=0.5", "data.cutmix_alpha=-1"]).data)
+    with pytest.raises(ConfigError, match=r"data.cutmix_alpha=0.0 must be > 0"):
+        check_mixing(load_config(None, ["data.cutmix_prob=0.5", "data.cutmix_alpha=0"]).data)
+    with pytest.raises(ConfigError, match=r"config key 'data.cutmix_alpha' is -1.0, outside its range \[0, inf\)"):
+        load_config(None, ["data.cutmix_alpha=-1"])  # negative: refused by its range when the config is read
     with pytest.raises(ConfigError, match=r"must be <= 1"):
         check_mixing(load_config(None, ["data.cutmix_prob=0.6", "data.mixup_prob=0.6"]).data)
     check_mixing(load_config(None, ["data.mixup_alpha=0"]).data)  # off: its alpha does not matter

@@ -1,5 +1,6 @@
 from common.config import load_config
 from common.data import augment, decode_image, images_and_labels, make_eval_dataset, make_train_dataset
+from common.errors import DataError
 from common.strategy import get_strategy
 from common.tfrecords import RecordSchema, serialize_example, shard_paths, split_files
 
@@ -104,3 +105,33 @@ def test_per_replica_datasets_under_mirrored_strategy(demo_records):
 def test_no_files_is_a_clear_error():
     with pytest.raises(ValueError, match="no TFRecord files given"):
         make_train_dataset([], load_config().data, batch_size=4)
+
+
+def test_foreign_records_are_counted_and_their_labels_checked_before_training(tmp_path):
+    """Flowers-schema records named like `train-00000-of-00002.tfrecord`: the name says 2 (or 0), the files hold 7
+    and 3. A label outside data.class_names and a misnamed feature are named before any training."""
+    from common.tfrecords import SCAN_CACHE, record_set
+
+    schema = RecordSchema(image="image", label="class", id="id")
+    for split, labels in (("train", [0, 1, 2, 3, 0, 1, 2]), ("val", [3, 2, 1])):
+        (tmp_path / split).mkdir()
+        for part, chunk in enumerate((labels[: len(labels) // 2], labels[len(labels) // 2:])):
+            with tf.io.TFRecordWriter(str(tmp_path / split / f"{split}-0000{part}-of-00002.tfrecord")) as writer:
+                for i, label in enumerate(chunk):
+                    writer.write(serialize_example(image_bytes(i, 24), f"{split}{part}{i}", label, schema))
+    settings = ["data.label_feature=class", "data.class_names=[a, b, c, d]", "data.train_files=train/*.tfrecord",
+                "data.val_files=val/*.tfrecord"]
+    records = record_set(str(tmp_path), load_config(None, settings).data, 0)
+    assert (records.train_count, records.val_count) == (7, 3)
+    assert (tmp_path / "train" / SCAN_CACHE).is_file()  # the next run reads the counts from here
+    assert record_set(str(tmp_path), load_config(None, settings).data, 0).train_count == 7
+
+    with tf.io.TFRecordWriter(str(tmp_path / "train" / "train-00002-of-00002.tfrecord")) as writer:
+        writer.write(serialize_example(image_bytes(9, 24), "bad", 7, schema))
+    with pytest.raises(DataError, match=r"train-00002-of-00002.tfrecord \(data.train_files\) holds label\(s\) \[7\], "
+                                        r"outside the 4 classes of data.class_names"):
+        record_set(str(tmp_path), load_config(None, settings).data, 0)
+    (tmp_path / "train" / "train-00002-of-00002.tfrecord").unlink()
+    with pytest.raises(DataError, match=r"the records have no feature 'label' \(data.label_feature\); they hold "
+                                        r"\['class', 'id', 'image'\]"):
+        record_set(str(tmp_path), load_config(None, [*settings[1:]]).data, 0)
