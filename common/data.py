@@ -308,8 +308,3 @@ def make_image_file_dataset(paths, ids, image_size: int, batch_size: int) -> tf.
 
     return dataset.map(load, num_parallel_calls=AUTOTUNE, deterministic=True).batch(batch_size).prefetch(AUTOTUNE)
 
-
-def images_and_labels(dataset: tf.data.Dataset, to_target=None) -> tf.data.Dataset:
-    """(image, label) pairs from eval-dataset dicts, the form Keras fit/evaluate take; to_target as in training."""
-    convert = to_target or (lambda labels: labels)
-    return dataset.map(lambda batch: (batch["image"], convert(batch["label"])))

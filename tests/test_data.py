@@ -1,5 +1,5 @@
 from common.config import load_config
-from common.data import augment, decode_image, images_and_labels, make_eval_dataset, make_train_dataset
+from common.data import augment, decode_image, make_eval_dataset, make_train_dataset
 from common.errors import DataError
 from common.strategy import get_strategy
 from common.tfrecords import RecordSchema, serialize_example, shard_paths, split_files
@@ -63,8 +63,8 @@ def test_inference_order_is_deterministic_and_every_id_is_kept(demo_dir, demo_re
 def test_validation_pairs_for_keras(demo_records):
     out, manifest = demo_records
     _, val_files = split_files(manifest, str(out), fold=1)
-    pairs = images_and_labels(make_eval_dataset(val_files, RecordSchema(), 32, batch_size=100, labeled=True))
-    counts = [int(y.shape[0]) for _, y in pairs]
+    batches = make_eval_dataset(val_files, RecordSchema(), 32, batch_size=100, labeled=True)
+    counts = [int(batch["label"].shape[0]) for batch in batches]
     assert sum(counts) == manifest["splits"]["fold1"]["count"] == 288
 
 
