@@ -127,12 +127,12 @@ def split_files(manifest: dict, tfrecord_dir: str, fold: int) -> tuple[list[str]
 SCAN_CACHE = ".tpu2gpu-scan.json"
 
 
-def _scan_file(path: str, label_feature: str, labeled: bool) -> dict:
+def _scan_file(path: str, label_feature: str, collect_labels: bool) -> dict:
     """Records in one file and the labels they hold (scalars only), parsing the label alone: no image is decoded."""
     import tensorflow as tf
 
     count, labels = 0, set()
-    spec = {label_feature: tf.io.VarLenFeature(tf.int64)} if labeled else None
+    spec = {label_feature: tf.io.VarLenFeature(tf.int64)} if collect_labels else None
     for batch in tf.data.TFRecordDataset(path).batch(4096):
         count += int(batch.shape[0])
         if spec is not None:
@@ -141,7 +141,7 @@ def _scan_file(path: str, label_feature: str, labeled: bool) -> dict:
     return {"count": count, "labels": sorted(labels)}
 
 
-def scan_records(files: Sequence[str], schema: RecordSchema, labeled: bool) -> dict[str, dict]:
+def scan_records(files: Sequence[str], schema: RecordSchema) -> dict[str, dict]:
     """{file: {'count', 'labels'}} for TFRecords without a manifest: counted, never guessed from file names
     (Kaggle's `train00-512.tfrec` holds 512, but `train-00003-of-00010.tfrecord` does not hold 10). Files are scanned
     in parallel, and the result is cached beside them where writable (keyed by size and modification time)."""
@@ -159,13 +159,13 @@ def scan_records(files: Sequence[str], schema: RecordSchema, labeled: bool) -> d
 
     def key(path: str) -> str:
         stat = tf.io.gfile.stat(path)
-        return f"{os.path.basename(path)}:{stat.length}:{stat.mtime_nsec}:{schema.label if labeled else ''}"
+        return f"{os.path.basename(path)}:{stat.length}:{stat.mtime_nsec}:{schema.label}"
 
     keys = {path: key(path) for path in files}
     todo = [path for path in files if keys[path] not in cache]
     with Pool(max_workers=min(8, max(1, len(todo)))) as pool:
         # Integer labels are collected to be checked; float (regression) records are only counted.
-        collect = labeled and schema.label_dtype == "int64"
+        collect = schema.label_dtype == "int64"
         for path, result in zip(todo, pool.map(lambda p: _scan_file(p, schema.label, collect), todo), strict=True):
             cache[keys[path]] = result
     if todo and not folder.startswith("gs://") and os.access(folder, os.W_OK):
@@ -174,7 +174,7 @@ def scan_records(files: Sequence[str], schema: RecordSchema, labeled: bool) -> d
     return {path: cache[keys[path]] for path in files}
 
 
-def check_features(files: Sequence[str], schema: RecordSchema, labeled: bool, key_of: dict[str, str]) -> None:
+def check_features(files: Sequence[str], schema: RecordSchema) -> None:
     """The first record must hold the schema's features; a missing one is named with the features present."""
     import tensorflow as tf
 
@@ -182,8 +182,7 @@ def check_features(files: Sequence[str], schema: RecordSchema, labeled: bool, ke
     if first is None:
         raise DataError(f"{files[0]} holds no records")
     present = sorted(tf.train.Example.FromString(first.numpy()).features.feature)
-    wanted = {schema.image: key_of["image"], schema.id: key_of["id"], **({schema.label: key_of["label"]}
-                                                                          if labeled else {})}
+    wanted = {schema.image: "data.image_feature", schema.id: "data.id_feature", schema.label: "data.label_feature"}
     for feature, config_key in wanted.items():
         if feature not in present:
             raise DataError(f"{files[0]}: the records have no feature '{feature}' ({config_key}); they hold "
@@ -192,9 +191,8 @@ def check_features(files: Sequence[str], schema: RecordSchema, labeled: bool, ke
 
 def count_and_check(files: Sequence[str], schema: RecordSchema, num_classes: int, what: str) -> int:
     """Records in `files` (scanned), after checking their features and that every label is one of num_classes."""
-    check_features(files, schema, True, {"image": "data.image_feature", "id": "data.id_feature",
-                                         "label": "data.label_feature"})
-    scanned = scan_records(files, schema, labeled=True)
+    check_features(files, schema)
+    scanned = scan_records(files, schema)
     if num_classes and schema.label_dtype == "int64":
         limit = 2 if schema.label_size else num_classes  # multi-hot values are 0/1
         for path, result in scanned.items():
