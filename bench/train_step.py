@@ -24,10 +24,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import common  # noqa: F401,E402
 from common.config import Config, load_config  # noqa: E402
+from common.conversion import convert_competition  # noqa: E402
 from common.data import make_train_dataset  # noqa: E402
 from common.model import build_model, compile_model  # noqa: E402
 from common.tasks import TASKS, training_target  # noqa: E402
-from common.tfrecords import convert_competition, split_files  # noqa: E402
+from common.tfrecords import split_files  # noqa: E402
 
 import tensorflow as tf  # noqa: E402
 

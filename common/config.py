@@ -11,6 +11,7 @@ Model and data code never read `runtime`.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import difflib
 import json
@@ -53,6 +54,7 @@ class DataConfig:
     convert_size: int = 0  # > 0: resize to convert_size x convert_size while converting (then training skips it)
     reencode: Literal["keep", "jpeg", "png"] = "keep"  # keep = store the original bytes, checked by decoding
     jpeg_quality: int = 95  # JPEG quality when re-encoding
+    on_bad_image: Literal["error", "skip"] = "error"  # bad image: error lists all; skip omits them (bad_images.csv)
     workers: int = 0  # image preparation threads; 0 = one per core
     split_seed: int = 42  # seed of the fold split and of the shard order
     # Training-time augmentation (never applied to validation or test data).
@@ -340,6 +342,24 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
     for text in overrides:
         _apply(cfg, *parse_override(text))
     return cfg
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """--config FILE and repeated --set section.key=value: the same flags on every tpu2gpu step and both kernels."""
+    parser.add_argument("--config", metavar="FILE", help="YAML or JSON config over the defaults")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override one config key, e.g. --set train.epochs=3 (repeatable)")
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    return load_config(args.config, args.overrides)
+
+
+def parse_kernel_args(description: str, argv: typing.Sequence[str] | None = None) -> Config:
+    """A kernel's command line (its module docstring as --help) -> the resolved config."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_flags(parser)
+    return config_from_args(parser.parse_args(argv))
 
 
 def config_to_dict(cfg: Config) -> dict[str, Any]:

@@ -140,7 +140,7 @@ def check_template_classes(template: SubmissionTemplate, task: Task, class_names
 
 
 def find_test_images(image_dir: Path, ids: list[str], csv_name: str) -> list[Path]:
-    from common.tfrecords import IMAGE_SUFFIXES, index_images
+    from common.paths import IMAGE_SUFFIXES, index_images
 
     index = index_images(image_dir)
     missing = [i for i in ids if i not in index]

@@ -15,11 +15,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from common.errors import DataPathError
+from common.errors import DataError, DataPathError
 
 KAGGLE_ROOT_ENV = "TPU2GPU_KAGGLE_ROOT"
 _MOUNT_KINDS = ("datasets", "competitions", "models")
 _MAX_MOUNT_DEPTH = 6  # models/<owner>/<model>/<framework>/<variation>/<version>
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
 
 def kaggle_root() -> Path:
@@ -169,3 +170,17 @@ def resolve_data_path(name_or_path: str, *, needs_gcs: bool = False, private: bo
         f"'{name_or_path}' is neither a local path nor an attached Kaggle input; {kaggle_input_dir()} holds "
         f"{attached or 'nothing'}. Fix: attach it (dataset_sources / competition_sources in kernel-metadata.json, "
         "or Add Input in the editor), or pass a path or gs:// URL")
+
+
+def index_images(image_dir: Path) -> dict[str, Path]:
+    """file name and stem -> path, for the images directly inside image_dir (a competition's train/ or test/)."""
+    if not image_dir.is_dir():
+        raise DataError(f"image folder {image_dir} does not exist. Fix: set data.train_images / data.test_images")
+    index: dict[str, Path] = {}
+    for path in sorted(image_dir.iterdir()):
+        if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file():
+            index.setdefault(path.name, path)
+            index.setdefault(path.stem, path)
+    if not index:
+        raise DataError(f"image folder {image_dir} holds no {'/'.join(IMAGE_SUFFIXES)} images")
+    return index

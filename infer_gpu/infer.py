@@ -14,13 +14,12 @@ probabilities.csv into runtime.output_dir (/kaggle/working on Kaggle, ./runs/inf
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 
 import common  # noqa: F401
-from common.config import format_config, load_config
+from common.config import format_config, parse_kernel_args
 from common.env import environment_report
 from common.errors import UserError
 from common.export import load_export, read_card
@@ -70,14 +69,10 @@ def test_batches(cfg, card: dict, template, csv_name: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", metavar="FILE")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    args = parser.parse_args(argv)
     start = time.perf_counter()
 
     # ---- config and environment
-    cfg = load_config(args.config, args.overrides)
+    cfg = parse_kernel_args(__doc__, argv)
     print(format_config(cfg), flush=True)
     split_cpu(cfg.runtime.cpu_devices)
     strategy = get_strategy(cfg.runtime.strategy, cfg.runtime.tpu_address)

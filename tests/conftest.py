@@ -7,7 +7,7 @@ from common.strategy import split_cpu
 split_cpu(2)
 
 from common.config import Config  # noqa: E402
-from common.tfrecords import convert_competition  # noqa: E402
+from common.conversion import convert_competition  # noqa: E402
 
 import pytest  # noqa: E402
 

@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 
 from common.config import load_config
+from common.conversion import convert_competition
 from common.errors import ConfigError, DataError
 from common.tasks import TASKS, choose_thresholds, competition_metric, encode_labels, metric_score
-from common.tfrecords import convert_competition
 
 import numpy as np
 import pytest

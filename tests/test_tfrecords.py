@@ -50,7 +50,7 @@ def test_demo_round_trip(demo_dir, demo_records):
 
 
 def test_shards_are_sized_to_the_target(demo_dir, tmp_path):
-    from common.tfrecords import convert_competition
+    from common.conversion import convert_competition
 
     cfg = load_config(None, ["data.shard_target_mb=0.08"])
     manifest = convert_competition(demo_dir, tmp_path / "small", cfg.data)
@@ -68,7 +68,7 @@ def test_holdout_split_integer_labels_and_resize(tmp_path):
     comp = write_competition(tmp_path / "comp", labels, size=20, fmt="PNG")
     cfg = load_config(None, ["data.folds=0", "data.val_fraction=0.2", "data.convert_size=12",
                              "data.reencode=jpeg"])
-    from common.tfrecords import convert_competition
+    from common.conversion import convert_competition
 
     manifest = convert_competition(comp, tmp_path / "rec", cfg.data)
     assert manifest["class_names"] == ["0", "1", "2"] and manifest["label_type"] == "int"
@@ -88,28 +88,73 @@ def _no_output_left(out: Path) -> bool:
 
 
 def _convert_fails(comp: Path, out: Path, *overrides: str) -> str:
-    from common.tfrecords import convert_competition
+    from common.conversion import convert_competition
 
     with pytest.raises(DataError) as err:
         convert_competition(comp, out, load_config(None, overrides).data)
     return str(err.value)
 
 
-def test_image_listed_in_csv_but_missing(tmp_path):
-    comp = write_competition(tmp_path / "comp", ["a", "b"] * 6)
-    (comp / "train" / "img007.jpg").unlink()
-    message = _convert_fails(comp, tmp_path / "out", "data.folds=2")
-    assert "train.csv line 9 (id 'img007'): no image img007[.jpg|.jpeg|.png]" in message
-    assert _no_output_left(tmp_path / "out")
-
-
-def test_corrupt_image(tmp_path):
-    comp = write_competition(tmp_path / "comp", ["a", "b"] * 6)
+def _break_three_images(comp: Path) -> None:
+    """train.csv lines 4, 6 and 9: a missing, a truncated (corrupt) and a zero-byte image; and one bad test image."""
+    (comp / "train" / "img002.jpg").unlink()
     good = (comp / "train" / "img004.jpg").read_bytes()
-    (comp / "train" / "img004.jpg").write_bytes(good[: len(good) // 3])  # truncated mid-scan
+    (comp / "train" / "img004.jpg").write_bytes(good[: len(good) // 3])  # truncated mid-scan: only a full decode fails
+    (comp / "train" / "img007.jpg").write_bytes(b"")
+    (comp / "test" / "t001.jpg").write_bytes(b"GIF89a not really")
+
+
+def test_every_bad_image_is_named_in_one_pass(tmp_path):
+    comp = write_competition(tmp_path / "comp", ["a", "b"] * 6)
+    _break_three_images(comp)
     message = _convert_fails(comp, tmp_path / "out", "data.folds=2")
-    assert "train.csv line 6" in message and "img004.jpg is not a readable image" in message
+    assert message.startswith("4 bad image(s) (3 train, 1 test), found in one pass; nothing was written:")
+    assert "train.csv line 4 (id 'img002'): no image img002[.jpg|.jpeg|.png] in train/" in message
+    assert f"train.csv line 6 (id 'img004'): {comp / 'train' / 'img004.jpg'} is not a readable image (OSError: " \
+        in message
+    assert f"train.csv line 9 (id 'img007'): {comp / 'train' / 'img007.jpg'} is empty (0 bytes)" in message
+    assert "sample_submission.csv line 5 (id 't001')" in message  # written in reverse order
+    assert "--set data.on_bad_image=skip" in message
     assert _no_output_left(tmp_path / "out")
+
+
+def test_skip_converts_the_rest_and_lists_the_bad_images(tmp_path, capsys):
+    comp = write_competition(tmp_path / "comp", ["a", "b"] * 6)
+    _break_three_images(comp)
+    out = tmp_path / "out"
+    code = main(["tfrecords", "--competition", str(comp), "--out", str(out), "--set", "data.folds=2",
+                 "--set", "data.on_bad_image=skip"])
+    assert code == 0
+    captured = capsys.readouterr()
+    assert f"skipped 4 bad image(s) (data.on_bad_image=skip): listed in {out / 'bad_images.csv'}" in captured.out
+    assert "[tfrecords] skipping 4 bad image(s)" in captured.err and "(id 'img007')" in captured.err
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["skipped"] == {"count": 4, "file": "bad_images.csv", "by_split": {"train": 3, "test": 1}}
+    assert manifest["splits"]["fold0"]["count"] + manifest["splits"]["fold1"]["count"] == 9
+    ids = {r["id"] for r in read_records(shard_paths(manifest, out, ["fold0", "fold1"]))}
+    assert ids == {f"img{i:03d}" for i in range(12)} - {"img002", "img004", "img007"}
+    assert [r["id"] for r in read_records(shard_paths(manifest, out, ["test"]), labeled=False)] == \
+        ["t004", "t003", "t002", "t000"]
+    listed = read_csv(out / "bad_images.csv")
+    assert [(row["split"], row["source"], row["id"]) for row in listed] == [
+        ("train", "train.csv line 4", "img002"), ("train", "train.csv line 6", "img004"),
+        ("train", "train.csv line 9", "img007"), ("test", "sample_submission.csv line 5", "t001")]
+    assert listed[2]["problem"] == f"{comp / 'train' / 'img007.jpg'} is empty (0 bytes)"
+
+
+def test_an_image_of_another_format_is_stored_only_when_reencoded(tmp_path):
+    from PIL import Image
+
+    comp = write_competition(tmp_path / "comp", ["a", "b"] * 6)
+    Image.new("RGB", (16, 16), "red").save(comp / "train" / "img005.jpg", format="WEBP")  # a .jpg that is WebP
+    message = _convert_fails(comp, tmp_path / "out", "data.folds=2")
+    assert "train.csv line 7 (id 'img005')" in message and "is a WEBP image" in message
+    assert "--set data.reencode=jpeg" in message
+    from common.conversion import convert_competition
+
+    manifest = convert_competition(comp, tmp_path / "out", load_config(None, ["data.folds=2",
+                                                                               "data.reencode=jpeg"]).data)
+    assert manifest["image_formats"] == ["jpeg"] and manifest["skipped"]["count"] == 0
 
 
 def test_missing_label_column_names_the_columns(tmp_path):
@@ -130,7 +175,7 @@ def test_empty_images_folder(tmp_path):
 
 
 def test_a_failed_rerun_keeps_the_previous_complete_output(tmp_path):
-    from common.tfrecords import convert_competition
+    from common.conversion import convert_competition
 
     comp = write_competition(tmp_path / "comp", ["a", "b"] * 6)
     out = tmp_path / "out"

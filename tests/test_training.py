@@ -179,7 +179,7 @@ def test_bad_inputs_name_the_value_and_the_fix(train_argv):
 
 
 def test_all_folds_in_turn_give_out_of_fold_scores(tmp_path, tiny_backbone):
-    from common.tfrecords import convert_competition
+    from common.conversion import convert_competition
 
     from helpers import write_competition
 

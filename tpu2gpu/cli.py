@@ -12,22 +12,12 @@ import sys
 from pathlib import Path
 
 import common  # noqa: F401  (environment bootstrap first)
-from common.config import format_config, load_config
+from common.config import add_config_flags, config_from_args, format_config
 from common.errors import UserError
 from common.tpu_stack import IMAGE_PYTHON
 
 DEFAULT_DEMO_DIR = Path("runs/demo/competition")
 
-
-
-def _add_config_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", metavar="FILE", help="YAML or JSON config over the defaults")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                        help="override one config key, e.g. --set train.epochs=3 (repeatable)")
-
-
-def _config(args):
-    return load_config(args.config, args.overrides)
 
 
 def cmd_config(args) -> int:
@@ -36,7 +26,7 @@ def cmd_config(args) -> int:
 
         print(config_reference())
         return 0
-    print(format_config(_config(args)))
+    print(format_config(config_from_args(args)))
     return 0
 
 
@@ -44,7 +34,7 @@ def cmd_env(args) -> int:
     from common.env import environment_report
     from common.strategy import get_strategy, split_cpu
 
-    cfg = _config(args)
+    cfg = config_from_args(args)
     split_cpu(cfg.runtime.cpu_devices)
     print(environment_report(get_strategy(cfg.runtime.strategy, cfg.runtime.tpu_address)))
     return 0
@@ -59,9 +49,9 @@ def cmd_demo_data(args) -> int:
 
 
 def cmd_tfrecords(args) -> int:
-    from common.tfrecords import convert_competition
+    from common.conversion import convert_competition
 
-    cfg = _config(args)
+    cfg = config_from_args(args)
     competition = args.competition or cfg.runtime.competition_dir
     if not competition:
         from tpu2gpu.demo_data import make_demo_competition
@@ -75,6 +65,9 @@ def cmd_tfrecords(args) -> int:
         sizes = [s["bytes"] / 1e6 for s in split["shards"]]
         print(f"{name:>8}: {split['count']:6d} records in {len(sizes):3d} shards of "
               f"{min(sizes):.2f}-{max(sizes):.2f} MB")
+    skipped = manifest["skipped"]
+    if skipped["count"]:
+        print(f"skipped {skipped['count']} bad image(s) (data.on_bad_image=skip): listed in {out / skipped['file']}")
     print(f"{len(manifest['class_names'])} classes; TFRecords and manifest.json in {out}")
     return 0
 
@@ -82,7 +75,7 @@ def cmd_tfrecords(args) -> int:
 def cmd_augment_preview(args) -> int:
     from tpu2gpu.preview import augment_preview
 
-    titles = augment_preview(_config(args), args.out, args.rows, args.cols)
+    titles = augment_preview(config_from_args(args), args.out, args.rows, args.cols)
     print(f"{len(titles)} training images as the pipeline yields them, in {args.out}")
     return 0
 
@@ -90,7 +83,7 @@ def cmd_augment_preview(args) -> int:
 def cmd_build(args) -> int:
     from tpu2gpu.build import build
 
-    folders = build(_config(args), args.out)
+    folders = build(config_from_args(args), args.out)
     for name, folder in folders.items():
         print(f"{name:>8}: {folder}/ " + " ".join(sorted(p.name for p in folder.iterdir())))
     return 0
@@ -108,14 +101,14 @@ def cmd_push(args) -> int:
 def cmd_wait(args) -> int:
     from tpu2gpu import workflow
 
-    workflow.wait(workflow.kernel_ref(_config(args), args.kernel), args.interval, dry_run=args.dry_run)
+    workflow.wait(workflow.kernel_ref(config_from_args(args), args.kernel), args.interval, dry_run=args.dry_run)
     return 0
 
 
 def cmd_fetch(args) -> int:
     from tpu2gpu import workflow
 
-    workflow.fetch(workflow.kernel_ref(_config(args), args.kernel), Path(args.out), args.dry_run)
+    workflow.fetch(workflow.kernel_ref(config_from_args(args), args.kernel), Path(args.out), args.dry_run)
     return 0
 
 
@@ -134,7 +127,7 @@ def cmd_verify_export(args) -> int:
 def cmd_publish(args) -> int:
     from tpu2gpu import workflow
 
-    cfg = _config(args)
+    cfg = config_from_args(args)
     workflow.publish_export(Path(args.export), Path(args.build) / "dataset" / "dataset-metadata.json",
                             f"{cfg.kaggle.owner}/{cfg.kaggle.model_dataset}", args.message, args.dry_run)
     return 0
@@ -156,7 +149,7 @@ def cmd_wheels(args) -> int:
 
     from tpu2gpu.build import validate_dataset_metadata
 
-    cfg = _config(args)
+    cfg = config_from_args(args)
     ref = _wheels_dataset(cfg)
     pins = parse_pins(cfg.kaggle.tpu_packages)
     meta = {"title": f"{ref.split('/')[1].replace('-', ' ')}"[:50], "id": ref, "licenses": [{"name": "other"}]}
@@ -182,7 +175,7 @@ def cmd_publish_wheels(args) -> int:
 
     from tpu2gpu import workflow
 
-    cfg = _config(args)
+    cfg = config_from_args(args)
     ref = _wheels_dataset(cfg)
     folder = Path(args.wheels)
     if not args.dry_run:
@@ -196,7 +189,7 @@ def cmd_publish_wheels(args) -> int:
 def cmd_submit(args) -> int:
     from tpu2gpu import workflow
 
-    cfg = _config(args)
+    cfg = config_from_args(args)
     workflow.submit(cfg, Path(args.build), args.version, args.message, Path(args.file), args.dry_run)
     return 0
 
@@ -206,7 +199,7 @@ def cmd_workflow(args) -> int:
     from tpu2gpu import workflow
     from tpu2gpu.build import build
 
-    cfg = _config(args)
+    cfg = config_from_args(args)
     build_dir, fetched = Path(args.build), Path(args.out)
     build(cfg, build_dir)
     workflow.push(build_dir, "train", args.dry_run)
@@ -234,12 +227,12 @@ def build_parser() -> argparse.ArgumentParser:
     steps = parser.add_subparsers(dest="command", metavar="STEP", required=True)
 
     p = steps.add_parser("config", help="print the resolved config (defaults < --config file < --set)")
-    _add_config_flags(p)
+    add_config_flags(p)
     p.add_argument("--reference", action="store_true", help="print every key, its default and meaning (markdown)")
     p.set_defaults(func=cmd_config)
 
     p = steps.add_parser("env", help="print the environment block: versions, devices, strategy, replicas")
-    _add_config_flags(p)
+    add_config_flags(p)
     p.set_defaults(func=cmd_env)
 
     p = steps.add_parser("demo-data", help="write the embedded demo competition (Kaggle layout, digits)")
@@ -251,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Convert a Kaggle-style competition (a CSV of ids and labels, a folder of "
                          "JPEG/PNG images, a test folder) into TFRecord shards with a manifest. Column names, folds, "
                          "shard size and re-encoding come from the data section of the config.")
-    _add_config_flags(p)
+    add_config_flags(p)
     p.add_argument("--competition", metavar="DIR", help="competition folder (default: runtime.competition_dir, "
                    "else the embedded demo)")
     p.add_argument("--out", metavar="DIR", help="output folder (default: runtime.tfrecords, else <competition>-tfrec)")
@@ -260,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = steps.add_parser("augment-preview", help="draw a grid of augmented (and mixed) training images with their "
                          "targets")
-    _add_config_flags(p)
+    add_config_flags(p)
     p.add_argument("--out", required=True, metavar="FILE.png")
     p.add_argument("--rows", type=int, default=4)
     p.add_argument("--cols", type=int, default=6)
@@ -268,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def kaggle_step(name: str, help_text: str, func, kernel: bool = False):
         step = steps.add_parser(name, help=help_text)
-        _add_config_flags(step)
+        add_config_flags(step)
         step.add_argument("--dry-run", action="store_true", help="print the kaggle CLI commands instead of running")
         step.add_argument("--build", default="build", help="build folder (default: %(default)s)")
         if kernel:
@@ -277,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
         return step
 
     p = steps.add_parser("build", help="write both kernel scripts and all Kaggle metadata into build/")
-    _add_config_flags(p)
+    add_config_flags(p)
     p.add_argument("--out", default="build", help="build folder (default: %(default)s)")
     p.set_defaults(func=cmd_build)
     kaggle_step("push", "kaggle kernels push a built kernel", cmd_push, kernel=True)
@@ -294,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-m", "--message", default="tpu2gpu export")
     p = steps.add_parser("wheels", help="download the TPU stack's wheels (kaggle.tpu_packages) for Kaggle's TPU image "
                          "into a dataset folder")
-    _add_config_flags(p)
+    add_config_flags(p)
     p.add_argument("--out", default="build/tpu-wheels", help="dataset folder to write (default: %(default)s)")
     p.add_argument("--python", default=IMAGE_PYTHON, help="the TPU image's Python (default: %(default)s)")
     p.add_argument("--platform", action="append", default=[], help="pip --platform tags (repeatable; default: "

@@ -53,7 +53,7 @@ def score(submission: Path, solution: Path) -> float:
 
 
 def run(root: Path) -> float:
-    from common.tfrecords import convert_competition
+    from common.conversion import convert_competition
 
     from tpu2gpu.backbones import save_tiny_backbone
     from tpu2gpu.build import build

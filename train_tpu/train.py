@@ -14,7 +14,6 @@ Started again with the same output folder, it skips exported folds and resumes a
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
@@ -22,14 +21,15 @@ import time
 from pathlib import Path
 
 import common  # noqa: F401  (TF_USE_LEGACY_KERAS before tensorflow)
-from common.config import config_to_dict, format_config, load_config
+from common.config import config_to_dict, format_config, parse_kernel_args
+from common.conversion import convert_competition
 from common.env import detect_platform, environment_report
 from common.errors import UserError
 from common.export import read_card
 from common.kernel import guarded, require_tf_keras
 from common.paths import output_dir, resolve_data_path, resolve_hub_handle, scratch_dir
 from common.strategy import choose_precision, get_strategy, set_precision, split_cpu
-from common.tfrecords import convert_competition, has_manifest, read_manifest, record_set
+from common.tfrecords import has_manifest, read_manifest, record_set
 
 
 def locate_tfrecords(cfg, scratch: Path) -> str:
@@ -55,14 +55,10 @@ def folds_to_train(cfg, tfrecord_dir: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", metavar="FILE")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    args = parser.parse_args(argv)
     start = time.monotonic()  # the time budget counts from here
 
     # ---- config and environment
-    cfg = load_config(args.config, args.overrides)
+    cfg = parse_kernel_args(__doc__, argv)
     print(format_config(cfg), flush=True)
     require_tf_keras()  # before the first tf.keras: without tf_keras it fails inside TensorFlow's lazy loader
     from common.training import export_fold, out_of_fold_scores, train_fold
