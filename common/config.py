@@ -112,7 +112,9 @@ class TrainConfig:
     early_stopping: int = 0  # > 0: stop a fold after this many epochs without a better train.metric
     fold: int = 0  # fold to train; -1 = every fold in turn
     precision: Literal["auto", "float32", "mixed_bfloat16", "mixed_float16"] = "auto"  # auto: bf16 TPU, fp16 GPU
-    time_budget_hours: float = 8.25  # stop training in time to export (a 9 h Kaggle session minus a margin)
+    time_budget_hours: float = 8.25  # training and exports end within this (a 9 h Kaggle session minus a margin)
+    fold_minutes: float = 0.0  # a fold's time before one is measured: the first fold starts only if it fits
+    export_minutes: float = 5.0  # time a fold keeps for its export until one export has been measured
     export_float16: bool = True  # add a float16 signature to the export (T4 tensor cores); doubles its size
     seed: int = 42  # shuffling seed
 
@@ -124,6 +126,7 @@ class InferConfig:
     tta: tuple[str, ...] = ()  # extra views, e.g. [flip_left_right]; averaged with the original image's
     xla: bool = False  # compile the prediction step with XLA (for GPUs; slower on the CPU)
     precision: Literal["auto", "float32", "float16"] = "auto"  # auto: float16 on tensor-core GPUs when exported
+    cut_folds: Literal["weight", "exclude", "include"] = "weight"  # folds the budget cut: by epochs, out, in full
     check_images: Literal["warn", "strict", "off"] = "warn"  # test images unlike the training ones: count, refuse, skip
     save_probabilities: bool = True  # probabilities.csv beside submission.csv, for blending
     submission: str = "submission.csv"  # file name in the output folder
@@ -202,7 +205,8 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "train.warmup_epochs": (0, None, False, False), "train.steps_per_execution": (1, None, False, False),
     "train.label_smoothing": (0, 1, False, True), "train.ema": (0, 1, False, True),
     "train.early_stopping": (0, None, False, False), "train.fold": (-1, None, False, False),
-    "train.time_budget_hours": (0, None, True, False), "train.seed": (0, None, False, False),
+    "train.time_budget_hours": (0, None, True, False), "train.fold_minutes": (0, None, False, False),
+    "train.export_minutes": (0, None, False, False), "train.seed": (0, None, False, False),
     "infer.batch_size": (1, None, False, False), "kaggle.dataset_version": (0, None, False, False),
     "runtime.cpu_devices": (1, 64, False, False),
 }

@@ -79,11 +79,35 @@ def check_same_classes(cards: list[dict], exports: list[Path]) -> list[str]:
     return list(names)
 
 
-def ensemble_thresholds(cards: list[dict]) -> list[float] | None:
+def ensemble_weights(cards: list[dict], exports: list[Path], cut_folds: str) -> list[float]:
+    """Each export's weight in the average: 1, except a fold the training time budget cut (card time_budget): its
+    share of the planned epochs (infer.cut_folds=weight), 0 (exclude) or 1 (include), printed either way."""
+    weights = []
+    for card, export in zip(cards, exports, strict=True):
+        record = card.get("time_budget") or {}
+        if not record.get("cut"):
+            weights.append(1.0)
+            continue
+        share = record["epochs_trained"] / record["epochs_planned"]
+        weights.append({"weight": share, "exclude": 0.0, "include": 1.0}[cut_folds])
+        print(f"[infer] {export}: the training time budget cut this fold after {record['epochs_trained']} of "
+              f"{record['epochs_planned']} epochs (exported: epoch {record['exported_epoch']}); infer.cut_folds="
+              f"{cut_folds}: weight {weights[-1]:.2f}", flush=True)
+    if not any(weights):
+        raise ExportError("the training time budget cut every export, and infer.cut_folds=exclude leaves them all "
+                          "out. Fix: infer.cut_folds=weight (by epochs trained) or include, or train the folds to "
+                          "the end")
+    return weights
+
+
+def ensemble_thresholds(cards: list[dict], weights: list[float] | None = None) -> list[float] | None:
     """Multilabel thresholds: each fold's were chosen on its own out-of-fold predictions; the ensemble uses their
-    mean (the ensemble's predictions are the mean of the folds')."""
-    chosen = [card["thresholds"] for card in cards if card.get("thresholds")]
-    return [float(v) for v in np.mean(chosen, axis=0)] if chosen else None
+    mean, weighted as the folds' predictions are."""
+    chosen = [(card["thresholds"], w) for card, w in zip(cards, weights or [1.0] * len(cards), strict=True)
+              if card.get("thresholds")]
+    if not chosen:
+        return None
+    return [float(v) for v in np.average([t for t, _ in chosen], axis=0, weights=[w for _, w in chosen])]
 
 
 def inference_precision(setting: str, cards: list[dict]) -> str:
@@ -195,26 +219,27 @@ def tta_view_names(tta) -> list[str]:
     return ["identity", *dict.fromkeys(n for n in tta if n != "identity")]
 
 
-def make_predict_step(predicts, tta, xla: bool = False):
-    """One function from a uint8 batch to the mean, over models and TTA views, of their probabilities."""
+def make_predict_step(predicts, tta, xla: bool = False, weights=None):
+    """One function from a uint8 batch to the mean, over models (weighted) and TTA views, of their probabilities."""
     views = [TTA_TRANSFORMS[name] for name in tta_view_names(tta)]
+    weights = [float(w) for w in weights] if weights is not None else [1.0] * len(predicts)
 
     def step(images):
         total = None
-        for predict in predicts:
+        for predict, weight in zip(predicts, weights, strict=True):
             for view in views:
-                probs = predict(view(images))
+                probs = predict(view(images)) * weight
                 total = probs if total is None else total + probs
-        return total / (len(predicts) * len(views))
+        return total / (sum(weights) * len(views))
 
     return tf.function(step, jit_compile=xla)
 
 
 def ensemble_probabilities(predicts, batches, tta=(), strategy: tf.distribute.Strategy | None = None,
-                           xla: bool = False) -> tuple[list[str], np.ndarray]:
-    """(ids, probabilities) over every batch of dicts {'image', 'id'}, averaged over `predicts` and TTA views,
-    in the batches' order. With a multi-replica strategy each global batch is split over the replicas."""
-    step = make_predict_step(predicts, tta, xla)
+                           xla: bool = False, weights=None) -> tuple[list[str], np.ndarray]:
+    """(ids, probabilities) over every batch of dicts {'image', 'id'}, averaged over `predicts` (weighted) and TTA
+    views, in the batches' order. With a multi-replica strategy each global batch is split over the replicas."""
+    step = make_predict_step(predicts, tta, xla, weights)
     ids, probs = [], []
     if strategy is None or strategy.num_replicas_in_sync == 1:
         for batch in batches:

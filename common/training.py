@@ -20,6 +20,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from common.budget import cut_record
 from common.config import config_to_dict
 from common.data import make_eval_dataset, make_train_dataset, read_ids_and_labels
 from common.errors import ConfigError
@@ -58,7 +59,7 @@ class FoldResult:
     model: tf.keras.Model  # holding the exported weights (the best epoch's with train.keep=best)
     history_csv: Path
     epochs_done: int
-    stopped_by_budget: bool
+    stopped_by_budget: bool  # the time budget cut the schedule
     best_epoch: int  # 1-based epoch whose weights the model holds
     metric: str
     scaling: dict | None = None  # regression target standardisation
@@ -67,6 +68,7 @@ class FoldResult:
     val_ids: list[str] = field(default_factory=list)
     val_labels: np.ndarray | None = None
     val_predictions: np.ndarray | None = None  # in value space: probabilities, or de-standardised values
+    epoch_seconds: list[float] = field(default_factory=list)  # each epoch run in this session, with its score
 
 
 # -------------------------------------------------------------------------------------------------------- callbacks
@@ -98,12 +100,13 @@ class EpochCheckpoint(tf.keras.callbacks.Callback):
 
 
 class TimeBudget(tf.keras.callbacks.Callback):
-    """Stops training when one more epoch (as long as the longest so far) would end past the deadline."""
+    """Stops training when one more epoch (as long as the longest so far) would end past the deadline, which is the
+    budget's end minus the time kept for the export (common/budget.py). Records each epoch's seconds."""
 
     def __init__(self, deadline: float):
         super().__init__()
         self.deadline = deadline  # time.monotonic() value
-        self.longest = 0.0
+        self.seconds: list[float] = []
         self.stopped = False
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -111,10 +114,11 @@ class TimeBudget(tf.keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         now = time.monotonic()
-        self.longest = max(self.longest, now - self.started)
-        if now + self.longest > self.deadline:
-            print(f"[train] time budget: {self.deadline - now:.0f} s left, an epoch takes {self.longest:.0f} s: "
-                  f"stopping after epoch {epoch + 1} to leave time for the export", flush=True)
+        self.seconds.append(now - self.started)
+        longest = max(self.seconds)
+        if now + longest > self.deadline and not self.model.stop_training:
+            print(f"[train] time budget: {self.deadline - now:.0f} s left before the export, an epoch takes "
+                  f"{longest:.0f} s: stopping after epoch {epoch + 1} (the budget cuts this fold)", flush=True)
             self.model.stop_training = True
             self.stopped = True
 
@@ -373,7 +377,7 @@ def train_fold(cfg, strategy: tf.distribute.Strategy, records: RecordSet, work_d
     rates = [(step / steps_per_epoch, float(schedule(step))) for step in range(0, total_steps + 1,
                                                                               max(1, total_steps // 200))]
     return FoldResult(model, history_csv, epochs_done, budget.stopped, best_epoch, metric, scaling, weights, rates,
-                      val_ids, val_labels, predictions)
+                      val_ids, val_labels, predictions, budget.seconds)
 
 
 def to_values(outputs: np.ndarray, scaling: dict | None) -> np.ndarray:
@@ -476,8 +480,11 @@ def export_fold(cfg, result: FoldResult, records: RecordSet, fold: int, export_d
         "target_scaling": result.scaling,  # regression: undone inside the export, which predicts the value
         "class_weights": result.class_weights,
         "trained_precision": trained_policy, "export_precision": "float32",
+        # A fold the budget cut exports its best epoch (train.keep=best); inference weighs it by infer.cut_folds.
+        "time_budget": cut_record(result.stopped_by_budget, result.epochs_done, cfg.train.epochs, result.best_epoch,
+                                  cfg.train.time_budget_hours),
         "metrics": {**report, "count": int(len(labels)), "epochs": result.epochs_done, "best_epoch": result.best_epoch,
-                    "keep": cfg.train.keep, "ema": cfg.train.ema, "stopped_by_time_budget": result.stopped_by_budget,
+                    "keep": cfg.train.keep, "ema": cfg.train.ema,
                     **({"per_class": classes["per_class"], "confusion_matrix": classes["confusion_matrix"]}
                        if classes else {})},
         "config": config_to_dict(cfg),

@@ -30,6 +30,7 @@ from common.inference import (
     check_test_images,
     ensemble_probabilities,
     ensemble_thresholds,
+    ensemble_weights,
     find_exports,
     find_test_images,
     inference_precision,
@@ -80,14 +81,17 @@ def main(argv: list[str] | None = None) -> int:
 
     # ---- exports: the cards say everything the pipeline needs
     exports = find_exports(cfg.infer.exports)
+    weights = ensemble_weights([read_card(e) for e in exports], exports, cfg.infer.cut_folds)  # budget-cut folds
+    exports, weights = [e for e, w in zip(exports, weights, strict=True) if w > 0], [w for w in weights if w > 0]
     precision = inference_precision(cfg.infer.precision, [read_card(e) for e in exports])
     with strategy.scope():  # variables mirrored onto every replica
         models = [load_export(e, precision) for e in exports]
     cards = [card for card, _ in models]
     class_names = check_same_classes(cards, exports)
-    task, thresholds = get_task(cards[0]["task"]), ensemble_thresholds(cards)
+    task, thresholds = get_task(cards[0]["task"]), ensemble_thresholds(cards, weights)
     print(f"[infer] {len(exports)} {task.name} export(s), {precision} computation: "
-          + ", ".join(str(e) for e in exports), flush=True)
+          + ", ".join(f"{e} (weight {w:.2f})" if w != 1 else str(e) for e, w in zip(exports, weights, strict=True)),
+          flush=True)
 
     # ---- test data, checked against the cards and the competition's template
     competition = Path(resolve_data_path(cfg.runtime.competition_dir)) if cfg.runtime.competition_dir else None
@@ -98,13 +102,16 @@ def main(argv: list[str] | None = None) -> int:
     check_template_classes(template, task, class_names, cfg.data.test_csv)
 
     # ---- predict: exports grouped by image size share one pass over the test data
-    total, weight, ids = None, 0, None
+    total, weight, ids = None, 0.0, None
     for size in sorted({card["image_size"] for card in cards}):
-        group = [(card, predict) for card, predict in models if card["image_size"] == size]
+        group = [(card, predict, w) for (card, predict), w in zip(models, weights, strict=True)
+                 if card["image_size"] == size]
         batches = test_batches(cfg, group[0][0], template, cfg.data.test_csv)
-        ids, probs = ensemble_probabilities([p for _, p in group], batches, cfg.infer.tta, strategy, cfg.infer.xla)
-        total = probs * len(group) if total is None else total + probs * len(group)
-        weight += len(group)
+        ids, probs = ensemble_probabilities([p for _, p, _ in group], batches, cfg.infer.tta, strategy, cfg.infer.xla,
+                                            [w for _, _, w in group])
+        group_weight = sum(w for _, _, w in group)
+        total = probs * group_weight if total is None else total + probs * group_weight
+        weight += group_weight
     probs = total / weight
 
     # ---- write

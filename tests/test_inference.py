@@ -68,6 +68,12 @@ def test_tta_and_ensemble_arithmetic(trained_export, demo_dir):
                                          strategy=_mirrored())
     np.testing.assert_allclose(mirrored, tta, atol=1e-5)  # split over two replicas, same numbers, same order
 
+    def flipped_predict(images):  # a second "export": the same model on the mirrored image
+        return predict(tf.reverse(images, [2]))
+
+    _, weighted = ensemble_probabilities([predict, flipped_predict], batches, weights=[1.0, 0.25])
+    np.testing.assert_allclose(weighted, (single + 0.25 * flipped) / 1.25, atol=1e-6)  # a cut fold at weight 0.25
+
 
 def _mirrored():
     from common.strategy import get_strategy

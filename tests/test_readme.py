@@ -56,7 +56,7 @@ def test_config_reference_in_the_readme_is_current():
     table = README.split("<!-- config-reference:start -->\n", 1)[1].split("\n<!-- config-reference:end -->", 1)[0]
     assert table == config_reference()
     rows = table.splitlines()[2:]
-    assert len(rows) == 111 and all(row.count(" | ") == 2 and row.rsplit(" | ", 1)[1].strip(" |") for row in rows)
+    assert len(rows) == 114 and all(row.count(" | ") == 2 and row.rsplit(" | ", 1)[1].strip(" |") for row in rows)
 
 
 def test_task_type_configs_in_the_readme_are_valid():

@@ -132,12 +132,52 @@ def test_a_killed_run_resumes_at_the_next_epoch(train_argv, tmp_path):
     assert read_card(tmp_path / "out" / "export" / "fold0")["metrics"]["epochs"] == 6
 
 
-def test_the_time_budget_stops_early_and_still_exports(train_argv, tmp_path, capsys):
-    assert train_main(train_argv("train.epochs=40", "train.steps_per_epoch=8", "train.time_budget_hours=0.003")) == 0
-    card = read_card(tmp_path / "out" / "export" / "fold0")
-    assert card["metrics"]["stopped_by_time_budget"] is True
-    assert 1 <= card["metrics"]["epochs"] < 40
-    assert "time budget:" in capsys.readouterr().out
+def test_fold_estimates_come_from_the_last_fold_scaled_to_the_schedule():
+    from common.budget import FoldTiming, estimate_fold_seconds, export_reserve_seconds, should_start
+
+    timing = FoldTiming(setup=40.0, epochs=[95.0, 61.0, 60.0], export=50.0)  # first epoch compiles; cut after 3
+    assert estimate_fold_seconds(timing, 10, unmeasured_minutes=0) == 40 + 95 + 9 * 60.5 + 50
+    assert estimate_fold_seconds(None, 10, unmeasured_minutes=30) == 1800
+    assert export_reserve_seconds(timing, 5) == 50 and export_reserve_seconds(None, 5) == 300
+    assert should_start(1, 730.0, 729.5) == (True, "")
+    start, why = should_start(2, 600.0, 729.5)
+    assert not start and why == ("[train] time budget: 10.0 min left, fold 2 needs about 12.2 min (the last fold's "
+                                 "epochs and export, or train.fold_minutes): fold 2 and later folds not started")
+
+
+def test_the_time_budget_cuts_a_fold_starts_no_fold_it_cannot_finish_and_inference_weighs_the_cut(
+        train_argv, demo_dir, tmp_path, capsys):
+    from infer_gpu.infer import main as infer_main
+
+    # 11 s: fold 0 starts (nothing measured yet, train.fold_minutes=0) and the budget cuts it after its first epoch,
+    # since the export's 5 min (train.export_minutes) are kept back; fold 1 would need 40 epochs: never started.
+    assert train_main(train_argv("train.fold=-1", "train.epochs=40", "train.steps_per_epoch=8",
+                                 "train.time_budget_hours=0.003")) == 0
+    log = capsys.readouterr().out
+    export = tmp_path / "out" / "export"
+    card = read_card(export / "fold0")
+    assert card["time_budget"] == {"cut": True, "epochs_trained": 1, "epochs_planned": 40, "exported_epoch": 1,
+                                   "budget_hours": 0.003}
+    assert "stopping after epoch 1 (the budget cuts this fold)" in log
+    assert "fold 1 and later folds not started" in log and "=== fold 1 ===" not in log
+    assert [p.name for p in export.iterdir() if p.is_dir()] == ["fold0"]
+    report = json.loads((export / "training_report.json").read_text())
+    assert list(report["folds"]) == ["fold0"] and report["not_started"] == [1, 2, 3, 4]
+
+    def infer(*settings):
+        return infer_main([a for s in (f"infer.exports=[{export}]", f"runtime.competition_dir={demo_dir}",
+                                       f"runtime.output_dir={tmp_path / 'infer'}", *settings)
+                           for a in ("--set", s)])
+
+    assert infer() == 0
+    log = capsys.readouterr().out
+    assert (f"[infer] {export / 'fold0'}: the training time budget cut this fold after 1 of 40 epochs (exported: "
+            "epoch 1); infer.cut_folds=weight: weight 0.03") in log
+    assert len((tmp_path / "infer" / "submission.csv").read_text().splitlines()) == 361
+    with pytest.raises(ExportError, match="the training time budget cut every export, and infer.cut_folds=exclude"):
+        infer("infer.cut_folds=exclude")
+    assert infer("infer.cut_folds=include") == 0
+    assert "infer.cut_folds=include: weight 1.00" in capsys.readouterr().out
 
 
 def test_an_interrupted_export_never_looks_complete(tiny_backbone, tmp_path, monkeypatch):

@@ -10,6 +10,7 @@ and to runtime.scratch_dir (/kaggle/temp on Kaggle, not kernel output; runtime.o
     tfrecords/                 runtime.competition_dir converted, when no runtime.tfrecords is given
     work/fold<k>/              checkpoints and history while a fold trains (checkpoints removed once it is exported)
 Started again with the same output folder, it skips exported folds and resumes a fold from its last checkpoint.
+Folds start only while train.time_budget_hours covers them (common/budget.py); a fold the budget cuts still exports.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import time
 from pathlib import Path
 
 import common  # noqa: F401  (TF_USE_LEGACY_KERAS before tensorflow)
+from common.budget import FoldTiming, estimate_fold_seconds, export_reserve_seconds, should_start
 from common.config import config_to_dict, format_config, parse_kernel_args
 from common.conversion import convert_competition
 from common.env import detect_platform, environment_report
@@ -76,9 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     hub_handle = resolve_hub_handle(cfg.model.hub_handle) if cfg.model.backbone == "hub" else None
     deadline = start + cfg.train.time_budget_hours * 3600
 
-    # ---- train and export each fold
-    report = {"folds": {}, "config": config_to_dict(cfg)}
-    for fold in folds_to_train(cfg, tfrecord_dir):
+    # ---- train and export each fold, as far as the time budget goes (common/budget.py)
+    report = {"folds": {}, "config": config_to_dict(cfg), "not_started": []}
+    folds, last = folds_to_train(cfg, tfrecord_dir), None
+    for fold in folds:
         export_dir = out / "export" / f"fold{fold}"
         try:
             report["folds"][f"fold{fold}"] = read_card(export_dir)["metrics"]
@@ -86,16 +89,28 @@ def main(argv: list[str] | None = None) -> int:
             continue
         except UserError:
             pass
-        if time.monotonic() >= deadline:
-            print(f"[train] time budget spent: fold {fold} and later folds not trained", flush=True)
+        estimate = estimate_fold_seconds(last, cfg.train.epochs, cfg.train.fold_minutes)
+        start_fold, why = should_start(fold, deadline - time.monotonic(), estimate)
+        if not start_fold:
+            print(why, flush=True)
+            report["not_started"] = folds[folds.index(fold):]
             break
         print(f"\n=== fold {fold} ===", flush=True)
+        started = time.monotonic()
         records = record_set(tfrecord_dir, cfg.data, fold)
         work = scratch / "work" / f"fold{fold}"
-        result = train_fold(cfg, strategy, records, work, deadline, hub_handle)
+        export_reserve = export_reserve_seconds(last, cfg.train.export_minutes)
+        result = train_fold(cfg, strategy, records, work, deadline - export_reserve, hub_handle)
+        trained = time.monotonic()
         card = export_fold(cfg, result, records, fold, export_dir, hub_handle, policy)
         shutil.rmtree(work / "checkpoints", ignore_errors=True)  # exported: the checkpoints have served
         report["folds"][f"fold{fold}"] = card["metrics"]
+        last = FoldTiming(trained - started - sum(result.epoch_seconds), result.epoch_seconds,
+                          time.monotonic() - trained)
+    if not report["folds"]:
+        raise UserError(f"the time budget (train.time_budget_hours={cfg.train.time_budget_hours}) started no fold: "
+                        f"each needs about {cfg.train.fold_minutes} min (train.fold_minutes). Fix: raise the budget or "
+                        "lower train.fold_minutes")
 
     report["out_of_fold"] = out_of_fold_scores(out / "export", report["folds"])
     report_path = out / "export" / "training_report.json"
