@@ -115,7 +115,7 @@ class TrainConfig:
     time_budget_hours: float = 8.25  # training and exports end within this (a 9 h Kaggle session minus a margin)
     fold_minutes: float = 0.0  # a fold's time before one is measured: the first fold starts only if it fits
     export_minutes: float = 5.0  # time a fold keeps for its export until one export has been measured
-    export_float16: bool = True  # add a float16 signature to the export (T4 tensor cores); doubles its size
+    export_float16: bool = True  # add a float16 signature (T4 tensor cores) where the graph computes in float16
     seed: int = 42  # shuffling seed
 
 
@@ -125,7 +125,7 @@ class InferConfig:
     batch_size: int = 128  # global inference batch
     tta: tuple[str, ...] = ()  # extra views, e.g. [flip_left_right]; averaged with the original image's
     xla: bool = False  # compile the prediction step with XLA (for GPUs; slower on the CPU)
-    precision: Literal["auto", "float32", "float16"] = "auto"  # auto: float16 on tensor-core GPUs when exported
+    precision: Literal["auto", "float32", "float16", "amp"] = "auto"  # auto: float16 signature on tensor cores
     cut_folds: Literal["weight", "exclude", "include"] = "weight"  # folds the budget cut: by epochs, out, in full
     check_images: Literal["warn", "strict", "off"] = "warn"  # test images unlike the training ones: count, refuse, skip
     save_probabilities: bool = True  # probabilities.csv beside submission.csv, for blending

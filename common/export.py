@@ -11,8 +11,10 @@
     card, predict = load_export(export_dir)                                       # inference kernel
 
 The folder is written to a hidden temporary name, reloaded in a fresh Python process in which importing tf_keras or
-tensorflow_hub fails, its predictions compared with the in-memory model's (max abs difference < 1e-4), and only then
-marked complete (card "complete": true) and renamed into place. Loading needs TensorFlow alone.
+tensorflow_hub fails, its predictions compared with the in-memory model's (max abs difference < 1e-4), each
+signature's saved graph counted by op dtype (card precision.signatures; a serving_float16 that does not compute in
+float16 fails), and only then marked complete (card "complete": true) and renamed into place. Loading needs
+TensorFlow alone.
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ VERIFY_TOLERANCE = 1e-4
 FLOAT16_TOLERANCE = 1e-2  # float16 arithmetic: about 3 significant digits
 SIGNATURES = {"float32": "serving_default", "float16": "serving_float16"}
 BLOCKED_IN_CHECK = ("tf_keras", "tensorflow_hub")
+# The ops that do a model's arithmetic: their dtype is the precision it computes in.
+COMPUTE_OPS = ("Conv2D", "DepthwiseConv2dNative", "Conv3D", "MatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum")
+FLOAT16_MIN_SHARE = 0.9  # a float16 signature must run (nearly) all of them in float16 to be worth its size
 
 
 class ExportError(DataError):
@@ -75,6 +80,59 @@ def _serving_module(models: dict[str, tf.keras.Model], image_size: int,
     return module
 
 
+# ------------------------------------------------------------------------------------------------- op dtype census
+def _function_names(node) -> list[str]:
+    """Functions a node calls (PartitionedCall's f, While's body, If's branches, ...)."""
+    names = []
+    for value in node.attr.values():
+        if value.HasField("func"):
+            names.append(value.func.name)
+        names += [f.name for f in value.list.func]
+    return names
+
+
+def op_census(graph_def, roots=None) -> dict[str, dict[str, int]]:
+    """{op type: {dtype: count}} of the COMPUTE_OPS in a GraphDef: in the nodes `roots` (names; all when None) and
+    every library function they reach, so one signature of a SavedModel is counted apart from the others."""
+    functions = {f.signature.name: f for f in graph_def.library.function}
+    nodes = [n for n in graph_def.node if roots is None or n.name in roots]
+    census: dict[str, dict[str, int]] = {}
+    seen: set[str] = set()
+    while nodes:
+        node = nodes.pop()
+        if node.op in COMPUTE_OPS and "T" in node.attr:
+            dtype = tf.dtypes.as_dtype(node.attr["T"].type).name
+            census.setdefault(node.op, {}).setdefault(dtype, 0)
+            census[node.op][dtype] += 1
+        for name in _function_names(node):
+            if name in functions and name not in seen:
+                seen.add(name)
+                nodes += list(functions[name].node_def)
+    return census
+
+
+def float16_share(census: dict[str, dict[str, int]]) -> float:
+    total = sum(n for dtypes in census.values() for n in dtypes.values())
+    return sum(dtypes.get("float16", 0) for dtypes in census.values()) / total if total else 0.0
+
+
+def traced_census(model: tf.keras.Model, image_size: int) -> dict[str, dict[str, int]]:
+    """The op census of the model's inference graph, traced as the serving signature would be."""
+    spec = tf.TensorSpec([None, image_size, image_size, 3], tf.uint8)
+    graph = tf.function(lambda images: model(images, training=False)).get_concrete_function(spec).graph
+    return op_census(graph.as_graph_def())
+
+
+def saved_census(saved_model_dir: str | Path, signature: str) -> dict[str, dict[str, int]]:
+    """The op census of one signature, read from saved_model.pb itself (nothing is loaded or run)."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    saved = saved_model_pb2.SavedModel.FromString((Path(saved_model_dir) / "saved_model.pb").read_bytes())
+    meta = saved.meta_graphs[0]
+    outputs = {t.name.split(":")[0] for t in meta.signature_def[signature].outputs.values()}
+    return op_census(meta.graph_def, roots=outputs)
+
+
 def write_export(export_dir: str | Path, model: tf.keras.Model, card: dict, verify_images: np.ndarray,
                  extra_files: dict[str, Path] | None = None, float16_model: tf.keras.Model | None = None,
                  output_scaling: dict | None = None) -> dict:
@@ -102,6 +160,7 @@ def write_export(export_dir: str | Path, model: tf.keras.Model, card: dict, veri
                 "precisions": {p: SIGNATURES[p] for p in models}}
         _write_card(tmp, card)
         check = verify_in_fresh_process(tmp)
+        card["precision"] = {**card.get("precision", {}), "signatures": check["census"]}
         card.update(complete=True, verification={
             "max_abs_diff": check["max_abs_diff"], "environment": check["environment"],
             "tolerance": {"float32": VERIFY_TOLERANCE, "float16": FLOAT16_TOLERANCE},
@@ -130,7 +189,7 @@ def cpu_only_environment(environ, package_root: str) -> dict[str, str]:
 
 def verify_in_fresh_process(folder: Path) -> dict:
     """Reload `folder` in a new interpreter without tf_keras / tensorflow_hub, on the CPU: {'max_abs_diff': per
-    signature, 'environment': the accelerator settings the check saw}."""
+    signature, 'census': per signature, 'environment': the accelerator settings the check saw}."""
     env = cpu_only_environment(os.environ, str(Path(__file__).resolve().parents[1]))
     result = subprocess.run([sys.executable, "-m", "common.export_check", str(folder)], capture_output=True,
                             text=True, env=env)
@@ -175,13 +234,20 @@ def load_export(export_dir: str | Path, precision: str = "float32"):
     return card, predict
 
 
-def check_export(folder: str) -> dict[str, float]:
-    """The fresh-process half of verify_in_fresh_process (run by `python -m common.export_check FOLDER`)."""
+def check_export(folder: str) -> tuple[dict[str, float], dict[str, dict]]:
+    """The fresh-process half of verify_in_fresh_process (run by `python -m common.export_check FOLDER`): each
+    signature's max difference from the recorded predictions, and its saved graph's op census. A float16 signature
+    whose saved graph does not compute in float16 fails."""
     card = json.loads((Path(folder) / CARD_NAME).read_text())
     loaded = tf.saved_model.load(str(Path(folder) / SAVED_MODEL_DIR))
     batch = np.load(Path(folder) / VERIFY_NAME)
-    diffs = {}
+    diffs, censuses = {}, {}
     for precision, signature in card["precisions"].items():
+        census = saved_census(Path(folder) / SAVED_MODEL_DIR, signature)
+        censuses[signature] = {"float16_share": round(float16_share(census), 4), "ops": census}
+        if precision == "float16" and float16_share(census) < FLOAT16_MIN_SHARE:
+            raise SystemExit(f"{signature} computes only {float16_share(census):.0%} of its {COMPUTE_OPS} ops in "
+                             f"float16 ({census}): not a float16 signature")
         outputs = loaded.signatures[signature](images=tf.constant(batch["images"]))[OUTPUT_NAME]
         width = card["output"]["shape"][-1]
         if outputs.dtype != tf.float32 or outputs.shape[-1] != width:
@@ -193,4 +259,4 @@ def check_export(folder: str) -> dict[str, float]:
         if not diffs[precision] < tolerance:
             raise SystemExit(f"{signature}: reloaded predictions differ by {diffs[precision]:.2e} (tolerance "
                              f"{tolerance:.0e})")
-    return diffs
+    return diffs, censuses

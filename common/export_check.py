@@ -1,6 +1,7 @@
 """`python -m common.export_check EXPORT_DIR`: load an export where tf_keras and tensorflow_hub cannot be imported,
-and print each signature's max abs difference from the probabilities recorded at export time, and the accelerator
-settings it ran with (JSON; exit 1 if over tolerance)."""
+and print each signature's max abs difference from the probabilities recorded at export time, its saved graph's op
+dtype census, and the accelerator settings it ran with (JSON; exit 1 if over tolerance or a float16 signature is
+not float16)."""
 
 import json
 import os
@@ -12,5 +13,6 @@ for _blocked in ("tf_keras", "tensorflow_hub"):  # set before tensorflow is impo
 from common.export import CPU_ONLY_ENV, check_export  # noqa: E402
 
 if __name__ == "__main__":
-    diffs = check_export(sys.argv[1])
-    print(json.dumps({"max_abs_diff": diffs, "environment": {k: os.environ.get(k) for k in CPU_ONLY_ENV}}))
+    diffs, census = check_export(sys.argv[1])
+    print(json.dumps({"max_abs_diff": diffs, "census": census,
+                      "environment": {k: os.environ.get(k) for k in CPU_ONLY_ENV}}))

@@ -111,17 +111,27 @@ def ensemble_thresholds(cards: list[dict], weights: list[float] | None = None) -
 
 
 def inference_precision(setting: str, cards: list[dict]) -> str:
-    """auto: float16 where every export offers it and the GPUs have tensor cores (T4), else float32."""
+    """auto: float16 where every export offers it (a serving_float16 signature, only exported where its graph
+    computes in float16) and the GPUs have tensor cores (T4), else float32. amp: the float32 signature, which
+    TensorFlow's automatic mixed precision graph rewrite turns to float16 on tensor-core GPUs (enable_amp)."""
     from common.strategy import gpu_compute_capability
 
     offered = all("float16" in card.get("precisions", {}) for card in cards)
     if setting == "float16" and not offered:
-        raise ExportError("infer.precision=float16 but not every export has a float16 signature. Fix: "
-                          "infer.precision=auto, or re-export with train.export_float16=true")
+        reasons = {card.get("precision", {}).get("float16_signature", "an older export") for card in cards}
+        raise ExportError(f"infer.precision=float16 but not every export has a float16 signature ({'; '.join(reasons)})"
+                          ". Fix: infer.precision=auto or amp")
     if setting != "auto":
         return setting
     capability = gpu_compute_capability()
     return "float16" if offered and capability and capability >= (7, 0) else "float32"
+
+
+def enable_amp() -> None:
+    """TensorFlow's automatic mixed precision: a grappler rewrite of float32 graphs that runs the ops on its allow
+    list (convolutions, matmuls) in float16 where a GPU has tensor cores, keeping numerically sensitive ones (softmax,
+    reductions) in float32. It acts on NVIDIA GPUs of compute capability >= 7.0 only; elsewhere it changes nothing."""
+    tf.config.optimizer.set_experimental_options({"auto_mixed_precision": True})
 
 
 # -------------------------------------------------------------------------------------------------------- test data

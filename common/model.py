@@ -89,6 +89,14 @@ def build_model(model_cfg, outputs: int, image_size: int, hub_handle: str | None
     return tf.keras.Model(images, predictions, name=f"{model_cfg.backbone}_{activation}")
 
 
+def precision_by_part(model: tf.keras.Model) -> dict[str, str]:
+    """The dtype each part computes in. A TF Hub backbone is a SavedModel with its own fixed dtypes (float32 for the
+    published EfficientNets), so a mixed policy changes only the head; the efficientnet package's layers follow it."""
+    backbone = next(layer for layer in model.layers
+                    if layer.name == "backbone" or layer.name.startswith("efficientnet"))
+    return {"backbone": backbone.compute_dtype, "head": model.get_layer("head_logits").compute_dtype}
+
+
 def learning_rate_schedule(peak_lr: float, total_steps: int, warmup_steps: int):
     """Linear warm-up to peak_lr, then cosine decay to zero at total_steps."""
     warmup_steps = max(0, min(warmup_steps, total_steps - 1))

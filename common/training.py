@@ -24,9 +24,9 @@ from common.budget import cut_record
 from common.config import config_to_dict
 from common.data import make_eval_dataset, make_train_dataset, read_ids_and_labels
 from common.errors import ConfigError
-from common.export import read_card, write_export
+from common.export import FLOAT16_MIN_SHARE, float16_share, read_card, traced_census, write_export
 from common.metrics import classification_scores, plot_confusion, plot_history, plot_predicted_vs_true, plot_roc
-from common.model import build_model, compile_model, learning_rate_schedule
+from common.model import build_model, compile_model, learning_rate_schedule, precision_by_part
 from common.strategy import global_batch_size, scaled_learning_rate
 from common.tasks import (
     Task,
@@ -333,6 +333,11 @@ def train_fold(cfg, strategy: tf.distribute.Strategy, records: RecordSet, work_d
         model.optimizer.build(model.trainable_variables)  # slots exist before restore: nothing is deferred
         checkpoint = EpochCheckpoint(model, work_dir / "checkpoints")
         initial_epoch = checkpoint.restore()
+    parts = precision_by_part(model)
+    print(f"[train] precision: backbone {parts['backbone']}, head {parts['head']} (policy "
+          f"{tf.keras.mixed_precision.global_policy().name}"
+          + ("; a TF Hub backbone keeps its SavedModel's dtypes" if cfg.model.backbone == "hub" else "") + ")",
+          flush=True)
     if initial_epoch:
         print(f"[train] resuming from the checkpoint after epoch {initial_epoch}", flush=True)
 
@@ -400,6 +405,22 @@ def inference_copy(model: tf.keras.Model, cfg, outputs: int, hub_handle: str | N
         tf.keras.mixed_precision.set_global_policy(trained_policy)
     copy.set_weights(model.get_weights())
     return copy
+
+
+def float16_copy(model: tf.keras.Model, cfg, outputs: int, hub_handle: str | None, card: dict):
+    """The mixed_float16 copy for the serving_float16 signature, if its graph really computes in float16 (op census):
+    a TF Hub backbone stays float32, and a signature that only rounds the head would double the export for nothing.
+    The reason either way goes into the card."""
+    copy = inference_copy(model, cfg, outputs, hub_handle, "mixed_float16")
+    share = float16_share(traced_census(copy, cfg.data.image_size))
+    real = share >= FLOAT16_MIN_SHARE
+    card["precision"]["float16_signature"] = (
+        f"exported: its graph runs {share:.0%} of the compute ops in float16" if real else
+        f"not exported: its graph would run {share:.0%} of the compute ops in float16 (the backbone computes in "
+        f"{precision_by_part(copy)['backbone']}). On a tensor-core GPU, infer.precision=amp lets TensorFlow's "
+        "automatic mixed precision rewrite the float32 graph")
+    print(f"[train] float16 signature {card['precision']['float16_signature']}", flush=True)
+    return copy if real else None
 
 
 def write_oof(path: Path, task: Task, class_names, ids, labels, predictions) -> None:
@@ -479,7 +500,7 @@ def export_fold(cfg, result: FoldResult, records: RecordSet, fold: int, export_d
         "thresholds": thresholds,  # multilabel: per label, chosen on this fold's validation predictions
         "target_scaling": result.scaling,  # regression: undone inside the export, which predicts the value
         "class_weights": result.class_weights,
-        "trained_precision": trained_policy, "export_precision": "float32",
+        "precision": {"trained": {"policy": trained_policy, **precision_by_part(result.model)}},
         # A fold the budget cut exports its best epoch (train.keep=best); inference weighs it by infer.cut_folds.
         "time_budget": cut_record(result.stopped_by_budget, result.epochs_done, cfg.train.epochs, result.best_epoch,
                                   cfg.train.time_budget_hours),
@@ -489,8 +510,8 @@ def export_fold(cfg, result: FoldResult, records: RecordSet, fold: int, export_d
                        if classes else {})},
         "config": config_to_dict(cfg),
     }
-    float16 = inference_copy(result.model, cfg, outputs, hub_handle, "mixed_float16") if cfg.train.export_float16 \
-        else None
+    card["precision"]["float16_signature"] = "not exported: train.export_float16=false"
+    float16 = float16_copy(result.model, cfg, outputs, hub_handle, card) if cfg.train.export_float16 else None
     extra = _fold_outputs(Path(result.history_csv).parent, task, result, records,
                           classes["confusion_matrix"] if classes else None)
     card = write_export(export_dir, inference_copy(result.model, cfg, outputs, hub_handle), card,

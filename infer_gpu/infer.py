@@ -28,6 +28,7 @@ from common.inference import (
     check_same_classes,
     check_template_classes,
     check_test_images,
+    enable_amp,
     ensemble_probabilities,
     ensemble_thresholds,
     ensemble_weights,
@@ -84,12 +85,16 @@ def main(argv: list[str] | None = None) -> int:
     weights = ensemble_weights([read_card(e) for e in exports], exports, cfg.infer.cut_folds)  # budget-cut folds
     exports, weights = [e for e, w in zip(exports, weights, strict=True) if w > 0], [w for w in weights if w > 0]
     precision = inference_precision(cfg.infer.precision, [read_card(e) for e in exports])
+    if precision == "amp":
+        enable_amp()
     with strategy.scope():  # variables mirrored onto every replica
-        models = [load_export(e, precision) for e in exports]
+        models = [load_export(e, "float16" if precision == "float16" else "float32") for e in exports]
     cards = [card for card, _ in models]
     class_names = check_same_classes(cards, exports)
     task, thresholds = get_task(cards[0]["task"]), ensemble_thresholds(cards, weights)
-    print(f"[infer] {len(exports)} {task.name} export(s), {precision} computation: "
+    computation = "float32 graphs, TensorFlow's automatic mixed precision rewrite on" if precision == "amp" \
+        else f"{precision} computation"
+    print(f"[infer] {len(exports)} {task.name} export(s), {computation}: "
           + ", ".join(f"{e} (weight {w:.2f})" if w != 1 else str(e) for e, w in zip(exports, weights, strict=True)),
           flush=True)
 

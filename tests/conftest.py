@@ -66,3 +66,18 @@ def trained_export(demo_records, tiny_backbone, tmp_path_factory):
                 "train.learning_rate=0.05", f"runtime.output_dir={out}"]
     assert train_main([a for s in settings for a in ("--set", s)]) == 0
     return out / "export"
+
+
+@pytest.fixture(scope="session")
+def efficientnet_export(demo_records, tmp_path_factory):
+    """The export root of an EfficientNet-B0 (the efficientnet package, random weights) trained for 2 steps: its
+    layers follow the precision policy, so its float16 copy really computes in float16."""
+    from train_tpu.train import main as train_main
+
+    records_dir, _ = demo_records
+    out = tmp_path_factory.mktemp("efficientnet")
+    settings = [f"runtime.tfrecords={records_dir}", "model.backbone=efficientnet", "model.efficientnet_weights=none",
+                "data.image_size=32", "train.fold=0", "train.epochs=1", "train.steps_per_epoch=2",
+                "train.batch_size_per_replica=8", f"runtime.output_dir={out}"]
+    assert train_main([a for s in settings for a in ("--set", s)]) == 0
+    return out / "export"

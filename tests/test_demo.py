@@ -31,6 +31,13 @@ def test_an_interrupted_demo_is_finished_by_the_next_run(tmp_path):
     assert "resuming from the checkpoint after epoch" in again.stdout
     macro_f1 = float(re.search(r"macro-F1\s+(0\.\d+) on the held-out test set", again.stdout).group(1))
     assert macro_f1 >= 0.90
+    # The demo's backbone is a TF Hub SavedModel (float32 whatever the policy): no float16 signature, and it says so.
+    assert "[train] precision: backbone float32, head float32" in again.stdout
+    card = json.loads((root / "train" / "export" / "fold0" / "model_card.json").read_text())
+    assert card["precisions"] == {"float32": "serving_default"}
+    assert card["precision"]["trained"] == {"policy": "float32", "backbone": "float32", "head": "float32"}
+    assert card["precision"]["float16_signature"].startswith("not exported: its graph would run")
+    assert card["precision"]["signatures"]["serving_default"]["float16_share"] == 0.0
 
     third = subprocess.run(command, cwd=REPO, capture_output=True, text=True)  # twice works: reuses, replaces
     assert third.returncode == 0 and "already exported" in third.stdout

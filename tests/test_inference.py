@@ -4,7 +4,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from common.config import load_config
 from common.data import make_image_file_dataset
 from common.errors import DataError
 from common.export import ExportError, load_export
@@ -20,18 +19,22 @@ from infer_gpu.infer import main as infer_main
 from helpers import read_csv, write_csv
 
 REPO = Path(__file__).resolve().parents[1]
+# What the inference kernel must run without: Keras 2 and TF Hub (the GPU image may lack them), scikit-learn (folds
+# and metrics are training's), and every training module.
+TRAINING_ONLY = ("tf_keras", "tensorflow_hub", "sklearn", "common.training", "common.model", "common.conversion",
+                 "common.budget", "train_tpu", "tpu2gpu")
+BLOCK_TRAINING = f"import sys; sys.modules.update(dict.fromkeys({TRAINING_ONLY!r})); "
 
 
 def _argv(*settings):
     return [a for s in settings for a in ("--set", s)]
 
 
-def test_trained_export_to_a_valid_submission_without_tf_keras_or_hub(trained_export, demo_dir, tmp_path):
+def test_trained_export_to_a_valid_submission_without_any_training_dependency(trained_export, demo_dir, tmp_path):
     out = tmp_path / "out"
     argv = _argv(f"infer.exports=[{trained_export}]", f"runtime.competition_dir={demo_dir}",
                  f"runtime.output_dir={out}", "infer.tta=[identity, flip_up_down]", "infer.batch_size=50")
-    code = ("import sys; sys.modules['tf_keras'] = None; sys.modules['tensorflow_hub'] = None; "
-            f"from infer_gpu.infer import main; sys.exit(main({argv!r}))")
+    code = BLOCK_TRAINING + f"from infer_gpu.infer import main; sys.exit(main({argv!r}))"
     run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "360 predictions, 1 export(s) x 2 view(s)" in run.stdout
@@ -154,23 +157,69 @@ def test_unknown_tta_transform_is_named():
         ensemble_probabilities([lambda x: x], [], tta=["mirror"])
 
 
-def test_config_has_no_training_dependency():
-    cfg = load_config(None, ["infer.tta=[flip_left_right]", "infer.xla=true"])
-    assert cfg.infer.tta == ("flip_left_right",) and cfg.infer.xla is True
+def test_the_inference_kernel_and_its_config_load_with_every_training_dependency_blocked():
+    code = BLOCK_TRAINING + (
+        "import infer_gpu.infer; from common.config import parse_kernel_args; "
+        "cfg = parse_kernel_args('', ['--set', 'infer.tta=[flip_left_right]', '--set', 'infer.cut_folds=exclude', "
+        "'--set', 'data.task=multilabel', '--set', 'train.epochs=3']); "
+        "print(cfg.infer.tta, cfg.infer.cut_folds, cfg.data.task, cfg.train.epochs); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('common', 'sklearn', 'tf_keras', 'tensorflow_hub') "
+        "and sys.modules[m] is not None))")
+    run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    values, modules = run.stdout.strip().splitlines()[-2:]
+    assert values == "('flip_left_right',) exclude multilabel 3"
+    assert eval(modules) == ["common", "common.atomic", "common.config", "common.env", "common.errors",
+                             "common.export", "common.inference", "common.kernel", "common.paths", "common.strategy",
+                             "common.tasks", "common.tpu_stack"]
 
 
-def test_float16_signature_where_the_export_offers_it(trained_export, demo_dir, tmp_path):
-    card, predict32 = load_export(trained_export / "fold0")
-    assert card["precisions"] == {"float32": "serving_default", "float16": "serving_float16"}
-    assert card["verification"]["max_abs_diff"]["float16"] < 1e-2
-    _, predict16 = load_export(trained_export / "fold0", "float16")
-    images = np.load(trained_export / "fold0" / "verify_batch.npz")["images"]
-    p32, p16 = predict32(images).numpy(), predict16(images).numpy()
-    assert p16.dtype == np.float32 and 0 < np.abs(p16 - p32).max() < 1e-2  # float16 arithmetic, float32 output
-    assert infer_main(_argv(f"infer.exports=[{trained_export}]", f"runtime.competition_dir={demo_dir}",
-                            "infer.precision=float16", f"runtime.output_dir={tmp_path}")) == 0
+def test_a_float16_signature_only_where_the_saved_graph_computes_in_float16(efficientnet_export, trained_export,
+                                                                            demo_dir, tmp_path):
+    from common.export import saved_census
     from common.inference import inference_precision
 
+    # The efficientnet package's backbone follows the policy: every convolution of serving_float16 is float16.
+    export = efficientnet_export / "fold0"
+    card, predict32 = load_export(export)
+    assert card["precisions"] == {"float32": "serving_default", "float16": "serving_float16"}
+    float16_ops = saved_census(export / "saved_model", "serving_float16")
+    assert float16_ops == {"Conv2D": {"float16": 65}, "DepthwiseConv2dNative": {"float16": 16},
+                           "MatMul": {"float16": 1}}
+    assert saved_census(export / "saved_model", "serving_default") == {
+        "Conv2D": {"float32": 65}, "DepthwiseConv2dNative": {"float32": 16}, "MatMul": {"float32": 1}}
+    assert card["precision"]["signatures"]["serving_float16"] == {"float16_share": 1.0, "ops": float16_ops}
+    assert card["precision"]["float16_signature"] == "exported: its graph runs 100% of the compute ops in float16"
+    assert card["verification"]["max_abs_diff"]["float16"] < 1e-2
+    _, predict16 = load_export(export, "float16")
+    images = np.load(export / "verify_batch.npz")["images"]
+    p32, p16 = predict32(images).numpy(), predict16(images).numpy()
+    assert p16.dtype == np.float32 and 0 < np.abs(p16 - p32).max() < 1e-2  # float16 arithmetic, float32 output
+    assert infer_main(_argv(f"infer.exports=[{efficientnet_export}]", f"runtime.competition_dir={demo_dir}",
+                            "infer.precision=float16", f"runtime.output_dir={tmp_path}")) == 0
     assert inference_precision("auto", [card]) == "float32"  # no GPU here: float16 only pays on tensor cores
-    with pytest.raises(ExportError, match="not every export has a float16 signature"):
-        inference_precision("float16", [{**card, "precisions": {"float32": "serving_default"}}])
+
+    # A TF Hub backbone keeps its SavedModel's float32: a float16 copy would round the head alone, so none is made.
+    hub_card = json.loads((trained_export / "fold0" / "model_card.json").read_text())
+    assert hub_card["precisions"] == {"float32": "serving_default"}
+    assert hub_card["precision"]["trained"] == {"policy": "float32", "backbone": "float32", "head": "float32"}
+    assert hub_card["precision"]["float16_signature"].startswith(
+        "not exported: its graph would run 25% of the compute ops in float16 (the backbone computes in float32)")
+    assert saved_census(trained_export / "fold0" / "saved_model", "serving_default") == {
+        "Conv2D": {"float32": 3}, "MatMul": {"float32": 1}}
+    with pytest.raises(ExportError, match="not every export has a float16 signature \\(not exported: its graph"):
+        inference_precision("float16", [hub_card])
+
+
+def test_amp_runs_the_float32_signature_with_the_automatic_mixed_precision_rewrite_on(trained_export, demo_dir,
+                                                                                      tmp_path):
+    argv = _argv(f"infer.exports=[{trained_export}]", f"runtime.competition_dir={demo_dir}",
+                 f"runtime.output_dir={tmp_path}", "infer.precision=amp")
+    code = ("import sys, tensorflow as tf; from infer_gpu.infer import main; code = main(" + repr(argv) + "); "
+            "print('amp option:', tf.config.optimizer.get_experimental_options().get('auto_mixed_precision')); "
+            "sys.exit(code)")
+    run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "float32 graphs, TensorFlow's automatic mixed precision rewrite on" in run.stdout
+    assert "amp option: True" in run.stdout
+    assert len(read_csv(tmp_path / "submission.csv")) == 360

@@ -88,13 +88,24 @@ def test_train_export_reload_in_a_fresh_process(train_argv, tmp_path):
     np.testing.assert_allclose(batch["predictions"].sum(axis=1), 1.0, atol=1e-5)
 
 
-def test_bfloat16_training_exports_a_float32_signature(train_argv, tmp_path):
+def test_bfloat16_training_exports_a_float32_signature_and_says_which_part_ran_in_what(train_argv, tmp_path,
+                                                                                       capsys):
+    from common.export import saved_census
+
     assert train_main(train_argv("train.precision=mixed_bfloat16", "train.epochs=1")) == 0
     assert tf.keras.mixed_precision.global_policy().name == "mixed_bfloat16"
     tf.keras.mixed_precision.set_global_policy("float32")  # leave the process as other tests expect it
+    log = capsys.readouterr().out
+    # The tiny backbone is a TF Hub SavedModel, as the demo's is: its dtypes are fixed, the policy reaches the head.
+    assert ("[train] precision: backbone float32, head bfloat16 (policy mixed_bfloat16; a TF Hub backbone keeps its "
+            "SavedModel's dtypes)") in log
+    assert "[train] float16 signature not exported: its graph would run 25% of the compute ops in float16" in log
     export = tmp_path / "out" / "export" / "fold0"
     card = read_card(export)
-    assert card["trained_precision"] == "mixed_bfloat16" and card["export_precision"] == "float32"
+    assert card["precision"]["trained"] == {"policy": "mixed_bfloat16", "backbone": "float32", "head": "bfloat16"}
+    assert card["precisions"] == {"float32": "serving_default"}
+    assert saved_census(export / "saved_model", "serving_default") == {"Conv2D": {"float32": 3},
+                                                                       "MatMul": {"float32": 1}}
     code = (BLOCK_KERAS_AND_HUB + "import numpy as np, tensorflow as tf; "
             f"m = tf.saved_model.load({str(export / 'saved_model')!r}); s = m.signatures['serving_default']; "
             "spec = s.structured_input_signature[1]['images']; "
