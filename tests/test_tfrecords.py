@@ -127,7 +127,8 @@ def test_skip_converts_the_rest_and_lists_the_bad_images(tmp_path, capsys):
     assert code == 0
     captured = capsys.readouterr()
     assert f"skipped 4 bad image(s) (data.on_bad_image=skip): listed in {out / 'bad_images.csv'}" in captured.out
-    assert "[tfrecords] skipping 4 bad image(s)" in captured.err and "(id 'img007')" in captured.err
+    assert "[tfrecords] skipping 4 bad image(s)" in captured.err
+    assert all(f"(id '{i}')" in captured.err for i in ("img002", "img004", "img007", "t001"))
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["skipped"] == {"count": 4, "file": "bad_images.csv", "by_split": {"train": 3, "test": 1}}
     assert manifest["splits"]["fold0"]["count"] + manifest["splits"]["fold1"]["count"] == 9
@@ -140,6 +141,11 @@ def test_skip_converts_the_rest_and_lists_the_bad_images(tmp_path, capsys):
         ("train", "train.csv line 4", "img002"), ("train", "train.csv line 6", "img004"),
         ("train", "train.csv line 9", "img007"), ("test", "sample_submission.csv line 5", "t001")]
     assert listed[2]["problem"] == f"{comp / 'train' / 'img007.jpg'} is empty (0 bytes)"
+    # The training kernel copies the list into its output, beside the exports, and reports the count.
+    from train_tpu.train import skipped_images
+
+    assert skipped_images(str(out), tmp_path / "export") == manifest["skipped"]
+    assert read_csv(tmp_path / "export" / "bad_images.csv") == listed
 
 
 def test_an_image_of_another_format_is_stored_only_when_reencoded(tmp_path):

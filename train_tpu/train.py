@@ -6,6 +6,7 @@
 Writes to runtime.output_dir (/kaggle/working on Kaggle, ./runs/train locally):
     export/fold<k>/            the verified export of each fold (what becomes the model dataset)
     export/training_report.json  per-fold and out-of-fold scores
+    export/bad_images.csv      images the conversion left out (data.on_bad_image=skip), if any
 and to runtime.scratch_dir (/kaggle/temp on Kaggle, not kernel output; runtime.output_dir locally):
     tfrecords/                 runtime.competition_dir converted, when no runtime.tfrecords is given
     work/fold<k>/              checkpoints and history while a fold trains (checkpoints removed once it is exported)
@@ -49,6 +50,22 @@ def locate_tfrecords(cfg, scratch: Path) -> str:
     return str(records)
 
 
+def skipped_images(tfrecord_dir: str, export_root: Path) -> dict | None:
+    """The images the conversion left out (data.on_bad_image=skip): their list is copied into the kernel output,
+    beside the exports, so a Kaggle run says what it trained without."""
+    import tensorflow as tf
+
+    skipped = read_manifest(tfrecord_dir).get("skipped", {}) if has_manifest(tfrecord_dir) else {}
+    if not skipped.get("count"):
+        return None
+    export_root.mkdir(parents=True, exist_ok=True)
+    tf.io.gfile.copy(f"{tfrecord_dir.rstrip('/')}/{skipped['file']}", str(export_root / skipped["file"]),
+                     overwrite=True)
+    print(f"[train] the records leave out {skipped['count']} bad image(s) (data.on_bad_image=skip): listed in "
+          f"{export_root / skipped['file']}", flush=True)
+    return skipped
+
+
 def folds_to_train(cfg, tfrecord_dir: str) -> list[int]:
     if cfg.train.fold >= 0:
         return [cfg.train.fold]
@@ -79,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     deadline = start + cfg.train.time_budget_hours * 3600
 
     # ---- train and export each fold, as far as the time budget goes (common/budget.py)
-    report = {"folds": {}, "config": config_to_dict(cfg), "not_started": []}
+    report = {"folds": {}, "config": config_to_dict(cfg), "not_started": [],
+              "skipped_images": skipped_images(tfrecord_dir, out / "export")}
     folds, last = folds_to_train(cfg, tfrecord_dir), None
     for fold in folds:
         export_dir = out / "export" / f"fold{fold}"
