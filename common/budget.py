@@ -2,11 +2,12 @@
 the card of a fold the budget cut says. Pure functions of measured seconds (time.monotonic), no TensorFlow.
 
     timing = FoldTiming(setup=40.0, epochs=[95.0, 61.0, 60.0], export=50.0)     # fold 0, measured
-    estimate_fold_seconds(timing, planned_epochs=3, unmeasured_minutes=0)       # -> 40 + 95 + 2 * 60.5 + 50 = 306
+    estimate_fold_seconds(timing, epochs_left=3, unmeasured_minutes=0)          # -> 40 + 95 + 2 * 60.5 + 50 = 306
     start, why = should_start(fold=1, seconds_left=200.0, estimate=306.0)       # -> False, "... needs about 5.1 min"
 
 A fold starts only if the time left covers its estimate: the previous fold's setup, first epoch (which compiles),
-the rest of the schedule at its steady epoch time, and its export; before any fold has been measured,
+the rest of its epochs (fewer when it resumes from a checkpoint) at the steady epoch time, and the export; before any
+fold has been measured,
 train.fold_minutes (0: the first fold always starts). Inside a fold, training stops when one more epoch would end
 past the deadline minus the export's time (the previous fold's, or train.export_minutes): the fold is cut, and with
 train.keep=best it exports its best epoch's weights, not the last ones of a half-run schedule.
@@ -27,13 +28,15 @@ class FoldTiming:
     export: float = 0.0  # scoring, SavedModel, fresh-process check
 
 
-def estimate_fold_seconds(last: FoldTiming | None, planned_epochs: int, unmeasured_minutes: float) -> float:
-    """A whole fold's expected time from the last measured fold (scaled to the full schedule, since a cut or early
+def estimate_fold_seconds(last: FoldTiming | None, epochs_left: int, unmeasured_minutes: float) -> float:
+    """A fold's expected time for epochs_left epochs, from the last measured fold (scaled, since a cut or early
     stopped fold ran fewer epochs), or unmeasured_minutes when no fold has been measured."""
     if last is None or not last.epochs:
         return unmeasured_minutes * 60
+    if epochs_left <= 0:  # resumed after its last epoch: only the setup and the export remain
+        return last.setup + last.export
     steady = statistics.median(last.epochs[1:]) if len(last.epochs) > 1 else last.epochs[0]
-    return last.setup + last.epochs[0] + steady * (planned_epochs - 1) + last.export
+    return last.setup + last.epochs[0] + steady * (epochs_left - 1) + last.export
 
 
 def export_reserve_seconds(last: FoldTiming | None, unmeasured_minutes: float) -> float:
@@ -47,7 +50,7 @@ def should_start(fold: int, seconds_left: float, estimate: float) -> tuple[bool,
         return True, ""
     return False, (f"[train] time budget: {max(0.0, seconds_left) / 60:.1f} min left, fold {fold} needs about "
                    f"{estimate / 60:.1f} min (the last fold's epochs and export, or train.fold_minutes): fold {fold} "
-                   "and later folds not started")
+                   "not started")
 
 
 def cut_record(stopped: bool, epochs_trained: int, planned_epochs: int, exported_epoch: int,

@@ -30,11 +30,12 @@ from pathlib import Path
 from common.atomic import staged_dir
 from common.errors import DataError
 from common.paths import IMAGE_SUFFIXES, index_images
-from common.tfrecords import MANIFEST_FORMAT, MANIFEST_NAME, MB, RecordSchema, schema_from_config, serialize_example
+from common.tfrecords import MANIFEST_FORMAT, MANIFEST_NAME, RecordSchema, schema_from_config, serialize_example
 
 import numpy as np
 
 BAD_IMAGES_NAME = "bad_images.csv"
+MB = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,12 @@ def read_test_samples(comp_dir: Path, data_cfg) -> list[Sample]:
         ids = [(row[data_cfg.id_column].strip(), f"{csv_path.name} line {line}") for line, row in rows]
     else:
         ids = sorted({(p.stem, f"{image_dir.name}/{p.name}") for p in index.values()})
+    first: dict[str, str] = {}
+    for sample_id, source in ids:  # one record per test id: a submission has one row per id
+        if sample_id in first:
+            raise DataError(f"{source}: test id '{sample_id}' already comes from {first[sample_id]}. Fix: remove the "
+                            "duplicate row, or keep one image per id")
+        first[sample_id] = source
     return [Sample(i, index.get(i), source) for i, source in ids]
 
 
@@ -200,9 +207,9 @@ def inspect_image(path: Path, stored_as_is: bool) -> ImageFacts:
     which TensorFlow decodes to RGB in every colour mode Pillow writes) or converted to RGB."""
     from PIL import Image, UnidentifiedImageError
 
-    if path.stat().st_size == 0:
-        raise ImageProblem(f"{path} is empty (0 bytes)")
     try:
+        if path.stat().st_size == 0:
+            raise ImageProblem(f"{path} is empty (0 bytes)")
         with Image.open(path) as img:
             img.load()
             facts = ImageFacts((img.format or "unknown").lower(), f"{img.width}x{img.height} {img.mode}")
@@ -215,7 +222,7 @@ def inspect_image(path: Path, stored_as_is: bool) -> ImageFacts:
                 except ValueError as err:
                     raise ImageProblem(f"{path}: its {img.mode} pixels cannot be converted to RGB ({err})") from err
             return facts
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:  # a vanished file is an OSError too
         raise ImageProblem(f"{path} is not a readable image ({type(err).__name__}: {err})") from err
 
 
@@ -361,11 +368,14 @@ def convert_competition(comp_dir: str | Path, out_dir: str | Path, data_cfg, ove
         samples = [s for s in samples if s.path in facts]
         test_samples = [s for s in test_samples if s.path in facts]
         if not samples:
-            raise DataError(f"every one of the {len(bad)} training images is bad, e.g. {bad[0].line()}")
+            raise DataError(f"every one of the {sum(b.split == 'train' for b in bad)} training images is bad, e.g. "
+                            f"{bad[0].line()}")
         if bad:
             print(f"[tfrecords] skipping {len(bad)} bad image(s) (data.on_bad_image=skip; listed in "
                   f"{out_dir / BAD_IMAGES_NAME}):\n" + "\n".join(f"  {b.line()}" for b in bad[:10])
-                  + (f"\n  ... and {len(bad) - 10} more" if len(bad) > 10 else ""), file=sys.stderr, flush=True)
+                  + (f"\n  ... and {len(bad) - 10} more" if len(bad) > 10 else "")
+                  + ("\n  the test records lack the skipped test images: predict those from the images themselves"
+                     if any(b.split == "test" for b in bad) else ""), file=sys.stderr, flush=True)
 
         split_of, split_info = assign_splits(samples, task, data_cfg.folds, data_cfg.val_fraction,
                                              data_cfg.split_seed)

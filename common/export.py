@@ -100,8 +100,9 @@ def op_census(graph_def, roots=None) -> dict[str, dict[str, int]]:
     seen: set[str] = set()
     while nodes:
         node = nodes.pop()
-        if node.op in COMPUTE_OPS and "T" in node.attr:
-            dtype = tf.dtypes.as_dtype(node.attr["T"].type).name
+        dtype_attr = "T" if "T" in node.attr else "Ta"  # BatchMatMulV3 types its inputs as Ta, Tb
+        if node.op in COMPUTE_OPS and dtype_attr in node.attr:
+            dtype = tf.dtypes.as_dtype(node.attr[dtype_attr].type).name
             census.setdefault(node.op, {}).setdefault(dtype, 0)
             census[node.op][dtype] += 1
         for name in _function_names(node):
@@ -246,8 +247,8 @@ def check_export(folder: str) -> tuple[dict[str, float], dict[str, dict]]:
         census = saved_census(Path(folder) / SAVED_MODEL_DIR, signature)
         censuses[signature] = {"float16_share": round(float16_share(census), 4), "ops": census}
         if precision == "float16" and float16_share(census) < FLOAT16_MIN_SHARE:
-            raise SystemExit(f"{signature} computes only {float16_share(census):.0%} of its {COMPUTE_OPS} ops in "
-                             f"float16 ({census}): not a float16 signature")
+            raise SystemExit(f"{signature} computes only {float16_share(census):.0%} of its convolutions and matmuls "
+                             f"in float16 ({census}): not a float16 signature. Fix: train.export_float16=false")
         outputs = loaded.signatures[signature](images=tf.constant(batch["images"]))[OUTPUT_NAME]
         width = card["output"]["shape"][-1]
         if outputs.dtype != tf.float32 or outputs.shape[-1] != width:

@@ -84,7 +84,10 @@ def ensemble_weights(cards: list[dict], exports: list[Path], cut_folds: str) -> 
     share of the planned epochs (infer.cut_folds=weight), 0 (exclude) or 1 (include), printed either way."""
     weights = []
     for card, export in zip(cards, exports, strict=True):
-        record = card.get("time_budget") or {}
+        record = card.get("time_budget") or {  # exports made before the card had time_budget
+            "cut": card.get("metrics", {}).get("stopped_by_time_budget", False),
+            "epochs_trained": card.get("metrics", {}).get("epochs"), "exported_epoch": card.get("metrics", {}).get(
+                "best_epoch"), "epochs_planned": card.get("config", {}).get("train", {}).get("epochs")}
         if not record.get("cut"):
             weights.append(1.0)
             continue
@@ -118,7 +121,8 @@ def inference_precision(setting: str, cards: list[dict]) -> str:
 
     offered = all("float16" in card.get("precisions", {}) for card in cards)
     if setting == "float16" and not offered:
-        reasons = {card.get("precision", {}).get("float16_signature", "an older export") for card in cards}
+        reasons = {card.get("precision", {}).get("float16_signature", "an older export") for card in cards
+                   if "float16" not in card.get("precisions", {})}
         raise ExportError(f"infer.precision=float16 but not every export has a float16 signature ({'; '.join(reasons)})"
                           ". Fix: infer.precision=auto or amp")
     if setting != "auto":
@@ -214,7 +218,9 @@ def check_record_ids(ids_in_records: list[str], template_ids: list[str], csv_nam
     missing = [i for i in template_ids if i not in counts]
     if missing:
         raise DataError(f"{len(missing)} test id(s) of {csv_name} are missing from the test records, e.g. "
-                        f"'{missing[0]}'. Fix: attach the complete test TFRecords, or check data.id_feature")
+                        f"'{missing[0]}'. Fix: attach the complete test TFRecords (a conversion with "
+                        "data.on_bad_image=skip leaves bad test images out: its bad_images.csv lists them), or check "
+                        "data.id_feature")
     repeated = [i for i, n in counts.items() if n > 1]
     if repeated:
         raise DataError(f"test id '{repeated[0]}' appears {counts[repeated[0]]} times in the test records")

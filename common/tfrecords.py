@@ -20,7 +20,6 @@ from common.errors import DataError
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "tpu2gpu-tfrecords/1"
-MB = 1024 * 1024
 
 
 @dataclass(frozen=True)

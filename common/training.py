@@ -103,9 +103,10 @@ class TimeBudget(tf.keras.callbacks.Callback):
     """Stops training when one more epoch (as long as the longest so far) would end past the deadline, which is the
     budget's end minus the time kept for the export (common/budget.py). Records each epoch's seconds."""
 
-    def __init__(self, deadline: float):
+    def __init__(self, deadline: float, planned_epochs: int):
         super().__init__()
         self.deadline = deadline  # time.monotonic() value
+        self.planned_epochs = planned_epochs
         self.seconds: list[float] = []
         self.stopped = False
 
@@ -116,7 +117,8 @@ class TimeBudget(tf.keras.callbacks.Callback):
         now = time.monotonic()
         self.seconds.append(now - self.started)
         longest = max(self.seconds)
-        if now + longest > self.deadline and not self.model.stop_training:
+        # After the last planned epoch, or once early stopping ended the fold, the budget has cut nothing.
+        if now + longest > self.deadline and epoch + 1 < self.planned_epochs and not self.model.stop_training:
             print(f"[train] time budget: {self.deadline - now:.0f} s left before the export, an epoch takes "
                   f"{longest:.0f} s: stopping after epoch {epoch + 1} (the budget cuts this fold)", flush=True)
             self.model.stop_training = True
@@ -354,7 +356,7 @@ def train_fold(cfg, strategy: tf.distribute.Strategy, records: RecordSet, work_d
                        to_target(tf.constant(val_labels)).numpy(), task, metric, work_dir, cfg.train.keep == "best",
                        cfg.train.early_stopping, loss_function(task, cfg.train.label_smoothing))
     history_csv = work_dir / "history.csv"
-    budget = TimeBudget(deadline)
+    budget = TimeBudget(deadline, cfg.train.epochs)
     callbacks = [score, checkpoint, budget, tf.keras.callbacks.CSVLogger(str(history_csv), append=initial_epoch > 0)]
     if initial_epoch < cfg.train.epochs:
         if cfg.train.loop == "fit":

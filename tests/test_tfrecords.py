@@ -3,8 +3,9 @@ import math
 from pathlib import Path
 
 from common.config import Config, load_config
+from common.conversion import MB
 from common.errors import DataError
-from common.tfrecords import MB, shard_paths, split_files
+from common.tfrecords import shard_paths, split_files
 
 import pytest
 
@@ -212,3 +213,13 @@ def test_cli_errors_are_one_line_and_exit_2(tmp_path, capsys):
     assert main(["tfrecords", "--competition", str(comp), "--out", str(tmp_path / "o"), "--set",
                  "data.folds=2"]) == 0
     assert (tmp_path / "o" / "manifest.json").is_file()
+
+
+def test_a_test_id_listed_twice_is_refused(tmp_path):
+    comp = write_competition(tmp_path / "comp", ["a", "b"] * 6)
+    with (comp / "sample_submission.csv").open("a") as f:
+        f.write("t002,a\n")  # t002 is also on line 4
+    message = _convert_fails(comp, tmp_path / "out", "data.folds=2")
+    assert message.startswith("sample_submission.csv line 7: test id 't002' already comes from sample_submission.csv "
+                              "line 4")
+    assert _no_output_left(tmp_path / "out")

@@ -1,4 +1,5 @@
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -149,28 +150,46 @@ def test_fold_estimates_come_from_the_last_fold_scaled_to_the_schedule():
     timing = FoldTiming(setup=40.0, epochs=[95.0, 61.0, 60.0], export=50.0)  # first epoch compiles; cut after 3
     assert estimate_fold_seconds(timing, 10, unmeasured_minutes=0) == 40 + 95 + 9 * 60.5 + 50
     assert estimate_fold_seconds(None, 10, unmeasured_minutes=30) == 1800
+    assert estimate_fold_seconds(timing, 4, unmeasured_minutes=0) == 40 + 95 + 3 * 60.5 + 50  # resumed at epoch 6
+    assert estimate_fold_seconds(timing, 0, unmeasured_minutes=0) == 90  # resumed after its last epoch: setup, export
     assert export_reserve_seconds(timing, 5) == 50 and export_reserve_seconds(None, 5) == 300
     assert should_start(1, 730.0, 729.5) == (True, "")
     start, why = should_start(2, 600.0, 729.5)
     assert not start and why == ("[train] time budget: 10.0 min left, fold 2 needs about 12.2 min (the last fold's "
-                                 "epochs and export, or train.fold_minutes): fold 2 and later folds not started")
+                                 "epochs and export, or train.fold_minutes): fold 2 not started")
+
+
+def test_the_budget_cuts_only_an_epoch_that_has_a_next_one():
+    from types import SimpleNamespace
+
+    from common.training import TimeBudget
+
+    for epoch, cut in ((0, True), (1, False)):  # the deadline has passed; 2 epochs planned
+        budget = TimeBudget(deadline=time.monotonic() - 1, planned_epochs=2)
+        budget.set_model(SimpleNamespace(stop_training=False))
+        budget.on_epoch_begin(epoch)
+        budget.on_epoch_end(epoch)
+        assert budget.stopped is cut and budget.model.stop_training is cut
 
 
 def test_the_time_budget_cuts_a_fold_starts_no_fold_it_cannot_finish_and_inference_weighs_the_cut(
         train_argv, demo_dir, tmp_path, capsys):
     from infer_gpu.infer import main as infer_main
 
-    # 11 s: fold 0 starts (nothing measured yet, train.fold_minutes=0) and the budget cuts it after its first epoch,
-    # since the export's 5 min (train.export_minutes) are kept back; fold 1 would need 40 epochs: never started.
-    assert train_main(train_argv("train.fold=-1", "train.epochs=40", "train.steps_per_epoch=8",
-                                 "train.time_budget_hours=0.003")) == 0
+    # 3 min: fold 0 starts (nothing measured yet, train.fold_minutes=0) and the budget cuts it after its first epoch,
+    # since the export's 5 min (train.export_minutes) are kept back. Minutes are left for fold 1, but it would need
+    # 10000 epochs at fold 0's pace: it is not started, nor are the folds after it.
+    assert train_main(train_argv("train.fold=-1", "train.epochs=10000", "train.steps_per_epoch=8",
+                                 "train.time_budget_hours=0.05")) == 0
     log = capsys.readouterr().out
     export = tmp_path / "out" / "export"
     card = read_card(export / "fold0")
-    assert card["time_budget"] == {"cut": True, "epochs_trained": 1, "epochs_planned": 40, "exported_epoch": 1,
-                                   "budget_hours": 0.003}
+    assert card["time_budget"] == {"cut": True, "epochs_trained": 1, "epochs_planned": 10000, "exported_epoch": 1,
+                                   "budget_hours": 0.05}
     assert "stopping after epoch 1 (the budget cuts this fold)" in log
-    assert "fold 1 and later folds not started" in log and "=== fold 1 ===" not in log
+    planned = re.search(r"time budget: ([\d.]+) min left, fold 1 needs about ([\d.]+) min", log)
+    left, needed = float(planned.group(1)), float(planned.group(2))
+    assert 0 < left < 3 < needed and "fold 1 not started" in log and "=== fold 1 ===" not in log
     assert [p.name for p in export.iterdir() if p.is_dir()] == ["fold0"]
     report = json.loads((export / "training_report.json").read_text())
     assert list(report["folds"]) == ["fold0"] and report["not_started"] == [1, 2, 3, 4]
@@ -182,8 +201,8 @@ def test_the_time_budget_cuts_a_fold_starts_no_fold_it_cannot_finish_and_inferen
 
     assert infer() == 0
     log = capsys.readouterr().out
-    assert (f"[infer] {export / 'fold0'}: the training time budget cut this fold after 1 of 40 epochs (exported: "
-            "epoch 1); infer.cut_folds=weight: weight 0.03") in log
+    assert (f"[infer] {export / 'fold0'}: the training time budget cut this fold after 1 of 10000 epochs (exported: "
+            "epoch 1); infer.cut_folds=weight: weight 0.00") in log
     assert len((tmp_path / "infer" / "submission.csv").read_text().splitlines()) == 361
     with pytest.raises(ExportError, match="the training time budget cut every export, and infer.cut_folds=exclude"):
         infer("infer.cut_folds=exclude")

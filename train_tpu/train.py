@@ -66,6 +66,11 @@ def skipped_images(tfrecord_dir: str, export_root: Path) -> dict | None:
     return skipped
 
 
+def epochs_checkpointed(progress: Path) -> int:
+    """Epochs a fold's checkpoint already holds (its progress.json), so a resumed fold is planned for the rest."""
+    return int(json.loads(progress.read_text())["epochs_done"]) if progress.is_file() else 0
+
+
 def folds_to_train(cfg, tfrecord_dir: str) -> list[int]:
     if cfg.train.fold >= 0:
         return [cfg.train.fold]
@@ -80,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse_kernel_args(__doc__, argv)
     print(format_config(cfg), flush=True)
     require_tf_keras()  # before the first tf.keras: without tf_keras it fails inside TensorFlow's lazy loader
-    from common.training import export_fold, out_of_fold_scores, train_fold
+    from common.training import PROGRESS_NAME, export_fold, out_of_fold_scores, train_fold
 
     split_cpu(cfg.runtime.cpu_devices)
     strategy = get_strategy(cfg.runtime.strategy, cfg.runtime.tpu_address)
@@ -98,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     # ---- train and export each fold, as far as the time budget goes (common/budget.py)
     report = {"folds": {}, "config": config_to_dict(cfg), "not_started": [],
               "skipped_images": skipped_images(tfrecord_dir, out / "export")}
-    folds, last = folds_to_train(cfg, tfrecord_dir), None
+    folds, last, why = folds_to_train(cfg, tfrecord_dir), None, ""
     for fold in folds:
         export_dir = out / "export" / f"fold{fold}"
         try:
@@ -107,28 +112,30 @@ def main(argv: list[str] | None = None) -> int:
             continue
         except UserError:
             pass
-        estimate = estimate_fold_seconds(last, cfg.train.epochs, cfg.train.fold_minutes)
-        start_fold, why = should_start(fold, deadline - time.monotonic(), estimate)
-        if not start_fold:
+        work = scratch / "work" / f"fold{fold}"
+        epochs_left = cfg.train.epochs - epochs_checkpointed(work / "checkpoints" / PROGRESS_NAME)
+        start_fold, why = should_start(fold, deadline - time.monotonic(),
+                                       estimate_fold_seconds(last, epochs_left, cfg.train.fold_minutes))
+        if not start_fold:  # later folds are still looked at: exported ones are reported, resumable ones may fit
             print(why, flush=True)
-            report["not_started"] = folds[folds.index(fold):]
-            break
+            report["not_started"].append(fold)
+            continue
         print(f"\n=== fold {fold} ===", flush=True)
         started = time.monotonic()
         records = record_set(tfrecord_dir, cfg.data, fold)
-        work = scratch / "work" / f"fold{fold}"
         export_reserve = export_reserve_seconds(last, cfg.train.export_minutes)
         result = train_fold(cfg, strategy, records, work, deadline - export_reserve, hub_handle)
         trained = time.monotonic()
         card = export_fold(cfg, result, records, fold, export_dir, hub_handle, policy)
         shutil.rmtree(work / "checkpoints", ignore_errors=True)  # exported: the checkpoints have served
         report["folds"][f"fold{fold}"] = card["metrics"]
-        last = FoldTiming(trained - started - sum(result.epoch_seconds), result.epoch_seconds,
-                          time.monotonic() - trained)
+        if result.epoch_seconds:  # a fold resumed after its last epoch measured none: keep the last estimate
+            last = FoldTiming(trained - started - sum(result.epoch_seconds), result.epoch_seconds,
+                              time.monotonic() - trained)
     if not report["folds"]:
-        raise UserError(f"the time budget (train.time_budget_hours={cfg.train.time_budget_hours}) started no fold: "
-                        f"each needs about {cfg.train.fold_minutes} min (train.fold_minutes). Fix: raise the budget or "
-                        "lower train.fold_minutes")
+        raise UserError(f"the time budget (train.time_budget_hours={cfg.train.time_budget_hours}) ran out before any "
+                        f"fold could start ({why.removeprefix('[train] time budget: ')}). Fix: raise "
+                        "train.time_budget_hours, or lower train.fold_minutes")
 
     report["out_of_fold"] = out_of_fold_scores(out / "export", report["folds"])
     report_path = out / "export" / "training_report.json"
