@@ -7,10 +7,9 @@ the card of a fold the budget cut says. Pure functions of measured seconds (time
 
 A fold starts only if the time left covers its estimate: the previous fold's setup, first epoch (which compiles),
 the rest of its epochs (fewer when it resumes from a checkpoint) at the steady epoch time, and the export; before any
-fold has been measured,
-train.fold_minutes (0: the first fold always starts). Inside a fold, training stops when one more epoch would end
-past the deadline minus the export's time (the previous fold's, or train.export_minutes): the fold is cut, and with
-train.keep=best it exports its best epoch's weights, not the last ones of a half-run schedule.
+fold has been measured, train.fold_minutes (0: the first fold always starts). Inside a fold, training stops when one
+more epoch would end past the deadline minus the export's time (the previous fold's, or train.export_minutes): the
+fold is cut, and with train.keep=best it exports its best epoch's weights, not the last ones of a half-run schedule.
 """
 
 from __future__ import annotations

@@ -245,9 +245,10 @@ def check_export(folder: str) -> tuple[dict[str, float], dict[str, dict]]:
     diffs, censuses = {}, {}
     for precision, signature in card["precisions"].items():
         census = saved_census(Path(folder) / SAVED_MODEL_DIR, signature)
-        censuses[signature] = {"float16_share": round(float16_share(census), 4), "ops": census}
-        if precision == "float16" and float16_share(census) < FLOAT16_MIN_SHARE:
-            raise SystemExit(f"{signature} computes only {float16_share(census):.0%} of its convolutions and matmuls "
+        share = float16_share(census)
+        censuses[signature] = {"float16_share": round(share, 4), "ops": census}
+        if precision == "float16" and share < FLOAT16_MIN_SHARE:
+            raise SystemExit(f"{signature} computes only {share:.0%} of its convolutions and matmuls "
                              f"in float16 ({census}): not a float16 signature. Fix: train.export_float16=false")
         outputs = loaded.signatures[signature](images=tf.constant(batch["images"]))[OUTPUT_NAME]
         width = card["output"]["shape"][-1]

@@ -84,10 +84,11 @@ def ensemble_weights(cards: list[dict], exports: list[Path], cut_folds: str) -> 
     share of the planned epochs (infer.cut_folds=weight), 0 (exclude) or 1 (include), printed either way."""
     weights = []
     for card, export in zip(cards, exports, strict=True):
+        metrics = card.get("metrics", {})
         record = card.get("time_budget") or {  # exports made before the card had time_budget
-            "cut": card.get("metrics", {}).get("stopped_by_time_budget", False),
-            "epochs_trained": card.get("metrics", {}).get("epochs"), "exported_epoch": card.get("metrics", {}).get(
-                "best_epoch"), "epochs_planned": card.get("config", {}).get("train", {}).get("epochs")}
+            "cut": metrics.get("stopped_by_time_budget", False), "epochs_trained": metrics.get("epochs"),
+            "exported_epoch": metrics.get("best_epoch"),
+            "epochs_planned": card.get("config", {}).get("train", {}).get("epochs")}
         if not record.get("cut"):
             weights.append(1.0)
             continue

@@ -82,14 +82,15 @@ def main(argv: list[str] | None = None) -> int:
 
     # ---- exports: the cards say everything the pipeline needs
     exports = find_exports(cfg.infer.exports)
-    weights = ensemble_weights([read_card(e) for e in exports], exports, cfg.infer.cut_folds)  # budget-cut folds
-    exports, weights = [e for e, w in zip(exports, weights, strict=True) if w > 0], [w for w in weights if w > 0]
-    precision = inference_precision(cfg.infer.precision, [read_card(e) for e in exports])
+    cards = [read_card(e) for e in exports]
+    weights = ensemble_weights(cards, exports, cfg.infer.cut_folds)  # folds the training time budget cut
+    kept = [(e, c, w) for e, c, w in zip(exports, cards, weights, strict=True) if w > 0]
+    exports, cards, weights = [e for e, _, _ in kept], [c for _, c, _ in kept], [w for _, _, w in kept]
+    precision = inference_precision(cfg.infer.precision, cards)
     if precision == "amp":
         enable_amp()
     with strategy.scope():  # variables mirrored onto every replica
         models = [load_export(e, "float16" if precision == "float16" else "float32") for e in exports]
-    cards = [card for card, _ in models]
     class_names = check_same_classes(cards, exports)
     task, thresholds = get_task(cards[0]["task"]), ensemble_thresholds(cards, weights)
     computation = "float32 graphs, TensorFlow's automatic mixed precision rewrite on" if precision == "amp" \
