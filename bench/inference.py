@@ -4,13 +4,20 @@
 
 Model: EfficientNet-B0 (efficientnet package, random weights: speed does not depend on them) with the project's
 preprocessing and head, 10 classes. Data: JPEGs cut from scikit-learn's two sample photographs, stored at
-1.25 x image size, in a Kaggle-style test folder. About 3 minutes on 2 CPU cores with the defaults.
+1.25 x image size, in a Kaggle-style test folder. About 3 minutes on 2 CPU cores with the defaults (the export's
+fresh-process verification included).
   kernel        load_export (SavedModel, TensorFlow only) -> make_image_file_dataset (parallel decode + resize)
                 -> ensemble_probabilities (one tf.function per batch)
   kernel+XLA    the same with infer.xla=true (jit_compile); by default only where a GPU is present
   naive         the notebook habit: a Python loop of PIL open / resize / np.stack, then keras_model.predict
 Each is timed over all images after one warm-up pass, best of 3. Where a GPU is present the same command measures it
 (float32; see bench/README.md for what a lent GPU measured).
+
+    .venv/bin/python bench/inference.py --smoke
+
+runs the same code (EfficientNet-B0, weights=None, written and verified as an export) on 8 images at 32x32, batch 4,
+one timed pass each, in about 40 s on 2 cores, most of it saving the SavedModel and verifying it in a fresh process;
+RESULT lines included: it keeps the benchmark from rotting, its figures mean nothing. Flags given with it win.
 """
 
 from __future__ import annotations
@@ -25,11 +32,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import common  # noqa: F401,E402
+from common.card import ModelCard  # noqa: E402
 from common.config import load_config  # noqa: E402
 from common.data import make_image_file_dataset  # noqa: E402
 from common.export import load_export, write_export  # noqa: E402
 from common.inference import ensemble_probabilities  # noqa: E402
 from common.model import build_model  # noqa: E402
+from common.tasks import TASKS  # noqa: E402
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -62,27 +71,23 @@ def best_rate(run, n_images: int, repeats: int = 3) -> float:
     return n_images / best
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--images", type=int, default=256)
-    parser.add_argument("--image-size", type=int, default=224)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--xla", action=argparse.BooleanOptionalAction, default=None,
-                        help="also time kernel+XLA (default: only where a GPU is present; on CPU XLA is slower)")
-    args = parser.parse_args()
-    if args.xla is None:
-        args.xla = bool(tf.config.list_logical_devices("GPU"))
-    size, tmp = args.image_size, Path(tempfile.mkdtemp(prefix="bench-infer-"))
+# --smoke: the same code path at toy sizes, in seconds (flags given with it still win).
+SMOKE = {"images": 8, "image_size": 32, "batch": 4, "repeats": 1}
+
+
+def measure(args: argparse.Namespace, tmp: Path) -> None:
+    size = args.image_size
     paths = write_images(tmp / "test", args.images, int(size * 1.25))
     ids = [p.stem for p in paths]
 
     cfg = load_config(None, ["model.backbone=efficientnet", "model.efficientnet_weights=none"])
     tf.keras.utils.set_random_seed(0)
     keras_model = build_model(cfg.model, 10, size)
-    card = {"class_names": [str(i) for i in range(10)], "image_size": size}
+    card = ModelCard.create(TASKS["multiclass"], [str(i) for i in range(10)], size)
     verify = np.stack([np.asarray(Image.open(p).convert("RGB").resize((size, size))) for p in paths[:4]])
     write_export(tmp / "export", keras_model, card, verify)
-    _, predict = load_export(tmp / "export")
+    card, predict = load_export(tmp / "export")
+    assert card.image_size == size, card
 
     def kernel(xla: bool):
         def run():
@@ -97,10 +102,10 @@ def main() -> None:
 
     # Same model, same images: the three paths agree (bilinear resizes differ slightly between PIL and TF).
     agree = np.mean(kernel(False)().argmax(1) == naive().argmax(1))
-    rows = {"kernel": best_rate(kernel(False), len(paths))}
+    rows = {"kernel": best_rate(kernel(False), len(paths), args.repeats)}
     if args.xla:
-        rows["kernel+XLA"] = best_rate(kernel(True), len(paths))
-    rows["naive keras predict"] = best_rate(naive, len(paths))
+        rows["kernel+XLA"] = best_rate(kernel(True), len(paths), args.repeats)
+    rows["naive keras predict"] = best_rate(naive, len(paths), args.repeats)
     devices = ", ".join(d.name for d in tf.config.list_logical_devices() if d.device_type != "CPU") or "CPU"
     print(f"EfficientNet-B0 at {size}x{size}, batch {args.batch}, {len(paths)} JPEGs of {int(size * 1.25)} px, "
           f"TF {tf.__version__}, {devices}; argmax agreement kernel vs naive {agree:.3f}")
@@ -111,6 +116,24 @@ def main() -> None:
         print("RESULT " + json.dumps({"bench": f"inference {name}, EfficientNet-B0 {size}px", "value": rows[name],
                                       "baseline": base, "ratio": rows[name] / base, "unit": "img/s",
                                       "baseline_name": "keras_model.predict"}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--images", type=int, default=256)
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3, help="timed passes after the warm-up; the best counts")
+    parser.add_argument("--xla", action=argparse.BooleanOptionalAction, default=None,
+                        help="also time kernel+XLA (default: only where a GPU is present; on CPU XLA is slower)")
+    parser.add_argument("--smoke", action="store_true", help=f"toy sizes, seconds; the figures mean nothing: {SMOKE}")
+    if parser.parse_known_args()[0].smoke:
+        parser.set_defaults(**SMOKE)
+    args = parser.parse_args()
+    if args.xla is None:
+        args.xla = bool(tf.config.list_logical_devices("GPU"))
+    with tempfile.TemporaryDirectory(prefix="bench-infer-") as tmp:
+        measure(args, Path(tmp))
 
 
 if __name__ == "__main__":

@@ -1,17 +1,26 @@
 """Every benchmark, one table: `.venv/bin/python bench/run_all.py` (about 8 minutes on 2 cores).
 
-Runs input_pipeline.py, train_step.py and inference.py as they are, each in its own process, collects the RESULT line
-each prints last, and prints a markdown table: the figure, its baseline measured in the same run, their ratio, and the
-public anchor from ../shared/KAGGLE.md that the ratio should be read against. The machine is printed above it.
+Runs input_pipeline.py, train_step.py and inference.py as they are, each in its own process, one after the other,
+collects the RESULT lines each prints, and prints a markdown table: the figure, its baseline measured in the same run,
+their ratio, and the public anchor from ../shared/KAGGLE.md that the ratio should be read against. The machine is
+printed above it.
+
+    .venv/bin/python bench/run_all.py --smoke
+
+runs each benchmark with --smoke (toy sizes), all three at once since their figures mean nothing, and prints the same
+table: about 45 s on 2 cores, most of it inference.py writing and verifying its EfficientNet-B0 export. It keeps the
+benchmarks and this table from rotting (tests/test_bench.py runs it); its figures mean nothing.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -33,15 +42,45 @@ def machine() -> str:
             f"{tf.__version__}, CPU only")
 
 
-def main() -> None:
-    rows = []
-    for script, anchor in BENCHES:
+class Bench:
+    """One benchmark script running in its own process, its output in temporary files (no pipe to fill up)."""
+
+    def __init__(self, script: str, smoke: bool):
+        self.script = script
+        self.stdout, self.stderr = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
         print(f"[bench] {script} ...", file=sys.stderr, flush=True)
-        out = subprocess.run([sys.executable, str(HERE / script)], capture_output=True, text=True, check=True)
-        for line in out.stdout.splitlines():
-            if line.startswith("RESULT "):
-                rows.append((json.loads(line[len("RESULT "):]), anchor))
+        self.process = subprocess.Popen([sys.executable, str(HERE / script), *(["--smoke"] if smoke else [])],
+                                        stdout=self.stdout, stderr=self.stderr, text=True)
+
+    def results(self) -> list[dict]:
+        """The RESULT lines it printed; exits with its stderr's tail if it failed or printed none."""
+        code = self.process.wait()
+        self.stdout.seek(0)
+        self.stderr.seek(0)
+        out, err = self.stdout.read(), self.stderr.read()
+        results = [json.loads(line[len("RESULT "):]) for line in out.splitlines() if line.startswith("RESULT ")]
+        if code or not results:
+            sys.exit(f"bench/{self.script} {'failed (exit ' + str(code) + ')' if code else 'printed no RESULT line'}"
+                     f":\n{out[-2000:]}\n{err[-4000:]}")
+        return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="run every benchmark with --smoke, all at once: toy "
+                        "sizes, seconds, the figures mean nothing")
+    args = parser.parse_args()
+    rows = []
+    if args.smoke:  # at once: their timings disturb each other, which does not matter here
+        benches = [(Bench(script, smoke=True), anchor) for script, anchor in BENCHES]
+        for bench, anchor in benches:
+            rows += [(r, anchor) for r in bench.results()]
+    else:  # one at a time, so that no benchmark disturbs another
+        for script, anchor in BENCHES:
+            rows += [(r, anchor) for r in Bench(script, smoke=False).results()]
     print(f"machine: {machine()}\n")
+    if args.smoke:
+        print("smoke run (--smoke): toy sizes, the benchmarks run at once; the figures mean nothing\n")
     print("| benchmark | figure | baseline (same run) | ratio | public anchor |")
     print("|---|---:|---:|---:|---|")
     for r, anchor in rows:

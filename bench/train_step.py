@@ -1,6 +1,6 @@
 """Training throughput on the CPU with steps_per_execution 1 and N, measured in the same run.
 
-    .venv/bin/python bench/train_step.py [--n 32] [--steps 96] [--image-size 32] [--batch 32]
+    .venv/bin/python bench/train_step.py [--n 32] [--steps 96] [--image-size 32] [--batch 32] [--width 16] [--rounds 3]
 
 The model is the training kernel's own (uint8 input -> preprocessing -> the tiny Hub-contract backbone through
 hub.KerasLayer -> head), compiled by common.model.compile_model, fed by common.data.make_train_dataset from the demo
@@ -8,6 +8,13 @@ competition's TFRecords. Each setting is compiled once, warmed up, then timed ov
 model.fit; settings alternate for 3 rounds and the median is reported. steps_per_execution runs N steps inside one
 tf.function call, so the per-step Python and dispatch overhead is paid once per N steps: the same lever that
 tensorflow.org/guide/tpu reports as ~50% more throughput on a TPU (steps_per_execution=50).
+About 40 s on 2 cores with the defaults, most of it the timed fits.
+
+    .venv/bin/python bench/train_step.py --smoke
+
+runs the same code at toy sizes (steps_per_execution 1 and 4, 8 timed steps, 16x16, batch 8, width 8, 1 round) in
+about 15 s, RESULT line included: it keeps the benchmark from rotting, its figures mean nothing. Flags given with it
+win.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from common.config import Config, load_config  # noqa: E402
 from common.conversion import convert_competition  # noqa: E402
 from common.data import make_train_dataset  # noqa: E402
 from common.model import build_model, compile_model  # noqa: E402
-from common.tasks import TASKS, training_target  # noqa: E402
+from common.tasks import TASKS  # noqa: E402
 from common.tfrecords import split_files  # noqa: E402
 
 import tensorflow as tf  # noqa: E402
@@ -35,24 +42,18 @@ import tensorflow as tf  # noqa: E402
 from tpu2gpu.backbones import save_tiny_backbone  # noqa: E402
 from tpu2gpu.demo_data import make_demo_competition  # noqa: E402
 
+# --smoke: the same code path at toy sizes, in seconds (flags given with it still win).
+SMOKE = {"n": 4, "steps": 8, "image_size": 16, "batch": 8, "width": 8, "rounds": 1}
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--n", type=int, default=32, help="the larger steps_per_execution")
-    parser.add_argument("--steps", type=int, default=96, help="timed steps per measurement (a multiple of --n)")
-    parser.add_argument("--image-size", type=int, default=32)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--width", type=int, default=16, help="backbone width")
-    args = parser.parse_args()
 
-    tmp = Path(tempfile.mkdtemp(prefix="bench-train-"))
+def measure(args: argparse.Namespace, tmp: Path) -> None:
     competition = make_demo_competition(tmp / "competition")
     manifest = convert_competition(competition, tmp / "records", Config().data)
     train_files, _ = split_files(manifest, str(tmp / "records"), fold=0)
     backbone = save_tiny_backbone(tmp / "backbone", width=args.width)
     cfg = load_config(None, [f"model.hub_handle={backbone}", f"data.image_size={args.image_size}"])
     dataset = make_train_dataset(train_files, cfg.data, args.batch,
-                                 lambda labels: training_target(TASKS["multiclass"], labels, 10, None), seed=0)
+                                 lambda labels: TASKS["multiclass"].target(labels, 10, None), seed=0)
 
     models = {}
     for spe in (1, args.n):
@@ -63,7 +64,7 @@ def main() -> None:
         models[spe] = model
 
     rates: dict[int, list[float]] = {spe: [] for spe in models}
-    for _ in range(3):
+    for _ in range(args.rounds):
         for spe, model in models.items():
             start = time.perf_counter()
             model.fit(dataset, steps_per_epoch=args.steps, epochs=1, verbose=0)
@@ -78,6 +79,22 @@ def main() -> None:
                                            f"{args.batch})", "value": fast, "baseline": base, "ratio": fast / base,
                                   "unit": "img/s", "baseline_name": "steps_per_execution=1"}))
 
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, default=32, help="the larger steps_per_execution")
+    parser.add_argument("--steps", type=int, default=96, help="timed steps per measurement (a multiple of --n)")
+    parser.add_argument("--image-size", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--width", type=int, default=16, help="backbone width")
+    parser.add_argument("--rounds", type=int, default=3, help="the settings alternate this many times; medians")
+    parser.add_argument("--smoke", action="store_true", help=f"toy sizes, seconds; the figures mean nothing: {SMOKE}")
+    if parser.parse_known_args()[0].smoke:
+        parser.set_defaults(**SMOKE)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
+        measure(args, Path(tmp))
 
 if __name__ == "__main__":
     main()

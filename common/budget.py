@@ -52,6 +52,17 @@ def should_start(fold: int, seconds_left: float, estimate: float) -> tuple[bool,
                    "not started")
 
 
+def cuts_after(epochs_done: int, planned_epochs: int, now: float, longest_epoch: float, deadline: float) -> bool:
+    """Stop a fold here when one more epoch, as long as the longest so far, would end past the deadline (the budget's
+    end minus the export's time). After the last planned epoch the budget has nothing left to cut."""
+    return epochs_done < planned_epochs and now + longest_epoch > deadline
+
+
+def cut_message(epochs_done: int, seconds_left: float, longest_epoch: float) -> str:
+    return (f"[train] time budget: {seconds_left:.0f} s left before the export, an epoch takes {longest_epoch:.0f} s: "
+            f"stopping after epoch {epochs_done} (the budget cuts this fold)")
+
+
 def cut_record(stopped: bool, epochs_trained: int, planned_epochs: int, exported_epoch: int,
                budget_hours: float) -> dict:
     """The card's `time_budget`: whether the budget cut this fold's schedule, and what was exported."""

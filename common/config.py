@@ -4,7 +4,9 @@
     print(format_config(cfg))            # logged first by every entry point
     save_config(cfg, "export/config.json")  # and saved with the results; load_config() reads it back
 
-An unknown section or key, or a value of the wrong type, raises ConfigError naming the key (with a close match).
+An unknown section or key, or a value of the wrong type, raises ConfigError naming the key (with a close match). Each
+number declares its range and each name its choices on its own field (common/config_fields.py), checked as it is set;
+a rule of two keys is checked where they meet (mixup_prob + cutmix_prob <= 1: common.data.check_mixing).
 Sections follow the Model Garden split: what to learn (data, model, train, infer) apart from where it runs (runtime).
 Model and data code never read `runtime`.
 """
@@ -21,13 +23,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from common.config_fields import field_value, one_of, within
 from common.errors import ConfigError
 from common.tpu_stack import TPU_PACKAGES
+
+TTA_NAMES = ("identity", "flip_left_right", "flip_up_down", "rotate90", "rotate180", "rotate270", "transpose")
+
+
+def _task_names() -> tuple[str, ...]:
+    from common.tasks import TASKS  # read at each check: a task added to TASKS at run time is a choice
+
+    return tuple(TASKS)
 
 
 @dataclass
 class DataConfig:
-    task: Literal["multiclass", "binary", "multilabel", "regression"] = "multiclass"  # see common/tasks.py
+    task: str = one_of("multiclass", _task_names)  # see common/tasks.py
     # Kaggle-style competition folder (read by `tpu2gpu tfrecords`, the training and the inference kernel).
     train_csv: str = "train.csv"  # CSV of training ids and labels, in the competition folder
     train_images: str = "train"  # folder of training images (JPEG/PNG named <id> or <id>.<ext>)
@@ -46,39 +57,39 @@ class DataConfig:
     train_files: str = "train/*.tfrec"  # training files, relative to runtime.tfrecords
     val_files: str = "val/*.tfrec"  # validation files, relative to runtime.tfrecords
     test_files: str = "test/*.tfrec"  # test files, relative to runtime.tfrecords
-    image_size: int = 224  # pixels, square: images are resized to this in the pipeline and the model takes it
+    image_size: int = within(224, "[8, 4096]")  # noqa: E501  # pixels, square: images are resized to this in the pipeline and the model takes it
     # Conversion to TFRecords.
-    folds: int = 5  # >= 2: stratified K folds; 0 or 1: one stratified hold-out split of val_fraction
-    val_fraction: float = 0.2  # hold-out share when folds < 2
-    shard_target_mb: float = 100.0  # shard size (Kaggle guidance: 10-100 files of 10-100 MB)
-    convert_size: int = 0  # > 0: resize to convert_size x convert_size while converting (then training skips it)
+    folds: int = within(5, "[0, 100]")  # noqa: E501  # >= 2: stratified K folds; 0 or 1: one stratified hold-out split of val_fraction
+    val_fraction: float = within(0.2, "(0, 1)")  # hold-out share when folds < 2
+    shard_target_mb: float = within(100.0, "(0, inf)")  # shard size (Kaggle guidance: 10-100 files of 10-100 MB)
+    convert_size: int = within(0, "[0, 4096]")  # noqa: E501  # > 0: resize to convert_size x convert_size while converting (then training skips it)
     reencode: Literal["keep", "jpeg", "png"] = "keep"  # keep = store the original bytes, checked by decoding
-    jpeg_quality: int = 95  # JPEG quality when re-encoding
+    jpeg_quality: int = within(95, "[1, 100]")  # JPEG quality when re-encoding
     on_bad_image: Literal["error", "skip"] = "error"  # bad image: error lists all; skip omits them (bad_images.csv)
-    workers: int = 0  # image preparation threads; 0 = one per core
-    split_seed: int = 42  # seed of the fold split and of the shard order
+    workers: int = within(0, "[0, inf)")  # image preparation threads; 0 = one per core
+    split_seed: int = within(42, "[0, inf)")  # seed of the fold split and of the shard order
     # Training-time augmentation (never applied to validation or test data).
-    shuffle_buffer: int = 2048  # records shuffled before decoding
+    shuffle_buffer: int = within(2048, "[0, inf)")  # records shuffled before decoding
     augment: bool = True  # apply the augmentations below
     flip_left_right: bool = True  # random horizontal flip
     flip_up_down: bool = False  # random vertical flip
     rotate90: bool = False  # random multiple of 90 degrees
-    brightness: float = 0.0  # random brightness shift, max delta in [0, 1] image units
-    contrast: float = 0.0  # random contrast factor in [1 - contrast, 1 + contrast]
-    hue: float = 0.0  # random hue shift, max delta in [0, 0.5]
-    saturation: float = 0.0  # random saturation factor in [1 - saturation, 1 + saturation]
-    crop_scale: float = 0.0  # > 0: random resized crop keeping this minimum share of the area (e.g. 0.08 to 1)
-    crop_ratio: float = 1.333  # its aspect ratios in [1 / crop_ratio, crop_ratio]
-    rotation: float = 0.0  # affine: random rotation, max degrees
-    shear: float = 0.0  # affine: random shear, max degrees
-    zoom: float = 0.0  # affine: random zoom in [1 - zoom, 1 + zoom]
-    shift: float = 0.0  # affine: random shift, max share of the image size
-    cutout: int = 0  # coarse dropout: this many holes per image (filled with grey)
-    cutout_size: float = 0.2  # each hole's side, as a share of the image size
-    mixup_prob: float = 0.0  # share of batches mixed with MixUp (soft targets, every task)
-    mixup_alpha: float = 0.2  # MixUp's Beta(alpha, alpha)
-    cutmix_prob: float = 0.0  # share of batches mixed with CutMix (mixup_prob + cutmix_prob <= 1)
-    cutmix_alpha: float = 1.0  # CutMix's Beta(alpha, alpha)
+    brightness: float = within(0.0, "[0, 1]")  # random brightness shift, max delta in [0, 1] image units
+    contrast: float = within(0.0, "[0, 1)")  # random contrast factor in [1 - contrast, 1 + contrast]
+    hue: float = within(0.0, "[0, 0.5]")  # random hue shift, max delta in [0, 0.5]
+    saturation: float = within(0.0, "[0, 1]")  # random saturation factor in [1 - saturation, 1 + saturation]
+    crop_scale: float = within(0.0, "[0, 1]")  # noqa: E501  # > 0: random resized crop keeping this minimum share of the area (e.g. 0.08 to 1)
+    crop_ratio: float = within(1.333, "[1, 10]")  # its aspect ratios in [1 / crop_ratio, crop_ratio]
+    rotation: float = within(0.0, "[0, 180]")  # affine: random rotation, max degrees
+    shear: float = within(0.0, "[0, 80]")  # affine: random shear, max degrees
+    zoom: float = within(0.0, "[0, 1)")  # affine: random zoom in [1 - zoom, 1 + zoom]
+    shift: float = within(0.0, "[0, 1]")  # affine: random shift, max share of the image size
+    cutout: int = within(0, "[0, 64]")  # coarse dropout: this many holes per image (filled with grey)
+    cutout_size: float = within(0.2, "(0, 1]")  # each hole's side, as a share of the image size
+    mixup_prob: float = within(0.0, "[0, 1]")  # share of batches mixed with MixUp (soft targets, every task)
+    mixup_alpha: float = within(0.2, "[0, inf)")  # MixUp's Beta(alpha, alpha)
+    cutmix_prob: float = within(0.0, "[0, 1]")  # share of batches mixed with CutMix (mixup_prob + cutmix_prob <= 1)
+    cutmix_alpha: float = within(1.0, "[0, inf)")  # CutMix's Beta(alpha, alpha)
 
 
 @dataclass
@@ -89,41 +100,41 @@ class ModelConfig:
     efficientnet_variant: str = "B0"  # B0-B7 when backbone=efficientnet
     efficientnet_weights: str = "imagenet"  # none | imagenet | noisy-student | path to a weights file
     trainable: bool = True  # fine-tune the backbone (false: train the head only)
-    dropout: float = 0.2  # dropout before the classification layer
-    num_classes: int = 0  # 0 = from the data; else must match it
+    dropout: float = within(0.2, "[0, 1)")  # dropout before the classification layer
+    num_classes: int = within(0, "[0, inf)")  # 0 = from the data; else must match it
 
 
 @dataclass
 class TrainConfig:
-    epochs: int = 10  # epochs per fold
-    batch_size_per_replica: int = 16  # global batch = this x replicas (8 TPU cores -> 128)
-    batch_size: int = 0  # > 0: the global batch instead; must divide over the replicas
-    steps_per_epoch: int = 0  # 0 = one pass over the training records; > 0 caps it (quick local runs)
-    learning_rate: float = 1e-3  # for a global batch of lr_reference_batch; scaled linearly with the global batch
-    lr_reference_batch: int = 256  # the global batch learning_rate is meant for
-    warmup_epochs: float = 1.0  # linear warm-up, then cosine decay to zero
-    steps_per_execution: int = 32  # training steps per host round trip (tf.function call)
+    epochs: int = within(10, "[1, inf)")  # epochs per fold
+    batch_size_per_replica: int = within(16, "[1, inf)")  # global batch = this x replicas (8 TPU cores -> 128)
+    batch_size: int = within(0, "[0, inf)")  # > 0: the global batch instead; must divide over the replicas
+    steps_per_epoch: int = within(0, "[0, inf)")  # noqa: E501  # 0 = one pass over the training records; > 0 caps it (quick local runs)
+    learning_rate: float = within(1e-3, "(0, inf)")  # noqa: E501  # for a global batch of lr_reference_batch; scaled linearly with the global batch
+    lr_reference_batch: int = within(256, "[1, inf)")  # the global batch learning_rate is meant for
+    warmup_epochs: float = within(1.0, "[0, inf)")  # linear warm-up, then cosine decay to zero
+    steps_per_execution: int = within(32, "[1, inf)")  # training steps per host round trip (tf.function call)
     loop: Literal["fit", "custom"] = "fit"  # Keras fit, or the custom strategy.run loop
-    label_smoothing: float = 0.0  # cross-entropy label smoothing
+    label_smoothing: float = within(0.0, "[0, 1)")  # cross-entropy label smoothing
     class_weight: Literal["none", "balanced"] = "none"  # balanced: weigh the loss by n / (classes x count) per class
     metric: str = ""  # competition metric on the validation fold; "" = the task's default (common/tasks.py)
     keep: Literal["best", "last"] = "best"  # export the epoch with the best train.metric, or the last epoch
-    ema: float = 0.0  # > 0: export the optimiser's moving average of the weights with this momentum (e.g. 0.999)
-    early_stopping: int = 0  # > 0: stop a fold after this many epochs without a better train.metric
-    fold: int = 0  # fold to train; -1 = every fold in turn
+    ema: float = within(0.0, "[0, 1)")  # noqa: E501  # > 0: export the optimiser's moving average of the weights with this momentum (e.g. 0.999)
+    early_stopping: int = within(0, "[0, inf)")  # > 0: stop a fold after this many epochs without a better train.metric
+    fold: int = within(0, "[-1, inf)")  # fold to train; -1 = every fold in turn
     precision: Literal["auto", "float32", "mixed_bfloat16", "mixed_float16"] = "auto"  # auto: bf16 TPU, fp16 GPU
-    time_budget_hours: float = 8.25  # training and exports end within this (a 9 h Kaggle session minus a margin)
-    fold_minutes: float = 0.0  # a fold's time before one is measured: the first fold starts only if it fits
-    export_minutes: float = 5.0  # time a fold keeps for its export until one export has been measured
+    time_budget_hours: float = within(8.25, "(0, inf)")  # noqa: E501  # training and exports end within this (a 9 h Kaggle session minus a margin)
+    fold_minutes: float = within(0.0, "[0, inf)")  # noqa: E501  # a fold's time before one is measured: the first fold starts only if it fits
+    export_minutes: float = within(5.0, "[0, inf)")  # noqa: E501  # time a fold keeps for its export until one export has been measured
     export_float16: bool = True  # add a float16 signature (T4 tensor cores) where the graph computes in float16
-    seed: int = 42  # shuffling seed
+    seed: int = within(42, "[0, inf)")  # shuffling seed
 
 
 @dataclass
 class InferConfig:
     exports: tuple[str, ...] = ()  # export folders / attached dataset names; empty = all under /kaggle/input
-    batch_size: int = 128  # global inference batch
-    tta: tuple[str, ...] = ()  # extra views, e.g. [flip_left_right]; averaged with the original image's
+    batch_size: int = within(128, "[1, inf)")  # global inference batch
+    tta: tuple[str, ...] = one_of((), TTA_NAMES, "views")  # noqa: E501  # extra views, e.g. [flip_left_right]; averaged with the original image's
     xla: bool = False  # compile the prediction step with XLA (for GPUs; slower on the CPU)
     precision: Literal["auto", "float32", "float16", "amp"] = "auto"  # auto: float16 signature on tensor cores
     cut_folds: Literal["weight", "exclude", "include"] = "weight"  # folds the budget cut: by epochs, out, in full
@@ -146,7 +157,7 @@ class KaggleConfig:
     train_title: str = ""  # "" = the slug's words; Kaggle derives the URL from the title, so it must match
     infer_title: str = ""  # "" = the slug's words
     dataset_title: str = ""  # "" = the slug's words (6-50 characters)
-    dataset_version: int = 0  # model dataset version the inference kernel attaches; 0 = the latest
+    dataset_version: int = within(0, "[0, inf)")  # model dataset version the inference kernel attaches; 0 = the latest
     dataset_sources: tuple[str, ...] = ()  # extra inputs of the training kernel, e.g. owner/my-tfrecords
     model_sources: tuple[str, ...] = ()  # owner/model/framework/variation/version, e.g. a Kaggle Models EfficientNet
     train_accelerator: str = "TpuV5E8"  # machine_shape of the training kernel
@@ -166,7 +177,7 @@ class KaggleConfig:
 class RuntimeConfig:
     strategy: Literal["auto", "tpu", "mirrored", "default"] = "auto"  # auto: TPU, else several GPUs, else default
     tpu_address: str = ""  # "" = Kaggle's own (local on a TPU VM, $TPU_NAME on a TPU Node)
-    cpu_devices: int = 1  # > 1 splits the CPU into logical devices (MirroredStrategy without a GPU)
+    cpu_devices: int = within(1, "[1, 64]")  # > 1 splits the CPU into logical devices (MirroredStrategy without a GPU)
     competition_dir: str = ""  # a Kaggle-style folder (CSV + images): a path or an attached Kaggle input name
     tfrecords: str = ""  # TFRecords (+ manifest): a path, gs:// URL or an attached Kaggle dataset name
     private_dataset: bool = False  # read through GCS with the kernel's gcloud credential (TPU Node only)
@@ -184,99 +195,9 @@ class Config:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
 
-# Every number's range: (lowest, highest, lowest excluded, highest excluded); None is unbounded. Checked whenever a
-# value is set, so a run stops at its config, not hours later inside fit.
-RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
-    "data.image_size": (8, 4096, False, False), "data.folds": (0, 100, False, False),
-    "data.val_fraction": (0, 1, True, True), "data.shard_target_mb": (0, None, True, False),
-    "data.convert_size": (0, 4096, False, False), "data.jpeg_quality": (1, 100, False, False),
-    "data.workers": (0, None, False, False), "data.split_seed": (0, None, False, False),
-    "data.shuffle_buffer": (0, None, False, False), "data.brightness": (0, 1, False, False),
-    "data.contrast": (0, 1, False, True), "data.hue": (0, 0.5, False, False), "data.saturation": (0, 1, False, False),
-    "data.crop_scale": (0, 1, False, False), "data.crop_ratio": (1, 10, False, False),
-    "data.rotation": (0, 180, False, False), "data.shear": (0, 80, False, False), "data.zoom": (0, 1, False, True),
-    "data.shift": (0, 1, False, False), "data.cutout": (0, 64, False, False), "data.cutout_size": (0, 1, True, False),
-    "data.mixup_prob": (0, 1, False, False), "data.mixup_alpha": (0, None, False, False),
-    "data.cutmix_prob": (0, 1, False, False), "data.cutmix_alpha": (0, None, False, False),
-    "model.dropout": (0, 1, False, True), "model.num_classes": (0, None, False, False),
-    "train.epochs": (1, None, False, False), "train.batch_size_per_replica": (1, None, False, False),
-    "train.batch_size": (0, None, False, False), "train.steps_per_epoch": (0, None, False, False),
-    "train.learning_rate": (0, None, True, False), "train.lr_reference_batch": (1, None, False, False),
-    "train.warmup_epochs": (0, None, False, False), "train.steps_per_execution": (1, None, False, False),
-    "train.label_smoothing": (0, 1, False, True), "train.ema": (0, 1, False, True),
-    "train.early_stopping": (0, None, False, False), "train.fold": (-1, None, False, False),
-    "train.time_budget_hours": (0, None, True, False), "train.fold_minutes": (0, None, False, False),
-    "train.export_minutes": (0, None, False, False), "train.seed": (0, None, False, False),
-    "infer.batch_size": (1, None, False, False), "kaggle.dataset_version": (0, None, False, False),
-    "runtime.cpu_devices": (1, 64, False, False),
-}
-TTA_NAMES = ("identity", "flip_left_right", "flip_up_down", "rotate90", "rotate180", "rotate270", "transpose")
-
-
-def _interval(low, high, low_open, high_open) -> str:
-    return f"{'(' if low_open else '['}{'-inf' if low is None else low}, {'inf' if high is None else high}" \
-           f"{')' if high_open or high is None else ']'}"
-
-
-def _check_range(key: str, value) -> None:
-    if key in RANGES:
-        low, high, low_open, high_open = RANGES[key]
-        below = low is not None and (value <= low if low_open else value < low)
-        above = high is not None and (value >= high if high_open else value > high)
-        if below or above:
-            raise ConfigError(f"config key '{key}' is {value}, outside its range {_interval(*RANGES[key])}")
-    if key == "infer.tta":
-        unknown = [name for name in value if name not in TTA_NAMES]
-        if unknown:
-            raise ConfigError(f"config key 'infer.tta' names unknown views {unknown}; choose from {list(TTA_NAMES)}")
-
-
 def _did_you_mean(name: str, known: typing.Iterable[str]) -> str:
     match = difflib.get_close_matches(name, list(known), n=1)
     return f" (did you mean '{match[0]}'?)" if match else ""
-
-
-def _coerce(value: Any, annotation: Any, key: str) -> Any:
-    """Return `value` as the field type, or raise ConfigError naming `key`."""
-    origin = typing.get_origin(annotation)
-    if origin is Literal:
-        choices = typing.get_args(annotation)
-        if value not in choices:
-            raise ConfigError(f"config key '{key}' must be one of {list(choices)}, got {value!r}")
-        return value
-    if origin is tuple:
-        (item_type, _) = typing.get_args(annotation)
-        if isinstance(value, str):
-            value = [v.strip() for v in value.split(",") if v.strip()]
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"config key '{key}' must be a list, got {value!r}")
-        if item_type is str:  # YAML reads class names 0, 1, 2 as integers: their meaning is plain
-            value = [str(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in value]
-        return tuple(_coerce(v, item_type, f"{key}[{i}]") for i, v in enumerate(value))
-    if annotation is bool:
-        if isinstance(value, bool):
-            return value
-    elif annotation is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif annotation is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads "1e-3" as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-    elif annotation is str:
-        if isinstance(value, str):
-            return value
-    else:
-        raise TypeError(f"unsupported config type {annotation} for '{key}'")
-    raise ConfigError(f"config key '{key}' must be {annotation.__name__}, got {value!r} ({type(value).__name__})")
-
-
-def _section_types(section_cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(section_cls)
 
 
 def _apply(cfg: Config, section: str, key: str, value: Any) -> None:
@@ -285,13 +206,12 @@ def _apply(cfg: Config, section: str, key: str, value: Any) -> None:
         raise ConfigError(f"unknown config section '{section}'{_did_you_mean(section, sections)}; "
                           f"sections are {list(sections)}")
     target = getattr(cfg, section)
-    types = _section_types(type(target))
+    types = typing.get_type_hints(type(target))
     if key not in types:
         raise ConfigError(f"unknown config key '{section}.{key}'{_did_you_mean(key, types)}; "
                           f"keys of '{section}' are {sorted(types)}")
-    value = _coerce(value, types[key], f"{section}.{key}")
-    _check_range(f"{section}.{key}", value)
-    setattr(target, key, value)
+    spec = next(f for f in dataclasses.fields(target) if f.name == key)
+    setattr(target, key, field_value(f"{section}.{key}", value, spec, types[key]))
 
 
 def config_from_dict(raw: dict[str, Any], base: Config | None = None) -> Config:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 
+from common.errors import ConfigError, DataError
 from common.tfrecords import RecordSchema, schema_from_config
 
 import numpy as np
@@ -190,13 +191,10 @@ def cutmix(images: tf.Tensor, targets: tf.Tensor, alpha: float) -> tuple[tf.Tens
 
 
 def check_mixing(data_cfg) -> None:
-    """MixUp / CutMix settings that cannot work, named before training starts."""
-    from common.errors import ConfigError
-
+    """MixUp / CutMix settings that cannot work together, named before training starts. Each key's own range (a
+    probability in [0, 1], an alpha >= 0) is checked by the config when it is set; these rules involve two keys."""
     for name in ("mixup", "cutmix"):
         prob, alpha = getattr(data_cfg, f"{name}_prob"), getattr(data_cfg, f"{name}_alpha")
-        if not 0.0 <= prob <= 1.0:
-            raise ConfigError(f"data.{name}_prob={prob} must be in [0, 1] (the share of batches mixed)")
         if prob > 0 and alpha <= 0:
             raise ConfigError(f"data.{name}_alpha={alpha} must be > 0: it is the Beta(alpha, alpha) of the mixing "
                               f"weights (e.g. {0.2 if name == 'mixup' else 1.0}), with data.{name}_prob={prob}")
@@ -217,7 +215,9 @@ def mix_batch(images: tf.Tensor, targets: tf.Tensor, data_cfg) -> tuple[tf.Tenso
 def _check_files(files) -> list[str]:
     files = [str(f) for f in files]
     if not files:
-        raise ValueError("no TFRecord files given: check runtime.tfrecords and the split / file patterns")
+        raise DataError("no TFRecord files given. Fix: set runtime.tfrecords to the records (a folder, gs:// URL or "
+                        "attached dataset name); for records without a tpu2gpu manifest, data.train_files / "
+                        "data.val_files / data.test_files must match files in it")
     return files
 
 
@@ -226,7 +226,7 @@ def make_train_dataset(files, data_cfg, batch_size: int, to_target=None, schema:
                        seed: int | None = None) -> tf.data.Dataset:
     """Endless (image uint8 [B,S,S,3], target) batches: parallel non-deterministic reads, shuffled, augmented.
 
-    to_target maps a batch of labels to the loss's targets (common.tasks.training_target); None keeps the labels.
+    to_target maps a batch of labels to the loss's targets (a task.target from common/tasks.py); None keeps the labels.
     batch_size is the global batch; with an input_context (distribute_datasets_from_function) each input pipeline
     reads its share of the files and batches per replica. schema defaults to the config's."""
     files = _check_files(files)
@@ -300,7 +300,9 @@ def make_image_file_dataset(paths, ids, image_size: int, batch_size: int) -> tf.
     """Like make_eval_dataset, from image files (a competition's test folder): dict batches {'image', 'id'}, in the
     order given, the last partial batch kept. The same decode_image as training."""
     if len(paths) != len(ids) or not len(paths):
-        raise ValueError(f"need one id per image path and at least one image, got {len(paths)} paths, {len(ids)} ids")
+        raise DataError(f"need one id per image path and at least one image, got {len(paths)} paths, {len(ids)} ids. "
+                        "Fix: data.test_csv must list the test ids and data.test_images (in runtime.competition_dir) "
+                        "hold one image per id")
     dataset = tf.data.Dataset.from_tensor_slices({"path": [str(p) for p in paths], "id": list(ids)})
 
     def load(item):

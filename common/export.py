@@ -7,8 +7,8 @@
       verify_batch.npz     a few validation images and the predictions the exported model must give for them
       history.csv, *.png   training curves and the confusion matrix
 
-    write_export(export_dir, float32_model, card, verify_images, extra_files)   # training kernel
-    card, predict = load_export(export_dir)                                       # inference kernel
+    card = write_export(export_dir, float32_model, card, verify_images, extra_files)   # training kernel
+    card, predict = load_export(export_dir)                                             # inference kernel
 
 The folder is written to a hidden temporary name, reloaded in a fresh Python process in which importing tf_keras or
 tensorflow_hub fails, its predictions compared with the in-memory model's (max abs difference < 1e-4), each
@@ -19,6 +19,7 @@ TensorFlow alone.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -28,27 +29,20 @@ import sys
 from pathlib import Path
 
 from common.atomic import staged_dir
-from common.errors import DataError
+from common.card import SIGNATURES, ExportError, ModelCard, read_card, write_card
 
 import numpy as np
 import tensorflow as tf
 
-EXPORT_FORMAT = "tpu2gpu-export/2"  # 2: task-typed predictions (common/tasks.py); 1 had class probabilities only
 OUTPUT_NAME = "predictions"
-CARD_NAME = "model_card.json"
 SAVED_MODEL_DIR = "saved_model"
 VERIFY_NAME = "verify_batch.npz"
 VERIFY_TOLERANCE = 1e-4
 FLOAT16_TOLERANCE = 1e-2  # float16 arithmetic: about 3 significant digits
-SIGNATURES = {"float32": "serving_default", "float16": "serving_float16"}
 BLOCKED_IN_CHECK = ("tf_keras", "tensorflow_hub")
 # The ops that do a model's arithmetic: their dtype is the precision it computes in.
 COMPUTE_OPS = ("Conv2D", "DepthwiseConv2dNative", "Conv3D", "MatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum")
 FLOAT16_MIN_SHARE = 0.9  # a float16 signature must run (nearly) all of them in float16 to be worth its size
-
-
-class ExportError(DataError):
-    """An export that is missing, incomplete, or does not reproduce its own predictions."""
 
 
 def library_versions() -> dict[str, str]:
@@ -134,16 +128,17 @@ def saved_census(saved_model_dir: str | Path, signature: str) -> dict[str, dict[
     return op_census(meta.graph_def, roots=outputs)
 
 
-def write_export(export_dir: str | Path, model: tf.keras.Model, card: dict, verify_images: np.ndarray,
+def write_export(export_dir: str | Path, model: tf.keras.Model, card: ModelCard, verify_images: np.ndarray,
                  extra_files: dict[str, Path] | None = None, float16_model: tf.keras.Model | None = None,
-                 output_scaling: dict | None = None) -> dict:
-    """Save, reload in a fresh process, compare, then publish export_dir (replacing an older one). Returns the card.
+                 output_scaling: dict | None = None) -> ModelCard:
+    """Save, reload in a fresh process, compare, then publish export_dir (replacing an older one). Returns the card
+    as written: `card` with its versions, signatures and verification.
 
     `model` must compute in float32 (see inference_copy): the export has to run on GPUs without bfloat16.
     `float16_model`, the same weights built under mixed_float16, adds the signature serving_float16 for GPUs with
     tensor cores; it is checked against the float32 probabilities within FLOAT16_TOLERANCE."""
     export_dir = Path(export_dir)
-    image_size = int(card["image_size"])
+    image_size = card.image_size
     expected = model(tf.constant(verify_images), training=False).numpy().astype(np.float32)
     if output_scaling:
         expected = expected * np.float32(output_scaling["std"]) + np.float32(output_scaling["mean"])
@@ -157,21 +152,17 @@ def write_export(export_dir: str | Path, model: tf.keras.Model, card: dict, veri
         for name, source in (extra_files or {}).items():
             if Path(source).is_file():
                 shutil.copyfile(source, tmp / name)
-        card = {**card, "format": EXPORT_FORMAT, "complete": False, "versions": library_versions(),
-                "precisions": {p: SIGNATURES[p] for p in models}}
-        _write_card(tmp, card)
+        card = dataclasses.replace(card, complete=False, versions=library_versions(),
+                                   precisions={p: SIGNATURES[p] for p in models})
+        write_card(tmp, card)
         check = verify_in_fresh_process(tmp)
-        card["precision"] = {**card.get("precision", {}), "signatures": check["census"]}
-        card.update(complete=True, verification={
-            "max_abs_diff": check["max_abs_diff"], "environment": check["environment"],
-            "tolerance": {"float32": VERIFY_TOLERANCE, "float16": FLOAT16_TOLERANCE},
-            "images": int(len(verify_images)), "loaded_without": list(BLOCKED_IN_CHECK)})
-        _write_card(tmp, card)  # last: "complete" is only ever true in a verified folder
+        card = dataclasses.replace(
+            card, complete=True, precision={**card.precision, "signatures": check["census"]}, verification={
+                "max_abs_diff": check["max_abs_diff"], "environment": check["environment"],
+                "tolerance": {"float32": VERIFY_TOLERANCE, "float16": FLOAT16_TOLERANCE},
+                "images": int(len(verify_images)), "loaded_without": list(BLOCKED_IN_CHECK)})
+        write_card(tmp, card)  # last: "complete" is only ever true in a verified folder
     return card
-
-
-def _write_card(folder: Path, card: dict) -> None:
-    (folder / CARD_NAME).write_text(json.dumps(card, indent=2, default=str) + "\n")
 
 
 # The check needs only the CPU. On a TPU VM one process alone may own the chips (the trainer does), and on a GPU the
@@ -200,50 +191,38 @@ def verify_in_fresh_process(folder: Path) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def read_card(export_dir: str | Path) -> dict:
-    export_dir = Path(export_dir)
-    path = export_dir / CARD_NAME
-    if not path.is_file():
-        raise ExportError(f"{export_dir} holds no {CARD_NAME}: it is not a tpu2gpu export. Fix: point the inference "
-                          "kernel at the folder the training kernel exported (e.g. export/fold0)")
-    card = json.loads(path.read_text())
-    if card.get("format") != EXPORT_FORMAT:
-        raise ExportError(f"{export_dir} is a {card.get('format')!r} export; this code reads {EXPORT_FORMAT}. Fix: "
-                          "export it again with this version of the training kernel")
-    if card.get("complete") is not True:
-        raise ExportError(f"{export_dir} is not marked complete (an interrupted or failed export). Fix: run the "
-                          "training kernel again, or attach a complete export")
-    return card
-
-
-def load_export(export_dir: str | Path, precision: str = "float32"):
-    """(card, predict): predict(uint8 images [N, S, S, 3]) -> float32 predictions [N, K], computed in `precision`
-    (float32, or float16 where the export offers it). TensorFlow only."""
-    card = read_card(export_dir)
-    offered = card.get("precisions", {"float32": "serving_default"})
-    if precision not in offered:
-        raise ExportError(f"{export_dir} offers {sorted(offered)} computation, not {precision}. Fix: "
+def serving_function(export_dir: str | Path, card: ModelCard, precision: str = "float32"):
+    """predict(uint8 images [N, S, S, 3]) -> float32 predictions [N, K] of the export whose card is `card`,
+    computed in `precision` (float32, or float16 where the export offers it). TensorFlow only."""
+    if precision not in card.precisions:
+        raise ExportError(f"{export_dir} offers {sorted(card.precisions)} computation, not {precision}. Fix: "
                           "infer.precision=auto or float32, or re-export with train.export_float16=true")
     loaded = tf.saved_model.load(str(Path(export_dir) / SAVED_MODEL_DIR),
                                  options=tf.saved_model.LoadOptions(experimental_io_device="/job:localhost"))
-    serve = loaded.signatures[offered[precision]]
+    serve = loaded.signatures[card.precisions[precision]]
 
     def predict(images) -> tf.Tensor:
         return serve(images=tf.convert_to_tensor(images, tf.uint8))[OUTPUT_NAME]
 
     predict.loaded = loaded  # keeps the variables alive as long as predict is
-    return card, predict
+    return predict
+
+
+def load_export(export_dir: str | Path, precision: str = "float32") -> tuple[ModelCard, object]:
+    """(card, predict) of a complete export: see serving_function."""
+    card = read_card(export_dir)
+    return card, serving_function(export_dir, card, precision)
 
 
 def check_export(folder: str) -> tuple[dict[str, float], dict[str, dict]]:
     """The fresh-process half of verify_in_fresh_process (run by `python -m common.export_check FOLDER`): each
     signature's max difference from the recorded predictions, and its saved graph's op census. A float16 signature
     whose saved graph does not compute in float16 fails."""
-    card = json.loads((Path(folder) / CARD_NAME).read_text())
+    card = read_card(folder, require_complete=False)
     loaded = tf.saved_model.load(str(Path(folder) / SAVED_MODEL_DIR))
     batch = np.load(Path(folder) / VERIFY_NAME)
     diffs, censuses = {}, {}
-    for precision, signature in card["precisions"].items():
+    for precision, signature in card.precisions.items():
         census = saved_census(Path(folder) / SAVED_MODEL_DIR, signature)
         share = float16_share(census)
         censuses[signature] = {"float16_share": round(share, 4), "ops": census}
@@ -251,7 +230,7 @@ def check_export(folder: str) -> tuple[dict[str, float], dict[str, dict]]:
             raise SystemExit(f"{signature} computes only {share:.0%} of its convolutions and matmuls "
                              f"in float16 ({census}): not a float16 signature. Fix: train.export_float16=false")
         outputs = loaded.signatures[signature](images=tf.constant(batch["images"]))[OUTPUT_NAME]
-        width = card["output"]["shape"][-1]
+        width = card.width
         if outputs.dtype != tf.float32 or outputs.shape[-1] != width:
             raise SystemExit(f"{signature} gives {outputs.dtype.name} {outputs.shape}, not float32 [N, {width}]")
         # Regression values can be large: the tolerance is relative to the values' scale.

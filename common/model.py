@@ -116,12 +116,10 @@ def make_optimizer(train_cfg, lr_schedule) -> tf.keras.optimizers.Optimizer:
 def compile_model(model: tf.keras.Model, train_cfg, task, lr_schedule, class_weights=None) -> None:
     """Optimiser, the task's loss (class-weighted if given) and running metric for Keras fit; call inside
     strategy.scope()."""
-    from common.tasks import keras_metrics, loss_function
-
     model.compile(
         optimizer=make_optimizer(train_cfg, lr_schedule),
-        loss=loss_function(task, train_cfg.label_smoothing, class_weights),
-        metrics=keras_metrics(task),
+        loss=task.loss(train_cfg.label_smoothing, class_weights),
+        metrics=[task.running_metric()],
         # Several steps per host round trip: the TPU stays busy instead of waiting for Python.
         steps_per_execution=train_cfg.steps_per_execution,
     )

@@ -1,8 +1,8 @@
-"""Hardware is decided here, once: a tf.distribute strategy, the global batch, the learning-rate scaling rule.
+"""Hardware is decided here, once: a tf.distribute strategy and the precision policy. What the replica count means
+for the batch and the learning rate is the fold's plan (common/plan.py).
 
     strategy = get_strategy(cfg.runtime.strategy, cfg.runtime.tpu_address)
-    batch = global_batch_size(cfg.train.batch_size_per_replica, strategy.num_replicas_in_sync, cfg.train.batch_size)
-    lr = scaled_learning_rate(cfg.train.learning_rate, batch, cfg.train.lr_reference_batch)
+    policy = choose_precision(cfg.train.precision, strategy)
 
 `auto` picks a TPU when TPU hardware is present, else MirroredStrategy over several GPUs (or several logical CPUs,
 see split_cpu), else the default strategy. There is no silent fallback: TPU hardware that TensorFlow cannot see, or a
@@ -105,25 +105,6 @@ def get_strategy(kind: str = "auto", tpu_address: str = "") -> tf.distribute.Str
         cross = None if gpus else tf.distribute.ReductionToOneDevice()
         return tf.distribute.MirroredStrategy([d.name for d in devices], cross_device_ops=cross)
     return tf.distribute.get_strategy()
-
-
-def global_batch_size(per_replica: int, replicas: int, global_batch: int = 0) -> int:
-    """per_replica x replicas, or an explicit global batch, which must split evenly over the replicas."""
-    if global_batch:
-        if global_batch % replicas:
-            raise StrategyError(
-                f"train.batch_size={global_batch} does not divide over {replicas} replicas. Fix: --set "
-                f"train.batch_size={max(replicas, global_batch // replicas * replicas)}, or set train.batch_size=0 "
-                "and train.batch_size_per_replica instead")
-        return global_batch
-    if per_replica < 1:
-        raise StrategyError(f"train.batch_size_per_replica must be >= 1, got {per_replica}")
-    return per_replica * replicas
-
-
-def scaled_learning_rate(base_lr: float, global_batch: int, reference_batch: int = 256) -> float:
-    """Linear scaling rule (Goyal et al. 2017): base_lr is right for reference_batch; scale with the global batch."""
-    return base_lr * global_batch / reference_batch
 
 
 def gpu_compute_capability() -> tuple[int, int] | None:

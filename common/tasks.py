@@ -1,55 +1,332 @@
-"""What a task type is, in one place (DESIGN contract 8): how labels are read and stored, the head and the loss, the
-training targets, the competition metrics, the out-of-fold thresholds and the submission's values. Model, data,
-training and inference ask the task instead of branching on data.task; a new task type is one more entry here.
+"""What a task type is, in one place (DESIGN contract 8): one block per task, each a Task of plain functions for how
+labels are read and stored, the training target, the head and the loss, the metrics, the decision and thresholds,
+the submission's values, the folds' stratification, the plots and the preview. Model, data, training and inference
+call the task (task.loss(...), task.decide(...)) and never branch on its name; a new task type is one more block.
 
-    task = TASKS[cfg.data.task]          # multiclass | binary | multilabel | regression
-    labels, class_names = task.encode(values, sources, data_cfg)         # conversion: raw CSV values -> labels
-    outputs = task.outputs(len(class_names))                              # head width (1 for binary, regression)
-    score = metric_score("roc_auc", task, labels, predictions)            # scikit-learn, on the validation fold
+    task = get_task(cfg.data.task)                                   # multiclass | binary | multilabel | regression
+    labels, class_names, label_type = task.encode(values, sources, label_order)    # conversion: CSV values -> labels
+    outputs = task.outputs(len(class_names))                         # head width (1 for binary, regression)
+    score = task.score("roc_auc", labels, predictions)               # scikit-learn, on the validation fold
 
 Label forms, everywhere after conversion (records, read_ids_and_labels, oof.csv):
     multiclass  int class index                binary      int 0/1
     multilabel  int 0/1 per class (multi-hot)  regression  float value
 Predictions (model outputs after the export's scaling) are float32 [N, outputs]: class probabilities, P(1), a
-probability per label, or the value.
+probability per label, or the value. TensorFlow and scikit-learn are imported inside the functions that need them:
+the inference kernel runs without scikit-learn, conversion without a model.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
+from common import task_parts as parts
 from common.errors import ConfigError, DataError
 
 import numpy as np
-
-# Metrics whose smaller value is better; every other metric is maximised.
-LOWER_IS_BETTER = ("log_loss", "rmse", "mae")
 
 
 @dataclass(frozen=True)
 class Task:
     name: str
-    activation: str  # of the head: softmax | sigmoid | linear
-    metrics: tuple[str, ...]  # train.metric values that fit this task; the first is the default
     kind: str  # what the model outputs: probabilities | values
+    activation: str  # of the head: softmax | sigmoid | linear
+    scorers: dict[str, Callable]  # train.metric -> (labels, predictions, thresholds) -> float; the first is the default
+    outputs: Callable[[int], int]  # number of classes -> head width
+    encode: Callable  # (raw values, their sources, label order) -> (labels, class names, 'int' | 'str' | 'float')
+    record_label: Callable[[int], dict]  # number of classes -> the label's dtype and size in records
+    stratify: Callable  # (labels, folds) -> the key StratifiedKFold balances
+    target: Callable  # (labels tensor, number of classes, scaling) -> float32 targets [B, outputs] for the loss
+    loss: Callable  # (label_smoothing, class weights) -> per-example loss(targets, outputs)
+    running_metric: Callable  # () -> the cheap Keras metric logged each epoch
+    decide: Callable  # (predictions, thresholds) -> hard predictions
+    submission_value: Callable  # (one prediction, class names, thresholds) -> the label column's text
+    output_names: Callable  # class names -> a name per model output (oof.csv, probabilities.csv)
+    label_text: Callable  # (label, class names) -> the label as CSVs write it
+    parse_label: Callable  # label_text's inverse
+    describe_target: Callable  # (training target, class names, scaling) -> a preview title
+    label_tokens: Callable | None = None  # text -> the classes it names; None: the value is a number
+    label_set: bool = False  # a label is a set of classes (may be empty; may come as one 0/1 column per class)
+    stratum: str = "class"  # what a stratification key is, for error messages
+    weighted_classes: Callable | None = None  # number of classes -> classes train.class_weight=balanced weighs
+    scaling: Callable | None = None  # training labels -> the target standardisation the export undoes
+    choose_thresholds: Callable = parts.nothing  # (oof labels, oof predictions) -> per-output thresholds, or None
+    class_scores: Callable = parts.nothing  # (labels, predictions, class names) -> per-class report, confusion
+    plots: Callable = parts.nothing  # (labels, predictions, folder) -> writes the task's own validation plots
+    metrics: tuple[str, ...] = field(init=False)
 
-    def outputs(self, num_classes: int) -> int:
-        return 1 if self.name in ("binary", "regression") else num_classes
+    def __post_init__(self):
+        object.__setattr__(self, "metrics", tuple(self.scorers))
 
     @property
     def default_metric(self) -> str:
         return self.metrics[0]
 
+    def competition_metric(self, metric: str) -> str:
+        """train.metric ('' = the task's default), checked against the task."""
+        metric = metric or self.default_metric
+        if metric not in self.scorers:
+            where = "is not a metric" if metric not in ALL_METRICS else f"does not fit data.task={self.name}"
+            raise ConfigError(f"train.metric={metric!r} {where}; for {self.name} choose one of {list(self.metrics)}")
+        return metric
 
-TASKS = {
-    "multiclass": Task("multiclass", "softmax", ("macro_f1", "accuracy", "micro_f1", "log_loss", "roc_auc", "qwk"),
-                       "probabilities"),
-    "binary": Task("binary", "sigmoid", ("roc_auc", "log_loss", "accuracy", "macro_f1"), "probabilities"),
-    "multilabel": Task("multilabel", "sigmoid", ("samples_f1", "macro_f1", "micro_f1", "roc_auc"), "probabilities"),
-    "regression": Task("regression", "linear", ("rmse", "mae", "qwk"), "values"),
-}
+    def score(self, metric: str, labels, predictions, thresholds=None) -> float:
+        """One competition metric, from scikit-learn, on labels (the label form above) and predictions [N, outputs]."""
+        return float(self.scorers[metric](np.asarray(labels), np.asarray(predictions, dtype=float), thresholds))
+
+    def metric_report(self, labels, predictions, thresholds=None) -> dict[str, float | None]:
+        """Every metric of the task; None where scikit-learn cannot compute it (AUC on a one-class fold)."""
+        report = {}
+        for metric in self.metrics:
+            try:
+                report[metric] = self.score(metric, labels, predictions, thresholds)
+            except ValueError:
+                report[metric] = None
+        return report
+
+    def class_weights(self, setting: str, labels, num_classes: int) -> list[float] | None:
+        """train.class_weight=balanced: scikit-learn's n_samples / (n_classes x count) per class."""
+        if setting == "none":
+            return None
+        if self.weighted_classes is None:
+            raise ConfigError(f"train.class_weight={setting!r} is for multiclass and binary tasks, not {self.name}")
+        from sklearn.utils.class_weight import compute_class_weight
+
+        present = np.unique(labels)
+        weights = compute_class_weight("balanced", classes=present, y=np.asarray(labels))
+        by_class = dict(zip(present.tolist(), weights.tolist(), strict=True))
+        return [float(by_class.get(c, 0.0)) for c in range(self.weighted_classes(num_classes))]
+
+    def target_scaling(self, labels) -> dict | None:
+        return self.scaling(labels) if self.scaling else None
+
+    def check_template_values(self, values: set[str], class_names: Sequence[str], column: str, csv_name: str):
+        """The template's placeholder values must be of the task's kind (classes, where the task writes classes)."""
+        if self.label_tokens is None:
+            return  # a number is written whatever the placeholder
+        unknown = sorted({t for v in values for t in self.label_tokens(v)} - set(class_names))
+        if unknown:
+            raise DataError(f"{csv_name} uses labels {unknown[:5]} in column '{column}' that the model does not know "
+                            f"(its classes: {list(class_names)[:8]}{'...' if len(class_names) > 8 else ''}). Fix: "
+                            "attach the export trained on this competition's labels, or check data.task")
+
+
+# ----------------------------------------------------------------------------------------------------- multiclass
+def _multiclass_encode(values, sources, label_order=()):
+    if label_order:
+        parts.check_known_labels(values, sources, label_order, lambda v: [v])
+    names, label_type = (list(label_order), "str") if label_order else parts.class_names_of(values)
+    index = {name: i for i, name in enumerate(names)}
+    return [index[str(int(v)) if label_type == "int" else v] for v in values], names, label_type
+
+
+def _argmax(predictions, thresholds=None):
+    return np.asarray(predictions).argmax(axis=1)
+
+
+def _multiclass_f1(average: str) -> Callable:
+    def score(labels, predictions, thresholds):
+        from sklearn.metrics import f1_score
+
+        return f1_score(labels, _argmax(predictions), average=average, labels=list(range(predictions.shape[1])),
+                        zero_division=0)
+
+    return score
+
+
+def _multiclass_auc(labels, predictions, thresholds):
+    from sklearn.metrics import roc_auc_score
+
+    return roc_auc_score(labels, predictions, multi_class="ovr", average="macro",
+                         labels=list(range(predictions.shape[1])))
+
+
+def _multiclass_scores(labels, predictions, class_names):
+    from common.metrics import classification_scores
+
+    return classification_scores(labels, predictions, class_names)
+
+
+MULTICLASS = Task(
+    "multiclass", "probabilities", "softmax",
+    scorers={"macro_f1": _multiclass_f1("macro"), "accuracy": parts.on_decisions(_argmax, parts.ACCURACY),
+             "micro_f1": _multiclass_f1("micro"), "log_loss": parts.log_loss_rows, "roc_auc": _multiclass_auc,
+             "qwk": parts.on_decisions(_argmax, parts.QWK)},
+    outputs=lambda num_classes: num_classes, encode=_multiclass_encode, record_label=parts.scalar_label,
+    stratify=parts.by_label,
+    target=lambda labels, num_classes, scaling: parts.one_hot(labels, num_classes),
+    loss=parts.cross_entropy("categorical_crossentropy", parts.by_target),
+    running_metric=parts.running("CategoricalAccuracy", "accuracy"), decide=_argmax,
+    submission_value=lambda p, class_names, thresholds=None: class_names[int(np.argmax(p))],
+    output_names=list, label_text=lambda label, class_names: class_names[int(label)],
+    parse_label=lambda text, class_names: list(class_names).index(text),
+    describe_target=lambda target, class_names, scaling: parts.top_classes(target, class_names, " + "),
+    label_tokens=lambda value: [value], weighted_classes=lambda num_classes: num_classes,
+    class_scores=_multiclass_scores)
+
+
+# --------------------------------------------------------------------------------------------------------- binary
+def _binary_encode(values, sources, label_order=()):
+    labels = []
+    for value, source in zip(values, sources, strict=True):
+        number = parts.number(value, source, "binary")
+        if number not in (0.0, 1.0):
+            raise DataError(f"{source}: label {value!r} is not 0 or 1, and data.task=binary needs 0/1 targets. "
+                            "Fix: map the positive class to 1, or use data.task=multiclass for named classes")
+        labels.append(int(number))
+    return labels, ["0", "1"], "int"
+
+
+def _at_threshold(predictions, thresholds=None):
+    """P(1) at thresholds[0], or 0.5."""
+    return (np.asarray(predictions)[:, 0] >= (thresholds[0] if thresholds else 0.5)).astype(int)
+
+
+def _binary_log_loss(labels, predictions, thresholds):
+    from sklearn.metrics import log_loss
+
+    return log_loss(labels, np.clip(predictions[:, 0], 1e-7, 1 - 1e-7), labels=[0, 1])
+
+
+def _binary_auc(labels, predictions, thresholds):
+    from sklearn.metrics import roc_auc_score
+
+    return roc_auc_score(labels, predictions[:, 0])
+
+
+def _binary_scores(labels, predictions, class_names):
+    from common.metrics import classification_scores
+
+    return classification_scores(labels, np.concatenate([1 - predictions, predictions], axis=1), class_names)
+
+
+def _roc_plot(labels, predictions, folder):
+    if len(set(np.asarray(labels).tolist())) == 2:  # a curve needs both classes
+        from common.metrics import plot_roc
+
+        plot_roc(labels, predictions, folder / "roc.png")
+
+
+BINARY = Task(
+    "binary", "probabilities", "sigmoid",
+    scorers={"roc_auc": _binary_auc, "log_loss": _binary_log_loss,
+             "accuracy": parts.on_decisions(_at_threshold, parts.ACCURACY),
+             "macro_f1": parts.on_decisions(_at_threshold, parts.f1("macro"))},
+    outputs=lambda num_classes: 1, encode=_binary_encode, record_label=parts.scalar_label, stratify=parts.by_label,
+    target=parts.one_column,
+    # P(1) targets: the mixture of the two classes' weights
+    loss=parts.cross_entropy("binary_crossentropy", lambda t, w: w[1] * t[:, 0] + w[0] * (1.0 - t[:, 0])),
+    running_metric=parts.running("BinaryAccuracy", "accuracy"), decide=_at_threshold,
+    submission_value=parts.number_text,
+    output_names=lambda class_names: [class_names[1]], label_text=lambda label, class_names: str(int(label)),
+    parse_label=lambda text, class_names: int(text),
+    describe_target=lambda target, class_names, scaling: f"P({class_names[1]}) {float(target[0]):.2f}",
+    weighted_classes=lambda num_classes: 2, class_scores=_binary_scores, plots=_roc_plot)
+
+
+# ----------------------------------------------------------------------------------------------------- multilabel
+def _multilabel_encode(values, sources, label_order=()):
+    if label_order:
+        parts.check_known_labels(values, sources, label_order, str.split)
+    sets = [value.split() for value in values]
+    names = list(label_order) or sorted({label for labels in sets for label in labels})
+    index = {name: i for i, name in enumerate(names)}
+    multi_hot = []
+    for labels in sets:
+        row = [0] * len(names)
+        for label in labels:
+            row[index[label]] = 1
+        multi_hot.append(row)
+    return multi_hot, names, "str"
+
+
+def _each_label(predictions, thresholds=None):
+    """Each label at its threshold (0.5 without); a row with none on gets its most likely label."""
+    predictions = np.asarray(predictions, dtype=float)
+    hard = (predictions >= np.asarray(thresholds if thresholds is not None else [0.5] * predictions.shape[1]))
+    hard = hard.astype(int)
+    empty = hard.sum(axis=1) == 0
+    hard[empty, predictions[empty].argmax(axis=1)] = 1
+    return hard
+
+
+def _multilabel_auc(labels, predictions, thresholds):
+    from sklearn.metrics import roc_auc_score
+
+    present = labels.min(axis=0) != labels.max(axis=0)  # AUC needs both values of a label
+    return roc_auc_score(labels[:, present], predictions[:, present], average="macro")
+
+
+def _multilabel_f1(average: str) -> Callable:
+    return parts.on_decisions(_each_label, parts.f1(average))
+
+
+MULTILABEL = Task(
+    "multilabel", "probabilities", "sigmoid",
+    scorers={"samples_f1": _multilabel_f1("samples"), "macro_f1": _multilabel_f1("macro"),
+             "micro_f1": _multilabel_f1("micro"), "roc_auc": _multilabel_auc},
+    outputs=lambda num_classes: num_classes, encode=_multilabel_encode,
+    record_label=lambda num_classes: {"label_dtype": "int64", "label_size": num_classes},
+    stratify=parts.label_combinations,
+    target=lambda labels, num_classes, scaling: parts.columns(labels, num_classes),
+    loss=parts.cross_entropy("binary_crossentropy", parts.by_target),
+    running_metric=parts.running("BinaryAccuracy", "accuracy"), decide=_each_label,
+    submission_value=lambda p, names, thresholds=None: parts.names_on(names, _each_label(p[None, :], thresholds)[0]),
+    output_names=list, label_text=lambda label, class_names: parts.names_on(class_names, label),
+    parse_label=lambda text, class_names: [int(name in set(text.split())) for name in class_names],
+    describe_target=lambda target, class_names, scaling: parts.top_classes(target, class_names, ", ") or "(none)",
+    label_tokens=str.split, label_set=True, choose_thresholds=parts.best_f1_thresholds)
+
+
+# ----------------------------------------------------------------------------------------------------- regression
+def _regression_encode(values, sources, label_order=()):
+    return [parts.number(v, s, "regression") for v, s in zip(values, sources, strict=True)], [], "float"
+
+
+def _rounded(predictions, thresholds=None):
+    return np.rint(np.asarray(predictions, dtype=float)[:, 0]).astype(int)
+
+
+def _standardised_target(labels, num_classes, scaling):
+    tf = parts.tensorflow()
+    return parts.columns((tf.cast(labels, tf.float32) - scaling["mean"]) / scaling["std"], 1)
+
+
+def _squared_error(label_smoothing: float, class_weights=None):
+    tf = parts.tensorflow()
+    return lambda targets, outputs: tf.reduce_mean(tf.square(tf.cast(outputs, tf.float32) - targets), axis=-1)
+
+
+def _predicted_vs_true(labels, predictions, folder):
+    from common.metrics import plot_predicted_vs_true
+
+    plot_predicted_vs_true(labels, predictions, folder / "predicted_vs_true.png")
+
+
+def _error(kind: str) -> Callable:
+    def score(labels, predictions, thresholds):
+        error = predictions[:, 0] - labels.astype(float)
+        return np.sqrt(np.mean(error ** 2)) if kind == "rmse" else np.mean(np.abs(error))
+
+    return score
+
+
+REGRESSION = Task(
+    "regression", "values", "linear",
+    scorers={"rmse": _error("rmse"), "mae": _error("mae"),
+             "qwk": parts.on_decisions(_rounded, parts.QWK, truth=lambda labels: _rounded(labels[:, None]))},
+    outputs=lambda num_classes: 1, encode=_regression_encode,
+    record_label=lambda num_classes: {"label_dtype": "float32", "label_size": 0}, stratify=parts.target_bins,
+    target=_standardised_target, loss=_squared_error,
+    running_metric=parts.running("RootMeanSquaredError", "rmse_standardised"), decide=_rounded,
+    submission_value=parts.number_text, output_names=lambda class_names: ["value"],
+    label_text=lambda label, class_names: f"{float(label):g}", parse_label=lambda text, class_names: float(text),
+    describe_target=lambda target, class_names, s: f"{float(target[0]) * s['std'] + s['mean']:.3g}",
+    stratum="bin", scaling=parts.standardise, plots=_predicted_vs_true)
+
+
+TASKS = {task.name: task for task in (MULTICLASS, BINARY, MULTILABEL, REGRESSION)}
 ALL_METRICS = tuple(dict.fromkeys(m for task in TASKS.values() for m in task.metrics))
 
 
@@ -57,306 +334,3 @@ def get_task(name: str) -> Task:
     if name not in TASKS:
         raise ConfigError(f"data.task={name!r} is not one of {list(TASKS)}")
     return TASKS[name]
-
-
-def competition_metric(task: Task, metric: str) -> str:
-    """train.metric ('' = the task's default), checked against the task."""
-    metric = metric or task.default_metric
-    if metric not in task.metrics:
-        where = "is not a metric" if metric not in ALL_METRICS else f"does not fit data.task={task.name}"
-        raise ConfigError(f"train.metric={metric!r} {where}; for {task.name} choose one of {list(task.metrics)}")
-    return metric
-
-
-# ------------------------------------------------------------------------------------------------------- conversion
-def _number(value: str, source: str, what: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        number = math.nan
-    if not math.isfinite(number):
-        raise DataError(f"{source}: label {value!r} is not a number, and data.task={what} needs one. Fix: the right "
-                        "data.label_column, or another data.task")
-    return number
-
-
-def encode_labels(task: Task, values: Sequence[str], sources: Sequence[str],
-                  label_order: Sequence[str] = ()) -> tuple[list, list[str], str]:
-    """Raw label strings (one per training row; multilabel: space-separated labels) -> (labels, class names,
-    label type 'int' | 'str' | 'float'). label_order (data.class_names, or the 0/1 columns) fixes the class order of
-    multiclass and multilabel, and a label outside it is an error. Errors name the CSV line."""
-    if label_order and task.name in ("multiclass", "multilabel"):
-        known = set(label_order)
-        for value, source in zip(values, sources, strict=True):
-            unknown = sorted(set(value.split() if task.name == "multilabel" else [value]) - known)
-            if unknown:
-                raise DataError(f"{source}: label(s) {unknown} are not in data.class_names {list(label_order)[:8]}"
-                                f"{'...' if len(label_order) > 8 else ''}. Fix: add them, or leave data.class_names "
-                                "empty to take the classes from the data")
-    if task.name == "multiclass":
-        names, label_type = (list(label_order), "str") if label_order else class_names_of(values)
-        index = {name: i for i, name in enumerate(names)}
-        return [index[str(int(v)) if label_type == "int" else v] for v in values], names, label_type
-    if task.name == "binary":
-        labels = []
-        for value, source in zip(values, sources, strict=True):
-            number = _number(value, source, "binary")
-            if number not in (0.0, 1.0):
-                raise DataError(f"{source}: label {value!r} is not 0 or 1, and data.task=binary needs 0/1 targets. "
-                                "Fix: map the positive class to 1, or use data.task=multiclass for named classes")
-            labels.append(int(number))
-        return labels, ["0", "1"], "int"
-    if task.name == "multilabel":
-        sets = [value.split() for value in values]
-        names = list(label_order) or sorted({label for labels in sets for label in labels})
-        index = {name: i for i, name in enumerate(names)}
-        multi_hot = []
-        for labels in sets:
-            row = [0] * len(names)
-            for label in labels:
-                row[index[label]] = 1
-            multi_hot.append(row)
-        return multi_hot, names, "str"
-    return [_number(v, s, "regression") for v, s in zip(values, sources, strict=True)], [], "float"
-
-
-def class_names_of(raw_labels: Sequence[str]) -> tuple[list[str], str]:
-    """Stable class order: integer labels numerically (so label k keeps index k when labels are 0..K-1), else
-    strings alphabetically. Returns (names, 'int' | 'str')."""
-    unique = set(raw_labels)
-    try:
-        return [str(v) for v in sorted({int(v) for v in unique})], "int"
-    except ValueError:
-        return sorted(unique), "str"
-
-
-def stratify_key(task: Task, labels: Sequence, folds: int) -> np.ndarray:
-    """What StratifiedKFold balances: the class; for multilabel the label combination, combinations rarer than
-    `folds` pooled; for regression the target's quantile bin (at least `folds` samples per bin)."""
-    if task.name in ("multiclass", "binary"):
-        return np.asarray(labels)
-    if task.name == "multilabel":
-        combos = np.array([" ".join(map(str, row)) for row in labels])
-        values, counts = np.unique(combos, return_counts=True)
-        rare = set(values[counts < max(folds, 2)])
-        return np.array(["rare" if c in rare else c for c in combos])
-    values = np.asarray(labels, dtype=float)
-    bins = int(max(1, min(10, len(values) // max(folds, 2))))
-    edges = np.quantile(values, np.linspace(0, 1, bins + 1)[1:-1])
-    return np.searchsorted(edges, values, side="right")
-
-
-# ------------------------------------------------------------------------------------------------------------ model
-def training_target(task: Task, labels, num_classes: int, scaling: dict | None):
-    """Labels as the loss takes them, float32 [B, outputs]: one-hot, P(1), multi-hot, the standardised value.
-    Soft targets (MixUp, CutMix) are convex combinations of these."""
-    import tensorflow as tf
-
-    if task.name == "multiclass":
-        return tf.one_hot(tf.cast(labels, tf.int32), num_classes)
-    labels = tf.cast(labels, tf.float32)
-    if task.name == "multilabel":
-        return tf.reshape(labels, [-1, num_classes])
-    if task.name == "regression":
-        labels = (labels - scaling["mean"]) / scaling["std"]
-    return tf.reshape(labels, [-1, 1])
-
-
-def loss_function(task: Task, label_smoothing: float, class_weights: Sequence[float] | None = None):
-    """Per-example loss on training targets (unreduced: fit reduces it, the custom loop averages it globally).
-    class_weights (multiclass, binary) scale each example's loss by its target's weight; for soft targets (MixUp)
-    by the targets' mixture of weights."""
-    import tensorflow as tf
-
-    def loss(targets, outputs):
-        if task.name == "multiclass":
-            per_example = tf.keras.losses.categorical_crossentropy(targets, outputs, label_smoothing=label_smoothing)
-        elif task.name == "regression":
-            return tf.reduce_mean(tf.square(tf.cast(outputs, tf.float32) - targets), axis=-1)
-        else:
-            per_example = tf.keras.losses.binary_crossentropy(targets, outputs, label_smoothing=label_smoothing)
-        if class_weights is None:
-            return per_example
-        weights = tf.constant(class_weights, tf.float32)
-        if task.name == "binary":  # P(1) targets: the mixture of the two classes' weights
-            return per_example * (weights[1] * targets[:, 0] + weights[0] * (1.0 - targets[:, 0]))
-        return per_example * tf.linalg.matvec(targets, weights)
-
-    return loss
-
-
-def class_weights(task: Task, setting: str, labels, num_classes: int) -> list[float] | None:
-    """train.class_weight=balanced: scikit-learn's n_samples / (n_classes x count) per class (multiclass, binary)."""
-    if setting == "none":
-        return None
-    if task.name not in ("multiclass", "binary"):
-        raise ConfigError(f"train.class_weight={setting!r} is for multiclass and binary tasks, not {task.name}")
-    from sklearn.utils.class_weight import compute_class_weight
-
-    classes = np.arange(2 if task.name == "binary" else num_classes)
-    present = np.unique(labels)
-    weights = compute_class_weight("balanced", classes=present, y=np.asarray(labels))
-    by_class = dict(zip(present.tolist(), weights.tolist(), strict=True))
-    return [float(by_class.get(int(c), 0.0)) for c in classes]
-
-
-def keras_metrics(task: Task) -> list:
-    """The cheap running metric fit and the custom loop log per epoch (the competition metric is computed apart)."""
-    import tensorflow as tf
-
-    if task.name == "multiclass":
-        return [tf.keras.metrics.CategoricalAccuracy(name="accuracy")]
-    if task.name == "regression":
-        return [tf.keras.metrics.RootMeanSquaredError(name="rmse_standardised")]
-    return [tf.keras.metrics.BinaryAccuracy(name="accuracy")]
-
-
-def target_scaling(task: Task, labels) -> dict | None:
-    """Regression targets are standardised for training; the export undoes it, so it predicts the value."""
-    if task.name != "regression":
-        return None
-    values = np.asarray(labels, dtype=float)
-    return {"mean": float(values.mean()), "std": float(values.std()) or 1.0}
-
-
-# ---------------------------------------------------------------------------------------------------------- metrics
-def decide(task: Task, predictions: np.ndarray, thresholds: Sequence[float] | None = None) -> np.ndarray:
-    """Hard predictions: class index (multiclass), 0/1 (binary, at thresholds[0] or 0.5), multi-hot (each label at
-    its threshold; a row with none gets its most likely label), rounded value (regression)."""
-    predictions = np.asarray(predictions, dtype=float)
-    if task.name == "multiclass":
-        return predictions.argmax(axis=1)
-    if task.name == "regression":
-        return np.rint(predictions[:, 0]).astype(int)
-    cut = np.asarray(thresholds if thresholds is not None else [0.5] * predictions.shape[1])
-    hard = (predictions >= cut).astype(int)
-    if task.name == "multilabel":
-        empty = hard.sum(axis=1) == 0
-        hard[empty, predictions[empty].argmax(axis=1)] = 1
-        return hard
-    return hard[:, 0]
-
-
-def metric_score(metric: str, task: Task, labels, predictions, thresholds=None) -> float:
-    """One competition metric, from scikit-learn, on labels (the label form above) and predictions [N, outputs]."""
-    from sklearn import metrics as m
-
-    labels, predictions = np.asarray(labels), np.asarray(predictions, dtype=float)
-    if metric in ("rmse", "mae"):
-        error = predictions[:, 0] - labels.astype(float)
-        return float(np.sqrt(np.mean(error ** 2)) if metric == "rmse" else np.mean(np.abs(error)))
-    if metric == "roc_auc":
-        if task.name == "binary":
-            return float(m.roc_auc_score(labels, predictions[:, 0]))
-        if task.name == "multiclass":
-            return float(m.roc_auc_score(labels, predictions, multi_class="ovr", average="macro",
-                                         labels=list(range(predictions.shape[1]))))
-        present = labels.min(axis=0) != labels.max(axis=0)  # AUC needs both values of a label
-        return float(m.roc_auc_score(labels[:, present], predictions[:, present], average="macro"))
-    if metric == "log_loss":
-        if task.name == "binary":
-            return float(m.log_loss(labels, np.clip(predictions[:, 0], 1e-7, 1 - 1e-7), labels=[0, 1]))
-        rows = predictions / predictions.sum(axis=1, keepdims=True)  # float32 softmax rows sum to 1 +- 1e-7
-        return float(m.log_loss(labels, rows, labels=list(range(predictions.shape[1]))))
-    hard = decide(task, predictions, thresholds)
-    if metric == "accuracy":
-        return float(m.accuracy_score(labels, hard))
-    if metric == "qwk":
-        truth = labels if task.name == "multiclass" else np.rint(labels.astype(float)).astype(int)
-        return float(m.cohen_kappa_score(truth, hard, weights="quadratic"))
-    if metric == "samples_f1":
-        return float(m.f1_score(labels, hard, average="samples", zero_division=0))
-    average = "macro" if metric == "macro_f1" else "micro"
-    if task.name == "multiclass":
-        return float(m.f1_score(labels, hard, average=average, labels=list(range(predictions.shape[1])),
-                                zero_division=0))
-    return float(m.f1_score(labels, hard, average=average, zero_division=0))
-
-
-def metric_report(task: Task, labels, predictions, thresholds=None) -> dict[str, float]:
-    """Every metric that fits the task (those scikit-learn can compute on these labels)."""
-    report = {}
-    for metric in task.metrics:
-        try:
-            report[metric] = metric_score(metric, task, labels, predictions, thresholds)
-        except ValueError:  # e.g. AUC on a validation fold that holds one class only
-            report[metric] = None
-    return report
-
-
-def is_better(metric: str, value: float | None, best: float | None) -> bool:
-    if value is None or not math.isfinite(value):
-        return False
-    if best is None:
-        return True
-    return value < best if metric in LOWER_IS_BETTER else value > best
-
-
-def choose_thresholds(task: Task, labels, predictions) -> list[float] | None:
-    """Multilabel: per label, the threshold in 0.05..0.95 with the best F1 on these (out-of-fold) predictions, the
-    middle one where several tie (the most margin on both sides). Other tasks decide by argmax, 0.5 or rounding:
-    None."""
-    if task.name != "multilabel":
-        return None
-    from sklearn.metrics import f1_score
-
-    labels, predictions = np.asarray(labels), np.asarray(predictions, dtype=float)
-    grid = np.round(np.arange(0.05, 0.96, 0.05), 2)
-    chosen = []
-    for k in range(labels.shape[1]):
-        scores = np.array([f1_score(labels[:, k], predictions[:, k] >= t, zero_division=0) for t in grid])
-        best = np.flatnonzero(scores == scores.max())
-        chosen.append(float(grid[best[len(best) // 2]]))
-    return chosen
-
-
-# ------------------------------------------------------------------------------------------------------- submission
-def submission_value(task: Task, prediction: np.ndarray, class_names: Sequence[str], thresholds=None) -> str:
-    """The one label column's value for one row: the class, P(1), the labels, or the value."""
-    if task.name in ("binary", "regression"):
-        return f"{float(prediction[0]):.6f}"
-    hard = decide(task, prediction[None, :], thresholds)[0]
-    if task.name == "multiclass":
-        return class_names[int(hard)]
-    return " ".join(name for name, on in zip(class_names, hard, strict=True) if on)
-
-
-def check_template_values(task: Task, values: set[str], class_names: Sequence[str], column: str,
-                          csv_name: str) -> None:
-    """The template's placeholder values must be of the task's kind (classes for multiclass and multilabel)."""
-    if task.name in ("binary", "regression"):
-        return  # a number is written whatever the placeholder
-    known = set(class_names)
-    tokens = {t for v in values for t in (v.split() if task.name == "multilabel" else [v])}
-    unknown = sorted(tokens - known)
-    if unknown:
-        raise DataError(f"{csv_name} uses labels {unknown[:5]} in column '{column}' that the model does not know "
-                        f"(its classes: {list(class_names)[:8]}{'...' if len(class_names) > 8 else ''}). Fix: attach "
-                        "the export trained on this competition's labels, or check data.task")
-
-
-# ----------------------------------------------------------------------------------------------------- text forms
-def output_names(task: Task, class_names: Sequence[str]) -> list[str]:
-    """A name per model output, for oof.csv and probabilities.csv columns."""
-    if task.name == "binary":
-        return [class_names[1]]
-    return ["value"] if task.name == "regression" else list(class_names)
-
-
-def label_text(task: Task, label, class_names: Sequence[str]) -> str:
-    """A label as CSVs write it: the class, 0/1, the space-separated labels, the value."""
-    if task.name == "multiclass":
-        return class_names[int(label)]
-    if task.name == "multilabel":
-        return " ".join(name for name, on in zip(class_names, label, strict=True) if on)
-    return f"{float(label):g}" if task.name == "regression" else str(int(label))
-
-
-def parse_label_text(task: Task, text: str, class_names: Sequence[str]):
-    """label_text's inverse."""
-    if task.name == "multiclass":
-        return list(class_names).index(text)
-    if task.name == "multilabel":
-        on = set(text.split())
-        return [int(name in on) for name in class_names]
-    return float(text) if task.name == "regression" else int(text)

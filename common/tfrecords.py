@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.errors import DataError
+from common.tasks import get_task
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "tpu2gpu-tfrecords/1"
@@ -35,16 +36,10 @@ class RecordSchema:
     label_size: int = 0  # 0: a scalar; K: a multi-hot list of K
 
 
-def label_form(task_name: str, num_classes: int) -> dict:
-    """The label's dtype and size in records of this task."""
-    if task_name == "regression":
-        return {"label_dtype": "float32", "label_size": 0}
-    return {"label_dtype": "int64", "label_size": num_classes if task_name == "multilabel" else 0}
-
-
 def schema_from_config(data_cfg, num_classes: int = 0) -> RecordSchema:
-    return RecordSchema(data_cfg.image_feature, data_cfg.label_feature, data_cfg.id_feature,
-                        **label_form(data_cfg.task, num_classes or len(data_cfg.class_names)))
+    """The configured feature names, with the label's dtype and size in records of the task."""
+    label = get_task(data_cfg.task).record_label(num_classes or len(data_cfg.class_names))
+    return RecordSchema(data_cfg.image_feature, data_cfg.label_feature, data_cfg.id_feature, **label)
 
 
 # ---------------------------------------------------------------------------------------------------------- records
@@ -233,7 +228,8 @@ def record_set(tfrecord_dir: str, data_cfg, fold: int) -> RecordSet:
                          shard_paths(manifest, tfrecord_dir, val_names), count(train_names), count(val_names),
                          list(manifest["class_names"]),
                          RecordSchema(**manifest["schema"]), manifest["label_type"], manifest.get("source_images"))
-    if not data_cfg.class_names and data_cfg.task != "regression":
+    schema = schema_from_config(data_cfg)
+    if not data_cfg.class_names and schema.label_dtype == "int64":  # integer labels are class indices
         raise DataError(f"{tfrecord_dir} has no {MANIFEST_NAME}, so data.class_names must list the classes in label "
                         "order. Fix: --set data.class_names=[...], or convert the data with `tpu2gpu tfrecords`")
     if fold != 0:
@@ -245,11 +241,10 @@ def record_set(tfrecord_dir: str, data_cfg, fold: int) -> RecordSet:
         if not files:
             pattern = getattr(data_cfg, key.split(".")[1])
             raise DataError(f"{key}={pattern!r} matches no file under {tfrecord_dir}")
-    schema = schema_from_config(data_cfg)
     classes = len(data_cfg.class_names)
     train_count = count_and_check(train_files, schema, classes, "data.train_files")
     val_count = count_and_check(val_files, schema, classes, "data.val_files")
     print(f"[tfrecords] {tfrecord_dir}: {train_count} training and {val_count} validation records (scanned; no "
           f"manifest), labels within the {classes} classes", flush=True)
     return RecordSet(train_files, val_files, train_count, val_count, list(data_cfg.class_names), schema,
-                     "float" if data_cfg.task == "regression" else "str")
+                     "float" if schema.label_dtype == "float32" else "str")

@@ -22,36 +22,37 @@ import common  # noqa: F401
 from common.config import format_config, parse_kernel_args
 from common.env import environment_report
 from common.errors import UserError
-from common.export import load_export, read_card
-from common.inference import (
-    check_record_ids,
-    check_same_classes,
-    check_template_classes,
-    check_test_images,
-    enable_amp,
-    ensemble_probabilities,
-    ensemble_thresholds,
-    ensemble_weights,
-    find_exports,
-    find_test_images,
-    inference_precision,
-    read_template,
-    submission_rows,
-    tta_view_names,
-    write_csv_atomically,
-)
+from common.inference import ensemble_predict, ensemble_thresholds, load_members, tta_view_names
 from common.kernel import guarded
 from common.paths import output_dir, resolve_data_path
 from common.strategy import get_strategy, split_cpu
-from common.tasks import get_task, output_names
+from common.submission import (
+    check_record_ids,
+    check_template_classes,
+    check_test_images,
+    find_test_images,
+    read_template,
+    submission_rows,
+    write_csv_atomically,
+)
+from common.tasks import get_task
 
 
-def test_batches(cfg, card: dict, template, csv_name: str):
+def competition_template(cfg):
+    """sample_submission.csv of the competition folder: the test ids, their order and the submission's columns."""
+    competition = Path(resolve_data_path(cfg.runtime.competition_dir)) if cfg.runtime.competition_dir else None
+    if competition is None or not (competition / cfg.data.test_csv).is_file():
+        raise UserError(f"no {cfg.data.test_csv} found: set runtime.competition_dir to the competition folder, which "
+                        "gives the test ids and the submission's columns")
+    return read_template(competition / cfg.data.test_csv, cfg.data.id_column)
+
+
+def test_batches(cfg, card, template, csv_name: str):
     """Batches of {'image', 'id'} at the card's image size: from the competition's test images, or test records."""
     from common.data import make_eval_dataset, make_image_file_dataset, read_ids_and_labels
     from common.tfrecords import RecordSchema, glob_files, has_manifest, read_manifest, shard_paths
 
-    size = card["image_size"]
+    size = card.image_size
     if cfg.runtime.competition_dir and not cfg.runtime.tfrecords:
         image_dir = Path(resolve_data_path(cfg.runtime.competition_dir)) / cfg.data.test_images
         paths = find_test_images(image_dir, template.ids, csv_name)
@@ -65,9 +66,23 @@ def test_batches(cfg, card: dict, template, csv_name: str):
     root = resolve_data_path(cfg.runtime.tfrecords)
     files = (shard_paths(read_manifest(root), root, ["test"]) if has_manifest(root)
              else glob_files(root, cfg.data.test_files))
-    schema = RecordSchema(**card["record_schema"])
+    schema = RecordSchema(**card.record_schema)
     check_record_ids(read_ids_and_labels(files, schema, labeled=False)[0], template.ids, csv_name)
     return make_eval_dataset(files, schema, size, cfg.infer.batch_size, labeled=False)
+
+
+def describe_members(members, precision: str) -> str:
+    computation = "float32 graphs, TensorFlow's automatic mixed precision rewrite on" if precision == "amp" \
+        else f"{precision} computation"
+    return (f"[infer] {len(members)} {members[0].card.task} export(s), {computation}: "
+            + ", ".join(f"{m.export} (weight {m.weight:.2f})" if m.weight != 1 else str(m.export) for m in members))
+
+
+def write_probabilities(path: Path, template, ids, predictions, names) -> None:
+    """probabilities.csv: every model output per test id, in the template's order, for blending."""
+    position = {i: k for k, i in enumerate(ids)}
+    write_csv_atomically(path, [template.id_column, *names],
+                         [[i, *(f"{v:.6f}" for v in predictions[position[i]])] for i in template.ids])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,57 +95,27 @@ def main(argv: list[str] | None = None) -> int:
     strategy = get_strategy(cfg.runtime.strategy, cfg.runtime.tpu_address)
     print(environment_report(strategy), flush=True)
 
-    # ---- exports: the cards say everything the pipeline needs
-    exports = find_exports(cfg.infer.exports)
-    cards = [read_card(e) for e in exports]
-    weights = ensemble_weights(cards, exports, cfg.infer.cut_folds)  # folds the training time budget cut
-    kept = [(e, c, w) for e, c, w in zip(exports, cards, weights, strict=True) if w > 0]
-    exports, cards, weights = [e for e, _, _ in kept], [c for _, c, _ in kept], [w for _, _, w in kept]
-    precision = inference_precision(cfg.infer.precision, cards)
-    if precision == "amp":
-        enable_amp()
-    with strategy.scope():  # variables mirrored onto every replica
-        models = [load_export(e, "float16" if precision == "float16" else "float32") for e in exports]
-    class_names = check_same_classes(cards, exports)
-    task, thresholds = get_task(cards[0]["task"]), ensemble_thresholds(cards, weights)
-    computation = "float32 graphs, TensorFlow's automatic mixed precision rewrite on" if precision == "amp" \
-        else f"{precision} computation"
-    print(f"[infer] {len(exports)} {task.name} export(s), {computation}: "
-          + ", ".join(f"{e} (weight {w:.2f})" if w != 1 else str(e) for e, w in zip(exports, weights, strict=True)),
-          flush=True)
+    # ---- the ensemble: each export's card says everything the pipeline needs
+    members, precision = load_members(cfg.infer, strategy)
+    card = members[0].card
+    task, thresholds = get_task(card.task), ensemble_thresholds(members)
+    print(describe_members(members, precision), flush=True)
 
     # ---- test data, checked against the cards and the competition's template
-    competition = Path(resolve_data_path(cfg.runtime.competition_dir)) if cfg.runtime.competition_dir else None
-    if competition is None or not (competition / cfg.data.test_csv).is_file():
-        raise UserError(f"no {cfg.data.test_csv} found: set runtime.competition_dir to the competition folder, which "
-                        "gives the test ids and the submission's columns")
-    template = read_template(competition / cfg.data.test_csv, cfg.data.id_column)
-    check_template_classes(template, task, class_names, cfg.data.test_csv)
+    template = competition_template(cfg)
+    check_template_classes(template, task, card.class_names, cfg.data.test_csv)
 
-    # ---- predict: exports grouped by image size share one pass over the test data
-    total, weight, ids = None, 0.0, None
-    for size in sorted({card["image_size"] for card in cards}):
-        group = [(card, predict, w) for (card, predict), w in zip(models, weights, strict=True)
-                 if card["image_size"] == size]
-        batches = test_batches(cfg, group[0][0], template, cfg.data.test_csv)
-        ids, probs = ensemble_probabilities([p for _, p, _ in group], batches, cfg.infer.tta, strategy, cfg.infer.xla,
-                                            [w for _, _, w in group])
-        group_weight = sum(w for _, _, w in group)
-        total = probs * group_weight if total is None else total + probs * group_weight
-        weight += group_weight
-    probs = total / weight
-
-    # ---- write
+    # ---- predict (averaged over exports and views, then thresholded) and write
+    ids, predictions = ensemble_predict(members, lambda c: test_batches(cfg, c, template, cfg.data.test_csv),
+                                        cfg.infer.tta, strategy, cfg.infer.xla)
+    rows = submission_rows(template, ids, predictions, task, card.class_names, thresholds)
     out = output_dir(cfg.runtime.output_dir, "runs/infer")
-    rows = submission_rows(template, ids, probs, task, class_names, thresholds)  # averaged, then thresholded
-    submission = out / cfg.infer.submission
-    write_csv_atomically(submission, template.header, rows)
+    write_csv_atomically(out / cfg.infer.submission, template.header, rows)
     if cfg.infer.save_probabilities:
-        position = {i: k for k, i in enumerate(ids)}
-        write_csv_atomically(out / "probabilities.csv", [template.id_column, *output_names(task, class_names)],
-                             [[i, *(f"{v:.6f}" for v in probs[position[i]])] for i in template.ids])
-    print(f"[infer] {len(rows)} predictions, {len(exports)} export(s) x {len(tta_view_names(cfg.infer.tta))} view(s), "
-          f"{len(rows) / (time.perf_counter() - start):.0f} images/s overall; wrote {submission}", flush=True)
+        write_probabilities(out / "probabilities.csv", template, ids, predictions, task.output_names(card.class_names))
+    print(f"[infer] {len(rows)} predictions, {len(members)} export(s) x {len(tta_view_names(cfg.infer.tta))} view(s),"
+          f" {len(rows) / (time.perf_counter() - start):.0f} images/s overall; wrote {out / cfg.infer.submission}",
+          flush=True)
     return 0
 
 

@@ -6,8 +6,12 @@ import base64
 import csv
 import hashlib
 import io
+import json
+import threading
 import zipfile
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import quote, unquote
 
 import numpy as np
 from PIL import Image
@@ -135,11 +139,6 @@ class KaggleRecorder:
     BASE = "http://127.0.0.1"
 
     def __init__(self):
-        import json
-        import threading
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-        from urllib.parse import quote, unquote
-
         self.requests: list[tuple[str, dict]] = []
         self.statuses: list[tuple[str, str]] = []
         self.uploads: list[tuple[str, bytes]] = []
@@ -152,113 +151,118 @@ class KaggleRecorder:
         self.fail: dict[str, int | tuple[int, str]] = {}
         self.fail_uploads = False  # answer every blob upload (PUT) with 500
         self._upload_names: dict[str, str] = {}  # upload token -> file name
-        recorder = self
-
-        def start_upload(name):
-            token = f"blob-{len(recorder._upload_names) + 1}"
-            recorder._upload_names[token] = name
-            return {"token": token, "createUrl": f"{recorder.BASE}/upload/{token}"}
-
-        def kernel_output(body):
-            names, size = sorted(recorder.kernel_outputs), body.get("pageSize") or 20
-            start = int(body.get("pageToken") or 0)
-            answer = {"files": [{"fileName": n, "url": f"{recorder.BASE}/files/{quote(n)}"}
-                                for n in names[start:start + size]], "log": recorder.kernel_log}
-            if start + size < len(names):
-                answer["nextPageToken"] = str(start + size)
-            return answer
-
-        def dataset_status(body):
-            status = recorder.datasets.get(f"{body.get('ownerSlug')}/{body.get('datasetSlug')}")
-            return {"status": status} if status else 404
-
-        def dataset_created(owner, slug):
-            return {"ref": f"{owner}/{slug}", "url": f"https://www.kaggle.com/datasets/{owner}/{slug}", "status": "Ok"}
-
-        def create_dataset(body):
-            recorder.datasets[f"{body['ownerSlug']}/{body['slug']}"] = "READY"
-            return dataset_created(body["ownerSlug"], body["slug"])
-
-        def save_kernel(body):
-            slug = body.get("slug", "owner/kernel")
-            return {"ref": f"/code/{slug}", "url": f"https://www.kaggle.com/code/{slug}",
-                    "versionNumber": recorder.version_number, **recorder.save_kernel_extra}
-
-        def kernel_status(body):
-            status, message = recorder.statuses.pop(0) if recorder.statuses else ("COMPLETE", "")
-            return {"status": status, "failureMessage": message}
-
-        def submitted(body):
-            return {"message": f"Successfully submitted to {body['competitionName']}", "ref": 1}
-
-        answers = {
-            "SaveKernel": save_kernel,
-            "GetKernelSessionStatus": kernel_status,
-            "ListKernelSessionOutput": kernel_output,
-            "GetDatasetStatus": dataset_status,
-            "CreateDataset": create_dataset,
-            "CreateDatasetVersion": lambda b: dataset_created(b["ownerSlug"], b["datasetSlug"]),
-            "StartBlobUpload": lambda b: start_upload(b["name"]),
-            "StartSubmissionUpload": lambda b: start_upload(b["fileName"]),
-            "CreateSubmission": submitted,
-            "CreateCodeSubmission": submitted,
-            "GetSubmissionLimits": lambda b: {"numAllowedNow": recorder.submissions_left},
-        }
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = json.loads(self.read_body() or b"{}")
-                recorder.requests.append((self.path, body))
-                method = self.path.rsplit("/", 1)[-1]
-                failure = recorder.fail.get(method)
-                if isinstance(failure, tuple):
-                    self.answer(failure[0], {"code": failure[0], "message": failure[1]})
-                    return
-                answer = failure or answers.get(method, lambda b: 404)(body)
-                if isinstance(answer, int):  # an error status with no body
-                    self.answer(answer, None)
-                else:
-                    self.answer(200, answer)
-
-            def do_PUT(self):  # the blob upload to a createUrl
-                if recorder.fail_uploads:
-                    self.read_body()
-                    self.answer(500, None)
-                    return
-                token = self.path.rsplit("/", 1)[-1]
-                recorder.uploads.append((recorder._upload_names.get(token, token), self.read_body()))
-                self.answer(200, {})
-
-            def do_GET(self):  # a kernel output file's download URL
-                data = recorder.kernel_outputs.get(unquote(self.path.removeprefix("/files/")))
-                self.answer(404 if data is None else 200, data)
-
-            def read_body(self) -> bytes:
-                if self.headers.get("Transfer-Encoding", "").lower() != "chunked":
-                    return self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                chunks = []
-                while size := int(self.rfile.readline().split(b";")[0], 16):
-                    chunks.append(self.rfile.read(size))
-                    self.rfile.readline()
-                self.rfile.readline()
-                return b"".join(chunks)
-
-            def answer(self, status: int, payload: dict | bytes | None):
-                data = json.dumps(payload).encode() if isinstance(payload, dict) else payload or b""
-                self.send_response(status)
-                if isinstance(payload, dict):
-                    self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 80), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", 80), _KaggleHandler)
+        self.server.recorder = self
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
     def close(self):
         self.server.shutdown()
         self.server.server_close()
+
+    # ------------------------------------------------------------------------------------- what the handler asks
+    def call(self, path: str, body: dict) -> tuple[int, dict | None]:
+        """(status, JSON payload or None for an empty body) for one API call, recorded."""
+        self.requests.append((path, body))
+        method = path.rsplit("/", 1)[-1]
+        failure = self.fail.get(method)
+        if isinstance(failure, tuple):
+            return failure[0], {"code": failure[0], "message": failure[1]}
+        answer = failure or self.ANSWERS.get(method, lambda recorder, body: 404)(self, body)
+        return (answer, None) if isinstance(answer, int) else (200, answer)  # an int: an error status with no body
+
+    def upload(self, token: str, data: bytes) -> tuple[int, dict | None]:
+        """A blob PUT to a createUrl."""
+        if self.fail_uploads:
+            return 500, None
+        self.uploads.append((self._upload_names.get(token, token), data))
+        return 200, {}
+
+    # ---------------------------------------------------------------------------------------- the API's answers
+    def _start_upload(self, name: str) -> dict:
+        token = f"blob-{len(self._upload_names) + 1}"
+        self._upload_names[token] = name
+        return {"token": token, "createUrl": f"{self.BASE}/upload/{token}"}
+
+    def _kernel_output(self, body: dict) -> dict:
+        names, size = sorted(self.kernel_outputs), body.get("pageSize") or 20
+        start = int(body.get("pageToken") or 0)
+        answer = {"files": [{"fileName": n, "url": f"{self.BASE}/files/{quote(n)}"}
+                            for n in names[start:start + size]], "log": self.kernel_log}
+        if start + size < len(names):
+            answer["nextPageToken"] = str(start + size)
+        return answer
+
+    def _dataset_status(self, body: dict) -> dict | int:
+        status = self.datasets.get(f"{body.get('ownerSlug')}/{body.get('datasetSlug')}")
+        return {"status": status} if status else 404
+
+    def _create_dataset(self, body: dict) -> dict:
+        self.datasets[f"{body['ownerSlug']}/{body['slug']}"] = "READY"
+        return _dataset_created(body["ownerSlug"], body["slug"])
+
+    def _save_kernel(self, body: dict) -> dict:
+        slug = body.get("slug", "owner/kernel")
+        return {"ref": f"/code/{slug}", "url": f"https://www.kaggle.com/code/{slug}",
+                "versionNumber": self.version_number, **self.save_kernel_extra}
+
+    def _kernel_status(self, body: dict) -> dict:
+        status, message = self.statuses.pop(0) if self.statuses else ("COMPLETE", "")
+        return {"status": status, "failureMessage": message}
+
+    def _submitted(self, body: dict) -> dict:
+        return {"message": f"Successfully submitted to {body['competitionName']}", "ref": 1}
+
+    ANSWERS = {  # API method -> (recorder, JSON body) -> a JSON answer, or an int: that status with no body
+        "SaveKernel": _save_kernel,
+        "GetKernelSessionStatus": _kernel_status,
+        "ListKernelSessionOutput": _kernel_output,
+        "GetDatasetStatus": _dataset_status,
+        "CreateDataset": _create_dataset,
+        "CreateDatasetVersion": lambda recorder, b: _dataset_created(b["ownerSlug"], b["datasetSlug"]),
+        "StartBlobUpload": lambda recorder, b: recorder._start_upload(b["name"]),
+        "StartSubmissionUpload": lambda recorder, b: recorder._start_upload(b["fileName"]),
+        "CreateSubmission": _submitted,
+        "CreateCodeSubmission": _submitted,
+        "GetSubmissionLimits": lambda recorder, b: {"numAllowedNow": recorder.submissions_left},
+    }
+
+
+def _dataset_created(owner: str, slug: str) -> dict:
+    return {"ref": f"{owner}/{slug}", "url": f"https://www.kaggle.com/datasets/{owner}/{slug}", "status": "Ok"}
+
+
+class _KaggleHandler(BaseHTTPRequestHandler):
+    """One HTTP exchange of the kaggle CLI with the KaggleRecorder that serves it (self.server.recorder)."""
+
+    def do_POST(self):  # an API call
+        self.answer(*self.server.recorder.call(self.path, json.loads(self.read_body() or b"{}")))
+
+    def do_PUT(self):  # the blob upload to a createUrl
+        self.answer(*self.server.recorder.upload(self.path.rsplit("/", 1)[-1], self.read_body()))
+
+    def do_GET(self):  # a kernel output file's download URL
+        data = self.server.recorder.kernel_outputs.get(unquote(self.path.removeprefix("/files/")))
+        self.answer(404 if data is None else 200, data)
+
+    def read_body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() != "chunked":
+            return self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        chunks = []
+        while size := int(self.rfile.readline().split(b";")[0], 16):
+            chunks.append(self.rfile.read(size))
+            self.rfile.readline()
+        self.rfile.readline()
+        return b"".join(chunks)
+
+    def answer(self, status: int, payload: dict | bytes | None):
+        data = json.dumps(payload).encode() if isinstance(payload, dict) else payload or b""
+        self.send_response(status)
+        if isinstance(payload, dict):
+            self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass

@@ -7,7 +7,7 @@ from common.config import load_config
 from common.data import affine_transform, augment, check_mixing, cutmix, cutout, make_train_dataset, mixup
 from common.errors import ConfigError
 from common.strategy import get_strategy
-from common.tasks import TASKS, training_target
+from common.tasks import TASKS
 from common.tfrecords import record_set, split_files
 
 import numpy as np
@@ -78,13 +78,21 @@ def test_cutout_and_affine_keep_shape_and_change_pixels():
 
 
 def test_mixing_settings_that_cannot_work_are_named():
+    """One key out of its range is refused as the config is read; rules of two keys, by check_mixing before the
+    pipeline is built (make_train_dataset calls it)."""
+    mixup_off = load_config(None, ["data.mixup_prob=0.5", "data.mixup_alpha=0"]).data  # each key in its range
     with pytest.raises(ConfigError, match=r"data.mixup_alpha=0.0 must be > 0"):
-        check_mixing(load_config(None, ["data.mixup_prob=0.5", "data.mixup_alpha=0"]).data)
+        check_mixing(mixup_off)
+    with pytest.raises(ConfigError, match=r"data.mixup_alpha=0.0 must be > 0"):
+        make_train_dataset(["unread.tfrec"], mixup_off, 4)
     with pytest.raises(ConfigError, match=r"data.cutmix_alpha=0.0 must be > 0"):
         check_mixing(load_config(None, ["data.cutmix_prob=0.5", "data.cutmix_alpha=0"]).data)
     with pytest.raises(ConfigError, match=r"config key 'data.cutmix_alpha' is -1.0, outside its range \[0, inf\)"):
         load_config(None, ["data.cutmix_alpha=-1"])  # negative: refused by its range when the config is read
-    with pytest.raises(ConfigError, match=r"must be <= 1"):
+    for key in ("mixup_prob", "cutmix_prob"):
+        with pytest.raises(ConfigError, match=rf"config key 'data.{key}' is 1.5, outside its range \[0, 1\]"):
+            load_config(None, [f"data.{key}=1.5"])
+    with pytest.raises(ConfigError, match=r"data.mixup_prob \+ data.cutmix_prob = 1.2 must be <= 1"):
         check_mixing(load_config(None, ["data.cutmix_prob=0.6", "data.mixup_prob=0.6"]).data)
     check_mixing(load_config(None, ["data.mixup_alpha=0"]).data)  # off: its alpha does not matter
 
@@ -94,8 +102,8 @@ def test_the_pipeline_yields_static_soft_targets(demo_records):
     train_files, _ = split_files(manifest, str(out), fold=0)
     data_cfg = load_config(None, ["data.image_size=16", "data.mixup_prob=0.5", "data.cutmix_prob=0.5",
                                   "data.rotation=15", "data.cutout=1"]).data
-    dataset = make_train_dataset(train_files, data_cfg, 16, lambda labels: training_target(TASKS["multiclass"], labels,
-                                                                                         10, None), seed=0)
+    dataset = make_train_dataset(train_files, data_cfg, 16, lambda labels: TASKS["multiclass"].target(labels, 10, None),
+                                 seed=0)
     images_spec, targets_spec = dataset.element_spec
     assert images_spec.shape == (16, 16, 16, 3) and targets_spec.shape == (16, 10)  # static for XLA
     _, targets = next(iter(dataset))
@@ -105,7 +113,8 @@ def test_the_pipeline_yields_static_soft_targets(demo_records):
 
 @pytest.mark.parametrize("loop", ["fit", "custom"])
 def test_mixing_trains_on_two_replicas(demo_records, tiny_backbone, tmp_path, loop):
-    from common.training import train_fold
+    from common.backend_tf import TFBackend
+    from common.fold import train_fold
 
     records_dir, _ = demo_records
     cfg = load_config(None, [f"model.hub_handle={tiny_backbone}", "data.image_size=16", "train.epochs=2",
@@ -114,8 +123,8 @@ def test_mixing_trains_on_two_replicas(demo_records, tiny_backbone, tmp_path, lo
                              "data.rotation=10", "train.label_smoothing=0.1"])
     strategy = get_strategy("mirrored")
     assert strategy.num_replicas_in_sync == 2
-    result = train_fold(cfg, strategy, record_set(str(records_dir), cfg.data, 0), tmp_path / loop,
-                        deadline=time.monotonic() + 600, hub_handle=str(tiny_backbone))
+    result = train_fold(cfg, TFBackend(cfg, strategy, str(tiny_backbone)), record_set(str(records_dir), cfg.data, 0),
+                        tmp_path / loop, deadline=time.monotonic() + 600)
     history = np.genfromtxt(result.history_csv, delimiter=",", names=True)
     assert result.epochs_done == 2 and np.isfinite(history["loss"]).all()
 

@@ -100,3 +100,46 @@ def test_entry_points_exit_2_naming_the_key(entry, override):
     run = subprocess.run([sys.executable, "-m", module, "--set", override], capture_output=True, text=True)
     assert run.returncode == 2
     assert f"config key '{override.split('=')[0]}' is" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_every_number_declares_its_range_on_its_field():
+    """A new int or float key without a range (or an explicit "(-inf, inf)") would go unchecked: name it here."""
+    import dataclasses
+    import typing
+
+    from common.config_fields import in_range
+
+    undeclared, outside = [], []
+    for section in dataclasses.fields(Config):
+        types = typing.get_type_hints(section.default_factory)
+        for f in dataclasses.fields(section.default_factory):
+            if types[f.name] in (int, float):
+                key = f"{section.name}.{f.name}"
+                if "range" not in f.metadata:
+                    undeclared.append(key)
+                elif not in_range(f.default, f.metadata["range"]):
+                    outside.append(f"{key}={f.default} {f.metadata['range']}")
+    assert not undeclared, f"numeric config keys without a range (within(default, '[low, high]')): {undeclared}"
+    assert not outside, f"defaults outside their own range: {outside}"
+
+
+def test_ranges_are_read_as_written():
+    from common.config_fields import in_range, within
+
+    assert in_range(0, "[0, 1)") and not in_range(1, "[0, 1)") and not in_range(0, "(0, 1]") and in_range(1, "(0, 1]")
+    assert in_range(float("inf"), "[0, inf)") and in_range(-5, "(-inf, inf)") and not in_range(-2, "[-1, inf)")
+    assert load_config(None, ["train.time_budget_hours=.inf"]).train.time_budget_hours == float("inf")  # no bound
+    with pytest.raises(ValueError, match="must look like"):
+        within(1, "1..10")
+
+
+def test_task_choices_are_the_tasks_known_when_the_value_is_set(monkeypatch):
+    from common.tasks import TASKS
+
+    with pytest.raises(ConfigError, match=r"config key 'data.task' must be one of \['multiclass', 'binary', "
+                                          r"'multilabel', 'regression'\], got 'ordinal'"):
+        load_config(None, ["data.task=ordinal"])
+    monkeypatch.setitem(TASKS, "ordinal", TASKS["regression"])  # a fifth task, added at run time
+    assert load_config(None, ["data.task=ordinal"]).data.task == "ordinal"
+    with pytest.raises(ConfigError, match=r"must be one of \[.*'regression', 'ordinal'\], got 'x'"):
+        load_config(None, ["data.task=x"])

@@ -1,5 +1,5 @@
 from common.config import load_config
-from common.data import augment, decode_image, make_eval_dataset, make_train_dataset
+from common.data import augment, decode_image, make_eval_dataset, make_image_file_dataset, make_train_dataset
 from common.errors import DataError
 from common.strategy import get_strategy
 from common.tfrecords import RecordSchema, serialize_example, shard_paths, split_files
@@ -102,9 +102,15 @@ def test_per_replica_datasets_under_mirrored_strategy(demo_records):
     assert all(t.shape == (8,) for t in strategy.experimental_local_results(labels))
 
 
-def test_no_files_is_a_clear_error():
-    with pytest.raises(ValueError, match="no TFRecord files given"):
+def test_no_files_and_no_images_are_user_errors_that_name_the_fix():
+    with pytest.raises(DataError, match=r"no TFRecord files given. Fix: set runtime.tfrecords"):
         make_train_dataset([], load_config().data, batch_size=4)
+    with pytest.raises(DataError, match=r"no TFRecord files given"):
+        make_eval_dataset([], RecordSchema(), 32, 4, labeled=False)
+    with pytest.raises(DataError, match=r"got 0 paths, 0 ids. Fix: data.test_csv must list the test ids"):
+        make_image_file_dataset([], [], 32, 4)
+    with pytest.raises(DataError, match=r"got 1 paths, 2 ids"):
+        make_image_file_dataset(["a.png"], ["a", "b"], 32, 4)
 
 
 def test_foreign_records_are_counted_and_their_labels_checked_before_training(tmp_path):

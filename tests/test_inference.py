@@ -4,10 +4,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from common.card import ExportError, read_card
 from common.data import make_image_file_dataset
 from common.errors import DataError
-from common.export import ExportError, load_export
-from common.inference import ensemble_probabilities, find_test_images, read_template
+from common.export import load_export
+from common.inference import ensemble_probabilities
+from common.submission import find_test_images, read_template
 
 import numpy as np
 import pytest
@@ -21,8 +23,9 @@ from helpers import read_csv, write_csv
 REPO = Path(__file__).resolve().parents[1]
 # What the inference kernel must run without: Keras 2 and TF Hub (the GPU image may lack them), scikit-learn (folds
 # and metrics are training's), and every training module.
-TRAINING_ONLY = ("tf_keras", "tensorflow_hub", "sklearn", "common.training", "common.model", "common.conversion",
-                 "common.budget", "train_tpu", "tpu2gpu")
+TRAINING_ONLY = ("tf_keras", "tensorflow_hub", "sklearn", "common.plan", "common.fold", "common.folds",
+                 "common.fold_export", "common.backend_tf", "common.custom_loop", "common.model", "common.conversion",
+                 "common.conversion_images", "common.budget", "train_tpu", "tpu2gpu")
 BLOCK_TRAINING = f"import sys; sys.modules.update(dict.fromkeys({TRAINING_ONLY!r})); "
 
 
@@ -56,7 +59,7 @@ def test_tta_and_ensemble_arithmetic(trained_export, demo_dir):
     card, predict = load_export(trained_export / "fold0")
     template = read_template(demo_dir / "sample_submission.csv", "id")
     paths = find_test_images(demo_dir / "test", template.ids[:37], "sample_submission.csv")
-    batches = make_image_file_dataset(paths, template.ids[:37], card["image_size"], 16)
+    batches = make_image_file_dataset(paths, template.ids[:37], card.image_size, 16)
     ids, single = ensemble_probabilities([predict], batches)
     assert ids == template.ids[:37] and single.shape == (37, 10)
     _, twice = ensemble_probabilities([predict, predict], batches)
@@ -152,11 +155,6 @@ def test_a_test_id_missing_from_the_records(tmp_path, trained_export, competitio
     assert [r["id"] for r in read_csv(out / "submission.csv")] == [r[0] for r in rows]
 
 
-def test_unknown_tta_transform_is_named():
-    with pytest.raises(DataError, match=r"infer.tta has unknown transforms \['mirror'\]"):
-        ensemble_probabilities([lambda x: x], [], tta=["mirror"])
-
-
 def test_the_inference_kernel_and_its_config_load_with_every_training_dependency_blocked():
     code = BLOCK_TRAINING + (
         "import infer_gpu.infer; from common.config import parse_kernel_args; "
@@ -169,8 +167,9 @@ def test_the_inference_kernel_and_its_config_load_with_every_training_dependency
     assert run.returncode == 0, run.stderr[-3000:]
     values, modules = run.stdout.strip().splitlines()[-2:]
     assert values == "('flip_left_right',) exclude multilabel 3"
-    assert eval(modules) == ["common", "common.atomic", "common.config", "common.env", "common.errors",
-                             "common.export", "common.inference", "common.kernel", "common.paths", "common.strategy",
+    assert eval(modules) == ["common", "common.atomic", "common.card", "common.config", "common.config_fields",
+                             "common.env", "common.errors", "common.export", "common.inference", "common.kernel",
+                             "common.paths", "common.strategy", "common.submission", "common.task_parts",
                              "common.tasks", "common.tpu_stack"]
 
 
@@ -182,15 +181,15 @@ def test_a_float16_signature_only_where_the_saved_graph_computes_in_float16(effi
     # The efficientnet package's backbone follows the policy: every convolution of serving_float16 is float16.
     export = efficientnet_export / "fold0"
     card, predict32 = load_export(export)
-    assert card["precisions"] == {"float32": "serving_default", "float16": "serving_float16"}
+    assert card.precisions == {"float32": "serving_default", "float16": "serving_float16"}
     float16_ops = saved_census(export / "saved_model", "serving_float16")
     assert float16_ops == {"Conv2D": {"float16": 65}, "DepthwiseConv2dNative": {"float16": 16},
                            "MatMul": {"float16": 1}}
     assert saved_census(export / "saved_model", "serving_default") == {
         "Conv2D": {"float32": 65}, "DepthwiseConv2dNative": {"float32": 16}, "MatMul": {"float32": 1}}
-    assert card["precision"]["signatures"]["serving_float16"] == {"float16_share": 1.0, "ops": float16_ops}
-    assert card["precision"]["float16_signature"] == "exported: its graph runs 100% of the compute ops in float16"
-    assert card["verification"]["max_abs_diff"]["float16"] < 1e-2
+    assert card.precision["signatures"]["serving_float16"] == {"float16_share": 1.0, "ops": float16_ops}
+    assert card.precision["float16_signature"] == "exported: its graph runs 100% of the compute ops in float16"
+    assert card.verification["max_abs_diff"]["float16"] < 1e-2
     _, predict16 = load_export(export, "float16")
     images = np.load(export / "verify_batch.npz")["images"]
     p32, p16 = predict32(images).numpy(), predict16(images).numpy()
@@ -200,10 +199,10 @@ def test_a_float16_signature_only_where_the_saved_graph_computes_in_float16(effi
     assert inference_precision("auto", [card]) == "float32"  # no GPU here: float16 only pays on tensor cores
 
     # A TF Hub backbone keeps its SavedModel's float32: a float16 copy would round the head alone, so none is made.
-    hub_card = json.loads((trained_export / "fold0" / "model_card.json").read_text())
-    assert hub_card["precisions"] == {"float32": "serving_default"}
-    assert hub_card["precision"]["trained"] == {"policy": "float32", "backbone": "float32", "head": "float32"}
-    assert hub_card["precision"]["float16_signature"].startswith(
+    hub_card = read_card(trained_export / "fold0")
+    assert hub_card.precisions == {"float32": "serving_default"}
+    assert hub_card.precision["trained"] == {"policy": "float32", "backbone": "float32", "head": "float32"}
+    assert hub_card.precision["float16_signature"].startswith(
         "not exported: its graph would run 25% of the compute ops in float16 (the backbone computes in float32)")
     assert saved_census(trained_export / "fold0" / "saved_model", "serving_default") == {
         "Conv2D": {"float32": 3}, "MatMul": {"float32": 1}}

@@ -3,7 +3,7 @@ from common.data import make_train_dataset
 from common.errors import ConfigError
 from common.model import build_model, compile_model, learning_rate_schedule
 from common.strategy import get_strategy
-from common.tasks import TASKS, training_target
+from common.tasks import TASKS
 from common.tfrecords import split_files
 
 import numpy as np
@@ -15,7 +15,7 @@ def _batches(demo_records, image_size, batch=32, n=1):
     out, manifest = demo_records
     train_files, _ = split_files(manifest, str(out), fold=0)
     data_cfg = load_config(None, [f"data.image_size={image_size}", "data.augment=false"]).data
-    one_hot = lambda labels: training_target(TASKS["multiclass"], labels, 10, None)  # noqa: E731
+    one_hot = lambda labels: TASKS["multiclass"].target(labels, 10, None)  # noqa: E731
     return list(make_train_dataset(train_files, data_cfg, batch, one_hot, seed=0).take(n))
 
 
@@ -83,8 +83,9 @@ def test_both_loops_train_under_mirrored_strategy(demo_records, tiny_backbone, t
     """fit and the custom loop, each for a few steps on two replicas, through train_fold."""
     import time
 
+    from common.backend_tf import TFBackend
+    from common.fold import train_fold
     from common.tfrecords import record_set
-    from common.training import train_fold
 
     records_dir, _ = demo_records
     strategy = get_strategy("mirrored")
@@ -94,10 +95,11 @@ def test_both_loops_train_under_mirrored_strategy(demo_records, tiny_backbone, t
                                  "train.steps_per_epoch=6", "train.steps_per_execution=3", f"train.loop={loop}",
                                  "train.batch_size_per_replica=16", "train.learning_rate=0.1",
                                  "train.warmup_epochs=0"])
-        result = train_fold(cfg, strategy, record_set(str(records_dir), cfg.data, 0), tmp_path / loop,
-                            deadline=time.monotonic() + 600, hub_handle=str(tiny_backbone))
+        records = record_set(str(records_dir), cfg.data, 0)
+        result = train_fold(cfg, TFBackend(cfg, strategy, str(tiny_backbone)), records, tmp_path / loop,
+                            deadline=time.monotonic() + 600)
         history = np.genfromtxt(result.history_csv, delimiter=",", names=True)
         assert result.epochs_done == 3 and len(history) == 3
         assert history["loss"][-1] < history["loss"][0], (loop, history["loss"])
-        assert result.val_predictions.shape == (288, 10) and len(set(result.val_ids)) == 288
-        np.testing.assert_allclose(result.val_predictions.sum(axis=1), 1.0, rtol=1e-5)  # softmax rows
+        assert result.validation.predictions.shape == (288, 10) and len(set(result.validation.ids)) == 288
+        np.testing.assert_allclose(result.validation.predictions.sum(axis=1), 1.0, rtol=1e-5)  # softmax rows

@@ -62,7 +62,7 @@ def test_config_reference_in_the_readme_is_current():
 def test_task_type_configs_in_the_readme_are_valid():
     """Each competition's `section: {...}` snippets in the Task types section load as a config."""
     from common.config import config_from_dict, load_config
-    from common.tasks import competition_metric, get_task
+    from common.tasks import get_task
 
     import yaml
 
@@ -75,4 +75,4 @@ def test_task_type_configs_in_the_readme_are_valid():
         for snippet in re.findall(r"`((?:data|train|kaggle): \{[^`]*\})`", text):
             raw.update(yaml.safe_load("{" + snippet + "}"))
         cfg = config_from_dict(raw, load_config())
-        competition_metric(get_task(cfg.data.task), cfg.train.metric)
+        get_task(cfg.data.task).competition_metric(cfg.train.metric)

@@ -2,7 +2,8 @@ import subprocess
 import sys
 
 from common.errors import StrategyError
-from common.strategy import get_strategy, global_batch_size, scaled_learning_rate
+from common.plan import global_batch_size, scaled_learning_rate
+from common.strategy import get_strategy
 
 import pytest
 import tensorflow as tf

@@ -18,7 +18,7 @@ from pathlib import Path
 from common.config import load_config
 from common.conversion import convert_competition
 from common.errors import ConfigError, DataError
-from common.tasks import TASKS, choose_thresholds, competition_metric, encode_labels, metric_score
+from common.tasks import TASKS
 
 import numpy as np
 import pytest
@@ -46,6 +46,7 @@ SHAPES = {
     "binary": ("image_name", "target", lambda d: str(int(d % 2 == 0)), "0.0"),
     "multilabel": ("image", "labels", digit_labels, "even"),
     "regression": ("Id", "Pawpularity", lambda d: str(10 * d), "0"),
+    "ordinal": ("id", "grade", str, "0"),  # the test-only fifth task below: digits as ordered grades 0..9
 }
 
 
@@ -156,15 +157,77 @@ def test_regression_submission_is_the_value_with_the_scaling_in_the_export(tmp_p
     assert (tmp_path / "train" / "export" / "fold0" / "predicted_vs_true.png").is_file()
 
 
+def ordinal_task():
+    """A fifth task type, defined here alone (DESIGN contract 8): ordinal regression. K ordered grades are predicted
+    by K - 1 sigmoid outputs P(grade > k), trained on cumulative targets with binary cross-entropy; the grade is the
+    number of outputs over 0.5, scored by quadratic weighted kappa. Everything else is multiclass's."""
+    import dataclasses
+
+    from common import task_parts as parts
+    from common.tasks import MULTICLASS
+
+    def cumulative(labels, num_classes, scaling):  # grade 3 of 10 -> [1, 1, 1, 0, 0, 0, 0, 0, 0]
+        tf = parts.tensorflow()
+        return tf.cast(tf.cast(labels, tf.int32)[:, None] > tf.range(num_classes - 1)[None, :], tf.float32)
+
+    def grade(predictions, thresholds=None):
+        return (np.asarray(predictions) > 0.5).sum(axis=1)
+
+    return dataclasses.replace(
+        MULTICLASS, name="ordinal", activation="sigmoid", outputs=lambda num_classes: num_classes - 1,
+        scorers={"qwk": parts.on_decisions(grade, parts.QWK), "accuracy": parts.on_decisions(grade, parts.ACCURACY)},
+        target=cumulative, loss=parts.cross_entropy("binary_crossentropy", parts.by_target),
+        running_metric=parts.running("BinaryAccuracy", "accuracy"), decide=grade,
+        submission_value=lambda p, names, thresholds=None: names[int(grade(p[None, :])[0])],
+        output_names=lambda names: [f"over_{n}" for n in names[:-1]],
+        describe_target=lambda target, names, scaling: f"grade {float(target.sum()):.2f}",
+        weighted_classes=None, class_scores=parts.nothing)
+
+
+def test_a_fifth_task_defined_in_a_test_alone_trains_and_predicts_end_to_end(tmp_path, demo_dir, tiny_backbone,
+                                                                            monkeypatch):
+    from common.tasks import TASKS as tasks
+
+    from infer_gpu.infer import main as infer_main
+
+    monkeypatch.setitem(tasks, "ordinal", ordinal_task())  # the one line that adds it: no other module changes
+    competition, answers = task_competition(demo_dir, tmp_path / "competition", "ordinal")
+    settings = ["data.task=ordinal", "data.label_column=grade", "data.image_size=32", "data.flip_left_right=false",
+                f"model.hub_handle={tiny_backbone}", "train.fold=0", "train.epochs=12", "train.metric=qwk",
+                "train.batch_size_per_replica=32", "train.learning_rate=0.2", "train.steps_per_execution=8",
+                "train.export_float16=false"]
+    flags = [a for item in settings for a in ("--set", item)]
+    from tpu2gpu.cli import main as cli_main
+
+    assert cli_main(["tfrecords", "--competition", str(competition), "--out", str(tmp_path / "records"),
+                     *flags]) == 0
+    assert train_main([*flags, "--set", f"runtime.tfrecords={tmp_path / 'records'}", "--set",
+                       f"runtime.output_dir={tmp_path / 'train'}"]) == 0
+    assert infer_main(["--set", f"infer.exports=[{tmp_path / 'train' / 'export'}]", "--set",
+                       f"runtime.competition_dir={competition}", "--set", f"runtime.output_dir={tmp_path / 'infer'}"]
+                      ) == 0
+    card = json.loads((tmp_path / "train" / "export" / "fold0" / "model_card.json").read_text())
+    assert card["task"] == "ordinal" and card["output"]["shape"] == [None, 9] and card["class_names"] == list(
+        "0123456789")
+    submission = read_csv(tmp_path / "infer" / "submission.csv")
+    assert [r["id"] for r in submission] == [a["id"] for a in answers]
+    from sklearn.metrics import cohen_kappa_score
+
+    qwk = cohen_kappa_score([int(a["target"]) for a in answers], [int(r["grade"]) for r in submission],
+                            weights="quadratic")
+    print(f"ordinal: QWK {qwk:.4f} on {len(answers)} held-out images (validation {card['metric']['value']:.4f})")
+    assert qwk >= 0.8, qwk
+
+
 # ---------------------------------------------------------------------------------------------- task rules and metrics
 def test_metric_must_fit_the_task():
-    assert competition_metric(TASKS["binary"], "") == "roc_auc"
-    assert competition_metric(TASKS["multiclass"], "qwk") == "qwk"
+    assert TASKS["binary"].competition_metric("") == "roc_auc"
+    assert TASKS["multiclass"].competition_metric("qwk") == "qwk"
     with pytest.raises(ConfigError, match=r"train.metric='rmse' does not fit data.task=multilabel; for multilabel "
                                           r"choose one of \['samples_f1'"):
-        competition_metric(TASKS["multilabel"], "rmse")
+        TASKS["multilabel"].competition_metric("rmse")
     with pytest.raises(ConfigError, match="train.metric='auc' is not a metric"):
-        competition_metric(TASKS["binary"], "auc")
+        TASKS["binary"].competition_metric("auc")
 
 
 @pytest.mark.parametrize(("task", "values", "message"), [
@@ -177,28 +240,28 @@ def test_labels_of_the_wrong_kind_are_named(task, values, message):
     """Wrong kinds for the task; a label outside data.class_names is named too (multilabel lists included)."""
     sources = [f"train.csv line {i + 2}" for i in range(len(values))]
     with pytest.raises(DataError, match=message):
-        encode_labels(TASKS[task], values, sources, ["big", "even", "odd"] if task == "multilabel" else [])
+        TASKS[task].encode(values, sources, ["big", "even", "odd"] if task == "multilabel" else [])
 
 
 def test_metrics_are_scikit_learns_on_known_numbers():
     binary = TASKS["binary"]
     labels, p = np.array([0, 0, 1, 1]), np.array([[0.1], [0.6], [0.4], [0.9]])
-    assert metric_score("roc_auc", binary, labels, p) == pytest.approx(0.75)
-    assert metric_score("accuracy", binary, labels, p) == pytest.approx(0.5)
+    assert binary.score("roc_auc", labels, p) == pytest.approx(0.75)
+    assert binary.score("accuracy", labels, p) == pytest.approx(0.5)
     regression = TASKS["regression"]
-    assert metric_score("rmse", regression, np.array([1.0, 3.0]), np.array([[2.0], [3.0]])) == pytest.approx(
+    assert regression.score("rmse", np.array([1.0, 3.0]), np.array([[2.0], [3.0]])) == pytest.approx(
         np.sqrt(0.5))
     # Rounded to [0, 1, 3, 3]: one step off on one of four; by hand 1 - (1/9) / (4/3) = 11/12.
-    assert metric_score("qwk", regression, np.array([0, 1, 2, 3]), np.array([[0.2], [1.4], [2.6], [3.1]])) == \
+    assert regression.score("qwk", np.array([0, 1, 2, 3]), np.array([[0.2], [1.4], [2.6], [3.1]])) == \
         pytest.approx(11 / 12)
     multilabel = TASKS["multilabel"]
     truth = np.array([[1, 0], [0, 1], [1, 1]])
     scores = np.array([[0.7, 0.2], [0.3, 0.35], [0.6, 0.4]])
     # Label 0 is perfect for thresholds in (0.3, 0.6], label 1 in (0.2, 0.35]: the middle grid point of each.
-    assert choose_thresholds(multilabel, truth, scores) == [0.5, 0.3]
-    assert metric_score("samples_f1", multilabel, truth, scores, [0.5, 0.3]) == pytest.approx(1.0)
+    assert multilabel.choose_thresholds(truth, scores) == [0.5, 0.3]
+    assert multilabel.score("samples_f1", truth, scores, [0.5, 0.3]) == pytest.approx(1.0)
     # At 0.5: row 0 right; row 1 has no label over it, so gets its likeliest (right); row 2 finds one of two.
-    assert metric_score("samples_f1", multilabel, truth, scores) == pytest.approx((1 + 1 + 2 / 3) / 3)
+    assert multilabel.score("samples_f1", truth, scores) == pytest.approx((1 + 1 + 2 / 3) / 3)
 
 
 def test_multilabel_from_one_column_per_class_and_an_unknown_template_label(tmp_path, demo_dir):
@@ -216,7 +279,7 @@ def test_multilabel_from_one_column_per_class_and_an_unknown_template_label(tmp_
             counts[label] += 1
     totals = [sum(s["label_counts"][str(k)] for n, s in manifest["splits"].items() if n != "test") for k in range(4)]
     assert totals == [counts[n] for n in names]
-    from common.inference import check_template_classes, read_template
+    from common.submission import check_template_classes, read_template
 
     write_csv(competition / "sample_submission.csv", ["image", "labels"], [["digit_0001", "even rust"]])
     with pytest.raises(DataError, match=r"uses labels \['rust'\] in column 'labels' that the model does not know"):
@@ -234,21 +297,19 @@ def test_regression_folds_are_stratified_by_target_bins(tmp_path, demo_dir):
 
 
 def test_balanced_class_weights_scale_each_examples_loss():
-    from common.tasks import class_weights, loss_function
-
     import tensorflow as tf
 
     binary = TASKS["binary"]
-    weights = class_weights(binary, "balanced", [0, 0, 0, 1], 2)
+    weights = binary.class_weights("balanced", [0, 0, 0, 1], 2)
     assert weights == pytest.approx([4 / (2 * 3), 4 / (2 * 1)])  # n / (classes x count)
-    loss = loss_function(binary, 0.0, [0.5, 2.0])
+    loss = binary.loss(0.0, [0.5, 2.0])
     targets, outputs = tf.constant([[1.0], [0.0], [0.5]]), tf.constant([[0.8], [0.8], [0.8]])
     expected = [2.0 * -np.log(0.8), 0.5 * -np.log(0.2), 1.25 * -(0.5 * np.log(0.8) + 0.5 * np.log(0.2))]
     np.testing.assert_allclose(loss(targets, outputs).numpy(), expected, rtol=1e-5)  # soft targets mix the weights
     multiclass = TASKS["multiclass"]
-    assert class_weights(multiclass, "balanced", [0, 1, 1, 2, 2, 2], 4) == pytest.approx([2.0, 1.0, 2 / 3, 0.0])
-    weighted = loss_function(multiclass, 0.0, [1.0, 3.0, 1.0])(tf.constant([[0.0, 1.0, 0.0]]),
+    assert multiclass.class_weights("balanced", [0, 1, 1, 2, 2, 2], 4) == pytest.approx([2.0, 1.0, 2 / 3, 0.0])
+    weighted = multiclass.loss(0.0, [1.0, 3.0, 1.0])(tf.constant([[0.0, 1.0, 0.0]]),
                                                               tf.constant([[0.2, 0.5, 0.3]]))
     assert float(weighted[0]) == pytest.approx(3.0 * -np.log(0.5), rel=1e-5)
     with pytest.raises(ConfigError, match="train.class_weight='balanced' is for multiclass and binary tasks"):
-        class_weights(TASKS["regression"], "balanced", [1.0, 2.0], 0)
+        TASKS["regression"].class_weights("balanced", [1.0, 2.0], 0)

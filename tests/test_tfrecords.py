@@ -5,14 +5,14 @@ from pathlib import Path
 from common.config import Config, load_config
 from common.conversion import MB
 from common.errors import DataError
-from common.tfrecords import shard_paths, split_files
+from common.tfrecords import RecordSchema, record_set, schema_from_config, serialize_example, shard_paths, split_files
 
 import pytest
 
 from tpu2gpu.cli import main
 from tpu2gpu.demo_data import CLASS_NAMES
 
-from helpers import read_csv, read_records, write_competition
+from helpers import image_bytes, read_csv, read_records, write_competition
 
 
 def test_demo_round_trip(demo_dir, demo_records):
@@ -223,3 +223,46 @@ def test_a_test_id_listed_twice_is_refused(tmp_path):
     assert message.startswith("sample_submission.csv line 7: test id 't002' already comes from sample_submission.csv "
                               "line 4")
     assert _no_output_left(tmp_path / "out")
+
+
+def test_label_columns_and_empty_labels_are_for_tasks_whose_label_is_a_set(tmp_path):
+    comp = write_competition(tmp_path / "comp", ["a", "", "b"] * 4)  # line 3: no label on
+    message = _convert_fails(comp, tmp_path / "out", "data.label_columns=[a, b]")
+    assert message.startswith("data.label_columns is for data.task=multilabel (one 0/1 column per class), not "
+                              "multiclass. Fix: data.label_column")
+    assert _convert_fails(comp, tmp_path / "out", "data.folds=2") == "train.csv line 3 (id 'img001'): empty label " \
+        "in column 'label'"
+    from common.conversion import convert_competition
+
+    cfg = load_config(None, ["data.task=multilabel", "data.folds=2"])
+    manifest = convert_competition(comp, tmp_path / "out", cfg.data)  # an empty set of labels is a label
+    assert manifest["class_names"] == ["a", "b"] and manifest["schema"]["label_size"] == 2
+    assert sum(manifest["splits"][f]["count"] for f in ("fold0", "fold1")) == 12
+
+
+def test_too_few_samples_per_target_bin_for_the_folds(tmp_path):
+    comp = write_competition(tmp_path / "comp", [0.5, 1.5, 2.5, 3.5])
+    message = _convert_fails(comp, tmp_path / "out", "data.task=regression", "data.folds=5")
+    assert "data.folds=5 but the rarest bin has 4 samples; every fold needs one. Fix: --set data.folds=4" in message
+
+
+@pytest.mark.parametrize("task, dtype, size", [("multiclass", "int64", 0), ("binary", "int64", 0),
+                                               ("multilabel", "int64", 3), ("regression", "float32", 0)])
+def test_the_record_schema_stores_the_task_s_label(task, dtype, size):
+    schema = schema_from_config(load_config(None, [f"data.task={task}", "data.class_names=[a, b, c]"]).data)
+    assert (schema.label_dtype, schema.label_size) == (dtype, size)
+
+
+def test_records_without_a_manifest_need_class_names_unless_labels_are_values(tmp_path):
+    import tensorflow as tf
+
+    schema = RecordSchema(label_dtype="float32")
+    for split in ("train", "val"):
+        (tmp_path / split).mkdir()
+        with tf.io.TFRecordWriter(str(tmp_path / split / f"{split}.tfrec")) as writer:
+            for i in range(3):
+                writer.write(serialize_example(image_bytes(i), f"{split}{i}", 0.5 * i, schema))
+    records = record_set(str(tmp_path), load_config(None, ["data.task=regression"]).data, 0)
+    assert (records.train_count, records.val_count, records.label_type, records.class_names) == (3, 3, "float", [])
+    with pytest.raises(DataError, match="has no manifest.json, so data.class_names must list the classes"):
+        record_set(str(tmp_path), load_config(None, ["data.task=multiclass"]).data, 0)

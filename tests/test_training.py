@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import re
 import signal
@@ -6,13 +7,16 @@ import sys
 import time
 from pathlib import Path
 
+from common.backend_tf import TFBackend
+from common.card import CARD_NAME, ExportError, ModelCard, read_card
 from common.config import load_config
+from common.custom_loop import CustomLoop
 from common.errors import ConfigError, StrategyError
-from common.export import CARD_NAME, ExportError, load_export, read_card, write_export
+from common.export import load_export, write_export
+from common.fold import PROGRESS_NAME
 from common.model import build_model
 from common.strategy import get_strategy
 from common.tasks import TASKS
-from common.training import PROGRESS_NAME, CustomLoop, inference_copy
 
 import numpy as np
 import pytest
@@ -59,23 +63,22 @@ def test_train_export_reload_in_a_fresh_process(train_argv, tmp_path):
     assert train_main(train_argv()) == 0
     export = tmp_path / "out" / "export" / "fold0"
     card = read_card(export)
-    assert card["complete"] and card["verification"]["max_abs_diff"]["float32"] < 1e-4
-    assert card["class_names"] == sorted(card["class_names"]) and len(card["class_names"]) == 10
-    assert card["input"]["dtype"] == "uint8" and card["input"]["shape"] == [None, 16, 16, 3]
-    assert card["config"]["data"]["image_size"] == 16 and card["metrics"]["count"] == 288
-    assert card["task"] == "multiclass" and card["metric"]["name"] == "macro_f1" and card["metrics"]["epochs"] == 2
+    assert card.complete and card.verification["max_abs_diff"]["float32"] < 1e-4
+    assert card.class_names == sorted(card.class_names) and len(card.class_names) == 10
+    assert card.input["dtype"] == "uint8" and card.input["shape"] == [None, 16, 16, 3]
+    assert card.config["data"]["image_size"] == 16 and card.metrics["count"] == 288
+    assert card.task == "multiclass" and card.metric["name"] == "macro_f1" and card.metrics["epochs"] == 2
     # The card's score is the one scikit-learn gives on the exported oof.csv (the fold's validation predictions).
-    from common.tasks import TASKS, metric_score
-    from common.training import read_oof
+    from common.fold_export import read_oof
 
-    _, oof_labels, oof_predictions = read_oof(export / "oof.csv", TASKS["multiclass"], card["class_names"])
-    assert card["metric"]["value"] == pytest.approx(metric_score("macro_f1", TASKS["multiclass"], oof_labels,
-                                                                 oof_predictions), abs=1e-6)
+    _, oof_labels, oof_predictions = read_oof(export / "oof.csv", TASKS["multiclass"], card.class_names)
+    assert card.metric["value"] == pytest.approx(TASKS["multiclass"].score("macro_f1", oof_labels, oof_predictions),
+                                                 abs=1e-6)
     assert {"history.csv", "history.png", "confusion.png", "oof.csv", "verify_batch.npz"} <= {
         p.name for p in export.iterdir()}
     assert not (tmp_path / "out" / "work" / "fold0" / "checkpoints").exists()  # removed once exported
     report = json.loads((tmp_path / "out" / "export" / "training_report.json").read_text())
-    assert report["folds"]["fold0"]["macro_f1"] == card["metrics"]["macro_f1"]
+    assert report["folds"]["fold0"]["macro_f1"] == card.metrics["macro_f1"]
 
     # A new process that cannot import tf_keras or tensorflow_hub reproduces the probabilities.
     batch = np.load(export / "verify_batch.npz")
@@ -103,8 +106,8 @@ def test_bfloat16_training_exports_a_float32_signature_and_says_which_part_ran_i
     assert "[train] float16 signature not exported: its graph would run 25% of the compute ops in float16" in log
     export = tmp_path / "out" / "export" / "fold0"
     card = read_card(export)
-    assert card["precision"]["trained"] == {"policy": "mixed_bfloat16", "backbone": "float32", "head": "bfloat16"}
-    assert card["precisions"] == {"float32": "serving_default"}
+    assert card.precision["trained"] == {"policy": "mixed_bfloat16", "backbone": "float32", "head": "bfloat16"}
+    assert card.precisions == {"float32": "serving_default"}
     assert saved_census(export / "saved_model", "serving_default") == {"Conv2D": {"float32": 3},
                                                                        "MatMul": {"float32": 1}}
     code = (BLOCK_KERAS_AND_HUB + "import numpy as np, tensorflow as tf; "
@@ -141,7 +144,7 @@ def test_a_killed_run_resumes_at_the_next_epoch(train_argv, tmp_path):
     assert f"Epoch {killed_after + 1}/6" in again.stdout and f"Epoch {killed_after}/6" not in again.stdout
     history = np.genfromtxt(tmp_path / "out" / "export" / "fold0" / "history.csv", delimiter=",", names=True)
     assert history["epoch"].tolist() == list(range(6))  # every epoch once, none repeated, none lost
-    assert read_card(tmp_path / "out" / "export" / "fold0")["metrics"]["epochs"] == 6
+    assert read_card(tmp_path / "out" / "export" / "fold0").metrics["epochs"] == 6
 
 
 def test_fold_estimates_come_from_the_last_fold_scaled_to_the_schedule():
@@ -160,16 +163,14 @@ def test_fold_estimates_come_from_the_last_fold_scaled_to_the_schedule():
 
 
 def test_the_budget_cuts_only_an_epoch_that_has_a_next_one():
-    from types import SimpleNamespace
+    from common.budget import cut_message, cuts_after
 
-    from common.training import TimeBudget
-
-    for epoch, cut in ((0, True), (1, False)):  # the deadline has passed; 2 epochs planned
-        budget = TimeBudget(deadline=time.monotonic() - 1, planned_epochs=2)
-        budget.set_model(SimpleNamespace(stop_training=False))
-        budget.on_epoch_begin(epoch)
-        budget.on_epoch_end(epoch)
-        assert budget.stopped is cut and budget.model.stop_training is cut
+    now = 1000.0  # time.monotonic() seconds; 2 epochs planned, the longest so far took 60 s
+    assert cuts_after(1, 2, now, 60.0, deadline=now + 59)  # one more epoch would end past the deadline
+    assert not cuts_after(2, 2, now, 60.0, deadline=now + 59)  # after the last planned epoch nothing is cut
+    assert not cuts_after(1, 2, now, 60.0, deadline=now + 60)  # it ends exactly at the deadline: it fits
+    assert cut_message(1, 59.4, 60.2) == ("[train] time budget: 59 s left before the export, an epoch takes 60 s: "
+                                          "stopping after epoch 1 (the budget cuts this fold)")
 
 
 def test_the_time_budget_cuts_a_fold_starts_no_fold_it_cannot_finish_and_inference_weighs_the_cut(
@@ -184,7 +185,7 @@ def test_the_time_budget_cuts_a_fold_starts_no_fold_it_cannot_finish_and_inferen
     log = capsys.readouterr().out
     export = tmp_path / "out" / "export"
     card = read_card(export / "fold0")
-    assert card["time_budget"] == {"cut": True, "epochs_trained": 1, "epochs_planned": 10000, "exported_epoch": 1,
+    assert card.time_budget == {"cut": True, "epochs_trained": 1, "epochs_planned": 10000, "exported_epoch": 1,
                                    "budget_hours": 0.05}
     assert "stopping after epoch 1 (the budget cuts this fold)" in log
     planned = re.search(r"time budget: ([\d.]+) min left, fold 1 needs about ([\d.]+) min", log)
@@ -214,17 +215,17 @@ def test_an_interrupted_export_never_looks_complete(tiny_backbone, tmp_path, mon
     cfg = load_config(None, [f"model.hub_handle={tiny_backbone}"])
     model = build_model(cfg.model, 3, 16)
     images = np.zeros((2, 16, 16, 3), np.uint8)
-    card = {"class_names": ["a", "b", "c"], "image_size": 16, "output": {"shape": [None, 3]}}
+    card = ModelCard.create(TASKS["multiclass"], ["a", "b", "c"], 16)
     export = tmp_path / "export" / "fold0"
     first = write_export(export, model, card, images)
-    assert first["complete"]
+    assert first.complete
 
     def crash(folder):
         raise KeyboardInterrupt  # e.g. the session ends while checking
 
     monkeypatch.setattr("common.export.verify_in_fresh_process", crash)
     with pytest.raises(KeyboardInterrupt):
-        write_export(export, model, {**card, "fold": 1}, images)
+        write_export(export, model, dataclasses.replace(card, fold=1), images)
     assert read_card(export) == first  # the earlier complete export is untouched
     assert [p.name for p in export.parent.iterdir()] == ["fold0"]  # no half-written folder left beside it
     with pytest.raises(KeyboardInterrupt):
@@ -234,7 +235,7 @@ def test_an_interrupted_export_never_looks_complete(tiny_backbone, tmp_path, mon
     # A folder whose card is not marked complete (a crash between saving and checking) is refused.
     partial = tmp_path / "export" / "fold2"
     partial.mkdir()
-    (partial / CARD_NAME).write_text(json.dumps({**first, "complete": False}))
+    (partial / CARD_NAME).write_text(dataclasses.replace(first, complete=False).to_json())
     with pytest.raises(ExportError, match="not marked complete"):
         load_export(partial)
 
@@ -267,7 +268,7 @@ def test_all_folds_in_turn_give_out_of_fold_scores(tmp_path, tiny_backbone):
     assert np.array(oof["confusion_matrix"]).sum() == 36
     assert set(oof["per_class"]) >= {"cat", "dog", "emu", "macro avg"}
     for fold in range(3):
-        assert read_card(tmp_path / "out" / "export" / f"fold{fold}")["fold"] == fold
+        assert read_card(tmp_path / "out" / "export" / f"fold{fold}").fold == fold
 
 
 def test_the_best_epoch_is_exported_not_the_last(tmp_path, tiny_backbone):
@@ -276,8 +277,8 @@ def test_the_best_epoch_is_exported_not_the_last(tmp_path, tiny_backbone):
     weights, not the last epoch's."""
     import io
 
+    from common.fold_export import read_oof
     from common.tfrecords import RecordSchema, serialize_example
-    from common.training import read_oof
 
     from PIL import Image
 
@@ -301,35 +302,36 @@ def test_the_best_epoch_is_exported_not_the_last(tmp_path, tiny_backbone):
     export = tmp_path / "out" / "export" / "fold0"
     card = read_card(export)
     history = np.genfromtxt(export / "history.csv", delimiter=",", names=True)
-    best = card["metrics"]["best_epoch"]
+    best = card.metrics["best_epoch"]
     assert best == int(np.argmin(history["val_log_loss"])) + 1 and best < 4, history["val_log_loss"]
-    assert card["metrics"]["epochs"] == best + 2 == len(history)  # early stopping: 2 epochs without a better one
+    assert card.metrics["epochs"] == best + 2 == len(history)  # early stopping: 2 epochs without a better one
     assert history["val_log_loss"][-1] > history["val_log_loss"][best - 1]  # the last epoch is worse
     # The exported predictions are the best epoch's: its score, and the outputs saved when it was scored.
-    assert card["metric"]["value"] == pytest.approx(history["val_log_loss"][best - 1], abs=1e-5)
-    _, _, predictions = read_oof(export / "oof.csv", TASKS["multiclass"], card["class_names"])
+    assert card.metric["value"] == pytest.approx(history["val_log_loss"][best - 1], abs=1e-5)
+    _, _, predictions = read_oof(export / "oof.csv", TASKS["multiclass"], card.class_names)
     saved = np.load(tmp_path / "out" / "work" / "fold0" / "best" / "predictions.npy")
     np.testing.assert_allclose(predictions, saved, atol=1e-6)
 
 
 def test_ema_exports_the_optimisers_averaged_weights(demo_records, tiny_backbone, tmp_path):
+    from common.fold import train_fold
     from common.tfrecords import record_set
-    from common.training import train_fold
 
     records_dir, _ = demo_records
     cfg = load_config(None, [f"model.hub_handle={tiny_backbone}", "data.image_size=16", "train.epochs=2",
                              "train.steps_per_epoch=5", "train.batch_size_per_replica=16", "train.ema=0.9",
                              "train.keep=last", "train.learning_rate=0.1"])
     strategy = get_strategy("default")
-    result = train_fold(cfg, strategy, record_set(str(records_dir), cfg.data, 0), tmp_path / "work",
-                        deadline=time.monotonic() + 600, hub_handle=str(tiny_backbone))
-    optimizer = result.model.optimizer
+    backend = TFBackend(cfg, strategy, str(tiny_backbone))
+    train_fold(cfg, backend, record_set(str(records_dir), cfg.data, 0), tmp_path / "work",
+               deadline=time.monotonic() + 600)
+    optimizer = backend.model.optimizer
     assert optimizer.use_ema and optimizer.ema_momentum == pytest.approx(0.9)
     averages = [v.numpy() for v in optimizer._model_variables_moving_average]
-    weights = [v.numpy() for v in result.model.trainable_variables]
+    weights = [v.numpy() for v in backend.model.trainable_variables]
     assert len(averages) == len(weights) > 0
     for average, weight in zip(averages, weights, strict=True):
         np.testing.assert_array_equal(weight, average)  # fit swapped the averages in; they are what gets exported
-    copy = inference_copy(result.model, cfg, 10, str(tiny_backbone))
+    copy = backend.serving_model("float32")
     for exported, average in zip(copy.trainable_variables, averages, strict=True):
         np.testing.assert_array_equal(exported.numpy(), average)

@@ -19,7 +19,6 @@ from common.tpu_stack import IMAGE_PYTHON
 DEFAULT_DEMO_DIR = Path("runs/demo/competition")
 
 
-
 def cmd_config(args) -> int:
     if args.reference:
         from common.config import config_reference
@@ -116,11 +115,11 @@ def cmd_verify_export(args) -> int:
     from tpu2gpu import workflow
 
     for card in workflow.verify_export(Path(args.export)):
-        m, metric = card["metrics"], card["metric"]
+        m, metric = card.metrics, card.metric
         value = "n/a" if metric["value"] is None else f"{metric['value']:.4f}"
-        print(f"fold{card['fold']}: complete, {card['task']}, {len(card['class_names'])} classes, {card['image_size']} "
-              f"px, {metric['name']} {value} (epoch {m['best_epoch']} of {m['epochs']}), signatures "
-              f"{sorted(card['precisions'])}")
+        print(f"fold{card.fold}: complete, {card.task}, {len(card.class_names)} classes, {card.image_size} px, "
+              f"{metric['name']} {value} (epoch {m['best_epoch']} of {m['epochs']}), signatures "
+              f"{sorted(card.precisions)}")
     return 0
 
 
@@ -222,98 +221,111 @@ def cmd_workflow(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tpu2gpu", description="Train on Kaggle's TPU, submit from a GPU kernel.")
-    steps = parser.add_subparsers(dest="command", metavar="STEP", required=True)
+# ---------------------------------------------------------------------------------------------------------- parser
+def _step(steps, name: str, help_text: str, func, config: bool = True, **options) -> argparse.ArgumentParser:
+    """A step's parser, run by func: with the config flags (--config, --set) unless config=False."""
+    step = steps.add_parser(name, help=help_text, **options)
+    if config:
+        add_config_flags(step)
+    step.set_defaults(func=func)
+    return step
 
-    p = steps.add_parser("config", help="print the resolved config (defaults < --config file < --set)")
-    add_config_flags(p)
+
+def _kaggle_step(steps, name: str, help_text: str, func, kernel: bool = False) -> argparse.ArgumentParser:
+    """A step that runs the kaggle CLI: --dry-run, --build and, where it acts on one of the kernels, --kernel."""
+    step = _step(steps, name, help_text, func)
+    step.add_argument("--dry-run", action="store_true", help="print the kaggle CLI commands instead of running")
+    step.add_argument("--build", default="build", help="build folder (default: %(default)s)")
+    if kernel:
+        step.add_argument("--kernel", choices=("train", "infer"), default="train")
+    return step
+
+
+def _local_steps(steps) -> None:
+    """The steps on this machine: config, environment, data, the kernels' build."""
+    p = _step(steps, "config", "print the resolved config (defaults < --config file < --set)", cmd_config)
     p.add_argument("--reference", action="store_true", help="print every key, its default and meaning (markdown)")
-    p.set_defaults(func=cmd_config)
-
-    p = steps.add_parser("env", help="print the environment block: versions, devices, strategy, replicas")
-    add_config_flags(p)
-    p.set_defaults(func=cmd_env)
-
-    p = steps.add_parser("demo-data", help="write the embedded demo competition (Kaggle layout, digits)")
+    _step(steps, "env", "print the environment block: versions, devices, strategy, replicas", cmd_env)
+    p = _step(steps, "demo-data", "write the embedded demo competition (Kaggle layout, digits)", cmd_demo_data,
+              config=False)
     p.add_argument("--out", default=str(DEFAULT_DEMO_DIR), help="folder to write (default: %(default)s)")
     p.add_argument("--overwrite", action="store_true", help="rewrite it even if complete")
-    p.set_defaults(func=cmd_demo_data)
-
-    p = steps.add_parser("tfrecords", help="convert a competition folder (CSV + images) into sharded TFRecords",
-                         description="Convert a Kaggle-style competition (a CSV of ids and labels, a folder of "
-                         "JPEG/PNG images, a test folder) into TFRecord shards with a manifest. Column names, folds, "
-                         "shard size and re-encoding come from the data section of the config.")
-    add_config_flags(p)
+    p = _step(steps, "tfrecords", "convert a competition folder (CSV + images) into sharded TFRecords", cmd_tfrecords,
+              description="Convert a Kaggle-style competition (a CSV of ids and labels, a folder of JPEG/PNG images, "
+              "a test folder) into TFRecord shards with a manifest. Column names, folds, shard size and re-encoding "
+              "come from the data section of the config.")
     p.add_argument("--competition", metavar="DIR", help="competition folder (default: runtime.competition_dir, "
                    "else the embedded demo)")
     p.add_argument("--out", metavar="DIR", help="output folder (default: runtime.tfrecords, else <competition>-tfrec)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
-    p.set_defaults(func=cmd_tfrecords)
-
-    p = steps.add_parser("augment-preview", help="draw a grid of augmented (and mixed) training images with their "
-                         "targets")
-    add_config_flags(p)
+    p = _step(steps, "augment-preview", "draw a grid of augmented (and mixed) training images with their targets",
+              cmd_augment_preview)
     p.add_argument("--out", required=True, metavar="FILE.png")
     p.add_argument("--rows", type=int, default=4)
     p.add_argument("--cols", type=int, default=6)
-    p.set_defaults(func=cmd_augment_preview)
-
-    def kaggle_step(name: str, help_text: str, func, kernel: bool = False):
-        step = steps.add_parser(name, help=help_text)
-        add_config_flags(step)
-        step.add_argument("--dry-run", action="store_true", help="print the kaggle CLI commands instead of running")
-        step.add_argument("--build", default="build", help="build folder (default: %(default)s)")
-        if kernel:
-            step.add_argument("--kernel", choices=("train", "infer"), default="train")
-        step.set_defaults(func=func)
-        return step
-
-    p = steps.add_parser("build", help="write both kernel scripts and all Kaggle metadata into build/")
-    add_config_flags(p)
+    p = _step(steps, "build", "write both kernel scripts and all Kaggle metadata into build/", cmd_build)
     p.add_argument("--out", default="build", help="build folder (default: %(default)s)")
-    p.set_defaults(func=cmd_build)
-    kaggle_step("push", "kaggle kernels push a built kernel", cmd_push, kernel=True)
-    p = kaggle_step("wait", "poll kaggle kernels status until the kernel completes", cmd_wait, kernel=True)
+
+
+def _kernel_steps(steps) -> None:
+    """A built kernel's way through Kaggle: pushed, waited for, its output fetched, its export checked and published."""
+    _kaggle_step(steps, "push", "kaggle kernels push a built kernel", cmd_push, kernel=True)
+    p = _kaggle_step(steps, "wait", "poll kaggle kernels status until the kernel completes", cmd_wait, kernel=True)
     p.add_argument("--interval", type=float, default=60.0, help="seconds between polls")
-    p = kaggle_step("fetch", "kaggle kernels output: download a kernel's outputs and log", cmd_fetch, kernel=True)
+    p = _kaggle_step(steps, "fetch", "kaggle kernels output: download a kernel's outputs and log", cmd_fetch,
+                     kernel=True)
     p.add_argument("--out", default="runs/kaggle/train", help="download folder (default: %(default)s)")
-    p = steps.add_parser("verify-export", help="check that every fold export is complete and show its card")
+    p = _step(steps, "verify-export", "check that every fold export is complete and show its card", cmd_verify_export,
+              config=False)
     p.add_argument("--export", default="runs/kaggle/train/export", help="export folder (default: %(default)s)")
-    p.set_defaults(func=cmd_verify_export)
-    p = kaggle_step("publish", "verify the export and create / version the model dataset (--dir-mode zip)",
-                    cmd_publish)
+    p = _kaggle_step(steps, "publish", "verify the export and create / version the model dataset (--dir-mode zip)",
+                     cmd_publish)
     p.add_argument("--export", default="runs/kaggle/train/export", help="export folder (default: %(default)s)")
     p.add_argument("-m", "--message", default="tpu2gpu export")
-    p = steps.add_parser("wheels", help="download the TPU stack's wheels (kaggle.tpu_packages) for Kaggle's TPU image "
-                         "into a dataset folder")
-    add_config_flags(p)
+
+
+def _wheels_steps(steps) -> None:
+    """The TPU stack's wheels, downloaded into a dataset folder and published for the training kernel."""
+    p = _step(steps, "wheels", "download the TPU stack's wheels (kaggle.tpu_packages) for Kaggle's TPU image into a "
+              "dataset folder", cmd_wheels)
     p.add_argument("--out", default="build/tpu-wheels", help="dataset folder to write (default: %(default)s)")
     p.add_argument("--python", default=IMAGE_PYTHON, help="the TPU image's Python (default: %(default)s)")
     p.add_argument("--platform", action="append", default=[], help="pip --platform tags (repeatable; default: "
                    "manylinux x86_64 tags)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing folder")
     p.add_argument("--dry-run", action="store_true", help="print the pip command instead of running it")
-    p.set_defaults(func=cmd_wheels)
-    p = kaggle_step("publish-wheels", "create / version the wheels dataset (kaggle.tpu_wheels)", cmd_publish_wheels)
+    p = _kaggle_step(steps, "publish-wheels", "create / version the wheels dataset (kaggle.tpu_wheels)",
+                     cmd_publish_wheels)
     p.add_argument("--wheels", default="build/tpu-wheels", help="folder made by `tpu2gpu wheels` (default: "
                    "%(default)s)")
     p.add_argument("-m", "--message", default="tpu2gpu TPU wheels")
-    p = kaggle_step("submit", "submit to the competition: the pushed inference kernel (code competition) or its "
-                    "fetched submission.csv", cmd_submit)
+
+
+def _submission_steps(steps) -> None:
+    """The submission, and the whole workflow that ends in it."""
+    p = _kaggle_step(steps, "submit", "submit to the competition: the pushed inference kernel (code competition) or "
+                     "its fetched submission.csv", cmd_submit)
     p.add_argument("-m", "--message", default="tpu2gpu submission")
     p.add_argument("--version", type=int, default=0, help="inference kernel version (default: the one `push "
                    "--kernel infer` recorded)")
     p.add_argument("--file", default="runs/kaggle/infer/submission.csv", help="file to upload when the competition "
                    "is not a code competition (default: %(default)s, where `fetch --kernel infer --out "
                    "runs/kaggle/infer` puts it)")
-    p = kaggle_step("workflow", "build, push train, wait, fetch, publish, push infer, wait (, submit)", cmd_workflow)
+    p = _kaggle_step(steps, "workflow", "build, push train, wait, fetch, publish, push infer, wait (, submit)",
+                     cmd_workflow)
     p.add_argument("--out", default="runs/kaggle/train", help="where the training output is downloaded")
     p.add_argument("--infer-out", default="runs/kaggle/infer", help="where the inference output is downloaded (file "
                    "competitions)")
     p.add_argument("--interval", type=float, default=60.0)
     p.add_argument("-m", "--message", default="tpu2gpu")
     p.add_argument("--submit", action="store_true", help="submit to the competition at the end")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tpu2gpu", description="Train on Kaggle's TPU, submit from a GPU kernel.")
+    steps = parser.add_subparsers(dest="command", metavar="STEP", required=True)
+    for add_steps in (_local_steps, _kernel_steps, _wheels_steps, _submission_steps):  # in the order --help lists
+        add_steps(steps)
     return parser
 
 

@@ -21,8 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from common.card import read_card
 from common.errors import UserError
-from common.export import read_card
 
 STATUSES = ("QUEUED", "RUNNING", "COMPLETE", "ERROR", "CANCEL_REQUESTED", "CANCEL_ACKNOWLEDGED")
 
@@ -121,7 +121,7 @@ def fetch(ref: str, out_dir: Path, dry_run: bool = False) -> Path:
     return Path(out_dir)
 
 
-def verify_export(export_root: Path) -> list[dict]:
+def verify_export(export_root: Path) -> list:
     """Every fold export under export_root must be complete (the training kernel marks it after checking)."""
     folds = sorted(p for p in Path(export_root).glob("fold*") if p.is_dir())
     if not folds:

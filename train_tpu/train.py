@@ -16,23 +16,19 @@ Folds start only while train.time_budget_hours covers them (common/budget.py); a
 
 from __future__ import annotations
 
-import json
-import shutil
 import sys
 import time
 from pathlib import Path
 
 import common  # noqa: F401  (TF_USE_LEGACY_KERAS before tensorflow)
-from common.budget import FoldTiming, estimate_fold_seconds, export_reserve_seconds, should_start
 from common.config import config_to_dict, format_config, parse_kernel_args
 from common.conversion import convert_competition
 from common.env import detect_platform, environment_report
 from common.errors import UserError
-from common.export import read_card
 from common.kernel import guarded, require_tf_keras
 from common.paths import output_dir, resolve_data_path, resolve_hub_handle, scratch_dir
 from common.strategy import choose_precision, get_strategy, set_precision, split_cpu
-from common.tfrecords import has_manifest, read_manifest, record_set
+from common.tfrecords import has_manifest, read_manifest
 
 
 def locate_tfrecords(cfg, scratch: Path) -> str:
@@ -66,18 +62,6 @@ def skipped_images(tfrecord_dir: str, export_root: Path) -> dict | None:
     return skipped
 
 
-def epochs_checkpointed(progress: Path) -> int:
-    """Epochs a fold's checkpoint already holds (its progress.json), so a resumed fold is planned for the rest."""
-    return int(json.loads(progress.read_text())["epochs_done"]) if progress.is_file() else 0
-
-
-def folds_to_train(cfg, tfrecord_dir: str) -> list[int]:
-    if cfg.train.fold >= 0:
-        return [cfg.train.fold]
-    split = read_manifest(tfrecord_dir)["split"] if has_manifest(tfrecord_dir) else {"kind": "none"}
-    return list(range(split["folds"])) if split["kind"] == "kfold" else [0]
-
-
 def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()  # the time budget counts from here
 
@@ -85,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse_kernel_args(__doc__, argv)
     print(format_config(cfg), flush=True)
     require_tf_keras()  # before the first tf.keras: without tf_keras it fails inside TensorFlow's lazy loader
-    from common.training import PROGRESS_NAME, export_fold, out_of_fold_scores, train_fold
+    from common.backend_tf import TFBackend
+    from common.folds import train_folds, write_report
 
     split_cpu(cfg.runtime.cpu_devices)
     strategy = get_strategy(cfg.runtime.strategy, cfg.runtime.tpu_address)
@@ -98,50 +83,13 @@ def main(argv: list[str] | None = None) -> int:
     scratch = scratch_dir(cfg.runtime.scratch_dir, out)
     tfrecord_dir = locate_tfrecords(cfg, scratch)
     hub_handle = resolve_hub_handle(cfg.model.hub_handle) if cfg.model.backbone == "hub" else None
-    deadline = start + cfg.train.time_budget_hours * 3600
+    backend = TFBackend(cfg, strategy, hub_handle)
 
     # ---- train and export each fold, as far as the time budget goes (common/budget.py)
-    report = {"folds": {}, "config": config_to_dict(cfg), "not_started": [],
-              "skipped_images": skipped_images(tfrecord_dir, out / "export")}
-    folds, last, why = folds_to_train(cfg, tfrecord_dir), None, ""
-    for fold in folds:
-        export_dir = out / "export" / f"fold{fold}"
-        try:
-            report["folds"][f"fold{fold}"] = read_card(export_dir)["metrics"]
-            print(f"[train] fold {fold}: already exported in {export_dir}, skipped", flush=True)
-            continue
-        except UserError:
-            pass
-        work = scratch / "work" / f"fold{fold}"
-        epochs_left = cfg.train.epochs - epochs_checkpointed(work / "checkpoints" / PROGRESS_NAME)
-        start_fold, why = should_start(fold, deadline - time.monotonic(),
-                                       estimate_fold_seconds(last, epochs_left, cfg.train.fold_minutes))
-        if not start_fold:  # later folds are still looked at: exported ones are reported, resumable ones may fit
-            print(why, flush=True)
-            report["not_started"].append(fold)
-            continue
-        print(f"\n=== fold {fold} ===", flush=True)
-        started = time.monotonic()
-        records = record_set(tfrecord_dir, cfg.data, fold)
-        export_reserve = export_reserve_seconds(last, cfg.train.export_minutes)
-        result = train_fold(cfg, strategy, records, work, deadline - export_reserve, hub_handle)
-        trained = time.monotonic()
-        card = export_fold(cfg, result, records, fold, export_dir, hub_handle, policy)
-        shutil.rmtree(work / "checkpoints", ignore_errors=True)  # exported: the checkpoints have served
-        report["folds"][f"fold{fold}"] = card["metrics"]
-        if result.epoch_seconds:  # a fold resumed after its last epoch measured none: keep the last estimate
-            last = FoldTiming(trained - started - sum(result.epoch_seconds), result.epoch_seconds,
-                              time.monotonic() - trained)
-    if not report["folds"]:
-        raise UserError(f"the time budget (train.time_budget_hours={cfg.train.time_budget_hours}) ran out before any "
-                        f"fold could start ({why.removeprefix('[train] time budget: ')}). Fix: raise "
-                        "train.time_budget_hours, or lower train.fold_minutes")
-
-    report["out_of_fold"] = out_of_fold_scores(out / "export", report["folds"])
-    report_path = out / "export" / "training_report.json"
-    report_path.parent.mkdir(parents=True, exist_ok=True)
-    report_path.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\n[train] report: {report_path}", flush=True)
+    skipped = skipped_images(tfrecord_dir, out / "export")
+    report = train_folds(cfg, backend, tfrecord_dir, out, scratch, start + cfg.train.time_budget_hours * 3600)
+    write_report(out / "export", {"folds": report["folds"], "config": config_to_dict(cfg),
+                                  "not_started": report["not_started"], "skipped_images": skipped})
     return 0
 
 

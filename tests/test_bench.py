@@ -1,0 +1,59 @@
+"""The benchmarks still run: `bench/run_all.py --smoke` runs every one of them at toy sizes (about 45 s on 2 cores)
+and its table holds one row of real, consistent figures per benchmark. The figures themselves mean nothing."""
+
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+# One row each, by the benchmark column; kernel+XLA is timed too where a GPU is present.
+EXPECTED = {
+    "input pipeline": r"input pipeline \d+px, 1 core\(s\)",
+    "training": r"training, steps_per_execution=\d+ \(\d+px, batch \d+\)",
+    "inference": r"inference kernel, EfficientNet-B0 \d+px",
+}
+OPTIONAL = {"inference with XLA": r"inference kernel\+XLA, EfficientNet-B0 \d+px"}
+FIGURE = re.compile(r"(?P<value>\S+) (?P<unit>\S+)")
+BASELINE = re.compile(r"(?P<value>\S+) (?P<unit>\S+) \((?P<name>.+)\)")
+
+
+def table_rows(stdout: str) -> list[list[str]]:
+    """The cells of the markdown table's body rows."""
+    lines = [line for line in stdout.splitlines() if line.startswith("|")]
+    assert lines[:2] == ["| benchmark | figure | baseline (same run) | ratio | public anchor |",
+                         "|---|---:|---:|---:|---|"], stdout
+    return [[cell.strip() for cell in line.strip("|").split(" | ")] for line in lines[2:]]
+
+
+def positive(text: str) -> float:
+    number = float(text)
+    assert math.isfinite(number) and number > 0, text
+    return number
+
+
+def test_run_all_smoke_prints_a_row_of_real_figures_per_benchmark():
+    result = subprocess.run([sys.executable, "bench/run_all.py", "--smoke"], cwd=REPO, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    assert result.stdout.startswith("machine: "), result.stdout
+    seen = {}
+    for bench, figure, baseline, ratio, anchor in table_rows(result.stdout):
+        matches = [key for key, pattern in {**EXPECTED, **OPTIONAL}.items() if re.fullmatch(pattern, bench)]
+        assert len(matches) == 1, f"unexpected row {bench!r}"
+        assert matches[0] not in seen, f"two rows for {matches[0]}: {seen[matches[0]]!r} and {bench!r}"
+        seen[matches[0]] = bench
+        value = FIGURE.fullmatch(figure)
+        base = BASELINE.fullmatch(baseline)
+        assert value and base, (figure, baseline)
+        assert value["unit"] == base["unit"] == "img/s", (figure, baseline)
+        value, base, ratio = positive(value["value"]), positive(base["value"]), positive(ratio)
+        # One round each in smoke mode, so the ratio is the figure over its baseline (as printed: 2 decimals).
+        assert ratio == pytest.approx(value / base, rel=0.01, abs=0.006), (bench, figure, baseline, ratio)
+        assert anchor, bench
+    assert set(EXPECTED) <= set(seen), f"missing rows: {set(EXPECTED) - set(seen)}\n{result.stdout}"
+
