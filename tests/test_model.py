@@ -35,7 +35,11 @@ def test_hub_backbone_fine_tunes_and_the_loss_falls(demo_records, tiny_backbone)
     assert all(not np.allclose(b, a.numpy()) for b, a in zip(before, backbone.trainable_weights, strict=True))
 
 
+@pytest.mark.slow
 def test_efficientnet_package_builds_b0_and_trains_a_step(demo_records):
+    """Opt-in (-m slow): the default suite builds and trains B0 through the training kernel (the efficientnet_export
+    fixture of tests/test_inference.py), whose saved graph's op census (65 Conv2D, 16 depthwise) pins the
+    architecture."""
     cfg = load_config(None, ["model.backbone=efficientnet", "model.efficientnet_weights=none",
                              "train.steps_per_execution=1"])
     model = build_model(cfg.model, 10, 32)

@@ -4,7 +4,8 @@ Three kinds are adapted, and each adaptation is checked for what it can show her
 (only its presence in `dev` is checked); the Kaggle steps (push, wait, fetch, publish, submit, workflow) talk to
 kaggle.com (and `wheels` downloads 400 MB), so they run with --dry-run, which builds and prints every kaggle CLI
 command (tests/test_kaggle.py runs those commands for real against a loopback Kaggle); the benchmarks take minutes
-each, so they run with --help (their figures are recorded in bench/README.md).
+each, so they run with --help (tests/test_bench.py runs them all with --smoke; their figures are recorded in
+bench/README.md).
 """
 
 import re

@@ -195,7 +195,7 @@ def test_a_fifth_task_defined_in_a_test_alone_trains_and_predicts_end_to_end(tmp
     settings = ["data.task=ordinal", "data.label_column=grade", "data.image_size=32", "data.flip_left_right=false",
                 f"model.hub_handle={tiny_backbone}", "train.fold=0", "train.epochs=12", "train.metric=qwk",
                 "train.batch_size_per_replica=32", "train.learning_rate=0.2", "train.steps_per_execution=8",
-                "train.export_float16=false"]
+                "train.export_float16=false", "runtime.strategy=default"]  # one replica, whatever ran before
     flags = [a for item in settings for a in ("--set", item)]
     from tpu2gpu.cli import main as cli_main
 
