@@ -1,4 +1,4 @@
-"""Every benchmark, one table: `.venv/bin/python bench/run_all.py` (about 8 minutes on 2 cores).
+"""Every benchmark, one table: `.venv/bin/python bench/run_all.py` (5-8 minutes on 2 cores).
 
 Runs input_pipeline.py, train_step.py and inference.py as they are, each in its own process, one after the other,
 collects the RESULT lines each prints, and prints a markdown table: the figure, its baseline measured in the same run,
