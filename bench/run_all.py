@@ -8,7 +8,7 @@ printed above it.
     .venv/bin/python bench/run_all.py --smoke
 
 runs each benchmark with --smoke (toy sizes), all three at once since their figures mean nothing, and prints the same
-table: about 45 s on 2 cores, most of it inference.py writing and verifying its EfficientNet-B0 export. It keeps the
+table: about 20 s on 2 cores, most of it inference.py writing and verifying its toy export. It keeps the
 benchmarks and this table from rotting (tests/test_bench.py runs it); its figures mean nothing.
 """
 

@@ -9,7 +9,7 @@ card and export contract live in common/ and never look at the backend.
     outputs = backend.predict(files, schema, count)       # raw model outputs, in record order
     model = backend.serving_model("float32")              # a plain float32 tf.keras model for the SavedModel
 
-The interface: replicas, build, precision, restore, save_checkpoint, distribute, fit, predict, averaged,
+The interface: replicas, build, runtime, precision, restore, save_checkpoint, distribute, fit, predict, averaged,
 save_weights, load_weights, serving_model. A Keras 3 on JAX backend implements the same methods.
 """
 
@@ -76,6 +76,12 @@ class TFBackend:
                                hub_handle=self.hub_handle, activation=self.plan.task.activation)
         finally:
             tf.keras.mixed_precision.set_global_policy(trained)
+
+    def runtime(self) -> dict:
+        """What trained: this framework, and on a Kaggle TPU the TensorFlow TPU stack that answered its probe."""
+        from common.tpu_negotiation import answered_stack
+
+        return {"framework": self.name, "tpu_stack": answered_stack()}
 
     def precision(self) -> dict[str, str]:
         """The trained model's policy and the dtype each part computes in (a TF Hub backbone keeps its own)."""

@@ -49,6 +49,7 @@ class ModelCard:
     format: str = EXPORT_FORMAT
     complete: bool = False  # true only in a folder whose fresh-process check passed
     versions: dict = field(default_factory=dict)  # python, tensorflow, tf_keras, tensorflow_hub at export
+    runtime: dict | None = None  # the training framework, and on a TPU the stack that answered (tpu_negotiation)
     precisions: dict = field(default_factory=lambda: {"float32": SIGNATURES["float32"]})  # precision -> signature
     verification: dict | None = None  # the fresh-process check: max differences, environment, tolerances
 

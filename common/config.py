@@ -166,7 +166,8 @@ class KaggleConfig:
     # TPU stack (common/tpu_stack.py): Kaggle's TPU image ships tensorflow-cpu, which sees no TPU; the training kernel
     # installs these pins and runs itself again. install = whenever the image differs from them; image = trust it.
     tpu_runtime: Literal["install", "image"] = "install"  # install = make a TPU kernel hold tpu_packages; image = as is
-    tpu_packages: tuple[str, ...] = TPU_PACKAGES  # name==version pins of the TPU stack (match the image's Python)
+    tpu_packages: tuple[str, ...] = TPU_PACKAGES  # noqa: E501  # candidate TPU stacks in order, each "pjrt: PIN PIN ..." or "streamexecutor: ..." (common/tpu_negotiation.py)
+    tpu_probe_seconds: float = within(300.0, "(0, inf)")  # noqa: E501  # time limit of each candidate's probe (import TensorFlow, connect, one op on the TPU)
     tpu_wheels: str = ""  # wheels dataset (`tpu2gpu wheels`): a slug of kaggle.owner's, or owner/slug
     tpu_find_links: str = ""  # extra pip --find-links for the online route (e.g. the libtpu release index)
     infer_internet: bool = False  # must stay false for a code competition

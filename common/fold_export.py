@@ -104,6 +104,7 @@ def export_fold(cfg, result, records, fold: int, export_dir: Path) -> ModelCard:
         record_schema=asdict(records.schema), source_images=records.source_images,
         metric={"name": metric, "value": report[metric]}, thresholds=thresholds, target_scaling=plan.scaling,
         class_weights=plan.class_weights, precision={"trained": backend.precision(), "float16_signature": note},
+        runtime=backend.runtime(),
         # A fold the budget cut exports its best epoch (train.keep=best); inference weighs it by infer.cut_folds.
         time_budget=cut_record(result.cut, result.epochs_done, plan.epochs, result.best_epoch,
                                cfg.train.time_budget_hours),

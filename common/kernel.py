@@ -51,7 +51,7 @@ def prepare_runtime(kernel: str, cfg, rerun) -> int | None:
     if kernel != "train":
         return None  # inference needs TensorFlow alone, whichever build the GPU image holds
     if detect_platform().kind == "kaggle-tpu-vm" and cfg.kaggle.tpu_runtime == "install":
-        from common.tpu_stack import ensure_tpu_stack
+        from common.tpu_negotiation import ensure_tpu_stack
 
         code = ensure_tpu_stack(cfg.kaggle, rerun)
         if code is not None:

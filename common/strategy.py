@@ -27,8 +27,8 @@ TPU_NOT_VISIBLE_FIX = (
 )
 TPU_STACK_INSTALLED = (
     "The TPU stack is installed ({stack}), but no TPU answered. Check that the kernel runs on a TPU machine "
-    "(machine_shape TpuV5E8) and that no other process holds the TPU; if libtpu and this TPU generation disagree, "
-    "pin another libtpu in kaggle.tpu_packages (0.0.14-0.0.31 load with tensorflow-tpu 2.20.0)."
+    "(machine_shape TpuV5E8) and that no other process holds the TPU; the log's [tpu] tries say which candidate stack "
+    "answered its probe. Add or reorder candidates in kaggle.tpu_packages (common/tpu_negotiation.py)."
 )
 
 

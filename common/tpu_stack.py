@@ -24,20 +24,28 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
-import time
 import zipfile
 from pathlib import Path
 
 from common.errors import UserError
 
-# Researched for Kaggle's TPU image of 2025-10 (Python 3.12, tensorflow-cpu 2.20.0): the TPU build of the same
-# TensorFlow; libtpu 0.0.17, which that image itself pins (docker-python tpu/Dockerfile: "compatible with both jax
-# 0.7.2 and torch 2.8.0") and which meets tensorflow-tpu's `libtpu~=0.0.14` (0.0.32 and later abort at `import
-# tensorflow`, KAGGLE.md); tf-keras of the same minor version (2.20.0 is yanked); the hub the image ships; and a
-# setuptools that still has pkg_resources, which tensorflow_hub 0.16.1 imports (setuptools 81 removed it).
-TPU_PACKAGES = ("tensorflow-tpu==2.20.0", "libtpu==0.0.17", "tf-keras==2.20.1", "tensorflow-hub==0.16.1",
-                "setuptools==80.10.2")
+# The candidate TPU stacks the training kernel tries in order (common/tpu_negotiation.py), researched for Kaggle's TPU
+# image (Python 3.12, tensorflow-cpu 2.20.0, jax with libtpu 0.0.17) on a v5e-8, which TensorFlow reaches only
+# through PJRT: (1) what keras-team/keras-rs CI runs on TPU VMs today (tensorflow-tpu 2.19.1 with its libtpu
+# 0.0.10); (2) 2.20.0 with the oldest libtpu its `libtpu~=0.0.14` admits; (3) 2.20.0 with the image's own libtpu 0.0.17
+# (0.0.32 and later abort at `import tensorflow`, KAGGLE.md); (4) the first of those whose TensorFlow imported, without
+# the PJRT variables (StreamExecutor, as TensorFlow ran on Kaggle's v3-8). Each: tf-keras of the same minor version
+# (2.20.0 is yanked), the hub the image ships, and a setuptools that still has pkg_resources (hub 0.16.1 imports it;
+# setuptools 82 removed it). tensorflow-tpu 2.19.1 requires numpy<2.2, protobuf<6 and tensorboard~=2.19 (its wheel's
+# METADATA), which the image, built with the newest of each, almost certainly exceeds: that candidate brings its own
+# (numpy 2.1.3 also meets jax 0.7.2's numpy>=2.0).
+TPU_PACKAGES = (
+    "pjrt: tensorflow-tpu==2.19.1 libtpu==0.0.10 tf-keras==2.19.0 tensorflow-hub==0.16.1 setuptools==80.10.2 "
+    "numpy==2.1.3 protobuf==5.29.5 tensorboard==2.19.0",
+    "pjrt: tensorflow-tpu==2.20.0 libtpu==0.0.14 tf-keras==2.20.1 tensorflow-hub==0.16.1 setuptools==80.10.2",
+    "pjrt: tensorflow-tpu==2.20.0 libtpu==0.0.17 tf-keras==2.20.1 tensorflow-hub==0.16.1 setuptools==80.10.2",
+    "streamexecutor: *",
+)
 # Distributions that write the `tensorflow` package: any of them beside tensorflow-tpu may have overwritten its files.
 TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-intel", "tensorflow-tpu",
                             "tf-nightly", "tf-nightly-cpu", "tf-nightly-tpu")
@@ -50,6 +58,8 @@ IMAGE_PLATFORMS = ("manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2
 
 class TpuStackError(UserError, RuntimeError):
     """The TPU stack cannot be installed: no route, a wheel missing or corrupt, a pin the index does not have."""
+
+    fatal = False  # True once TensorFlow was uninstalled: nothing else can be tried in this session
 
 
 def normalize(name: str) -> str:
@@ -74,12 +84,12 @@ def parse_pins(pins) -> dict[str, str]:
         match = re.fullmatch(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*==\s*([A-Za-z0-9.+!]+)\s*", str(pin))
         if not match:
             raise TpuStackError(f"kaggle.tpu_packages: {pin!r} must be an exact pin name==version, e.g. "
-                                f"{TPU_PACKAGES[0]}")
+                                "tensorflow-tpu==2.20.0")
         parsed[normalize(match.group(1))] = match.group(2)
     missing = [name for name in REQUIRED if name not in parsed]
     if missing:
         raise TpuStackError(f"kaggle.tpu_packages lacks {missing}: a TPU stack needs tensorflow-tpu, the libtpu it was "
-                            f"built with and tf-keras of its minor version (defaults: {list(TPU_PACKAGES)})")
+                            f"built with and tf-keras of its minor version (defaults: {TPU_PACKAGES[0]!r} ...)")
     return parsed
 
 
@@ -192,8 +202,10 @@ def install_from(folder: Path, pins: dict[str, str]) -> list[str]:
     try:
         _pip(["install", *offline, *_specs(pins)], f"installing {', '.join(_specs(pins))} from {folder}")
     except TpuStackError as err:
-        raise TpuStackError(f"{err}\nTensorFlow was uninstalled before this failure: this kernel cannot continue. "
-                            "Fix the wheels (`tpu2gpu wheels`) and run it again") from err
+        broken = TpuStackError(f"{err}\nTensorFlow was uninstalled before this failure: this kernel cannot continue. "
+                               "Fix the wheels (`tpu2gpu wheels`) and run it again")
+        broken.fatal = True
+        raise broken from err
     return [f"{n} {installed[n]}" for n in remove]
 
 
@@ -203,40 +215,3 @@ def find_attached_wheels(ref: str) -> Path | None:
 
     parts = ref.split("/")
     return find_kaggle_mount("/".join(parts[:2] if len(parts) == 3 and parts[2].isdigit() else parts))
-
-
-def ensure_tpu_stack(kaggle_cfg, rerun) -> int | None:
-    """Make this environment hold kaggle.tpu_packages: when it does not, install them and return rerun()'s exit code
-    (the kernel, run again in a fresh interpreter). None when there is nothing to do, so the caller goes on here."""
-    pins = parse_pins(kaggle_cfg.tpu_packages)
-    wrong = pin_mismatches(pins, installed_versions())
-    if os.environ.get(RERUN_ENV):  # we are the interpreter after the install: it must have taken
-        if wrong:
-            raise TpuStackError("the TPU stack was installed, but this interpreter still finds: " + "; ".join(wrong))
-        return None
-    if not wrong:
-        print(f"[tpu] the TPU stack is installed as pinned: {', '.join(_specs(pins))}", flush=True)
-        return None
-    ref = wheels_ref(kaggle_cfg.tpu_wheels, kaggle_cfg.owner)
-    attached = find_attached_wheels(ref) if ref else None
-    if attached is None and not kaggle_cfg.train_internet:
-        where = f"kaggle.tpu_wheels={kaggle_cfg.tpu_wheels!r} is not attached" if ref else "kaggle.tpu_wheels is empty"
-        raise TpuStackError(
-            f"this TPU machine lacks the TPU stack ({installed_tensorflow()}; needs {', '.join(_specs(pins))}), and "
-            f"the kernel cannot install it: {where} and kaggle.train_internet is false. Fix: either attach the wheels "
-            "(`tpu2gpu wheels --out DIR`, `tpu2gpu publish-wheels --wheels DIR`, kaggle.tpu_wheels=<its slug>) and "
-            "rebuild, or set kaggle.train_internet=true and rebuild (pip installs from the package index)")
-    print(f"[tpu] installing the TPU stack: {'; '.join(wrong)}", flush=True)
-    start = time.monotonic()
-    if attached is not None:
-        source, folder = f"the attached dataset {attached}", attached
-    else:
-        folder = Path(tempfile.gettempdir()) / "tpu2gpu-tpu-wheels"
-        source = "the package index" + (f" and {kaggle_cfg.tpu_find_links}" if kaggle_cfg.tpu_find_links else "")
-        print(f"[tpu] downloading {', '.join(_specs(pins))} from {source}", flush=True)
-        download_wheels(pins, folder, kaggle_cfg.tpu_find_links)
-    removed = install_from(folder, pins)
-    print(f"[tpu] installed {', '.join(_specs(pins))} from {source} in {time.monotonic() - start:.0f} s"
-          + (f"; removed {', '.join(removed)}" if removed else "") + "; running the kernel again in a fresh "
-          "interpreter", flush=True)
-    return rerun({RERUN_ENV: "1"})

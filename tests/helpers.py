@@ -88,16 +88,59 @@ def fake_wheel(folder: Path, name: str, version: str, files: dict[str, str], req
 # What the stand-in `tensorflow` package does on import when FAKE_TENSORFLOW is set: what a real one can do there.
 _FAKE_TENSORFLOW = """import os, signal
 BUILD = {distribution!r}
-if os.environ.get("FAKE_TENSORFLOW") == "exit":  # stands for the rest of the kernel: it got this far
-    raise SystemExit(BUILD + " imported by the kernel's second interpreter")
-if os.environ.get("FAKE_TENSORFLOW") == "abort":  # what a libtpu that does not fit tensorflow-tpu does (KAGGLE.md)
+__version__ = {version!r}
+if os.environ.get("TPU2GPU_TPU_PROBE"):  # probed (common/tpu_probe.py): a stand-in TPU, see STAND_IN_TPU
+    from tensorflow._stand_in_tpu import *  # noqa: F401,F403
+elif os.environ.get("FAKE_TENSORFLOW") == "exit":  # stands for the rest of the kernel: it got this far
+    raise SystemExit(BUILD + " imported by the kernel's second interpreter with PJRT_DEVICE="
+                     + os.environ.get("PJRT_DEVICE", "unset") + " and "
+                     + os.environ.get("TPU2GPU_TPU_STACK", "no stack record"))
+elif os.environ.get("FAKE_TENSORFLOW") == "abort":  # what a libtpu that does not fit tensorflow-tpu does (KAGGLE.md)
     os.kill(os.getpid(), signal.SIGABRT)
+"""
+# What a probed stand-in TensorFlow does is decided by the libtpu installed beside it (FAKE_TPU_PROBE maps libtpu
+# versions to fail | hang | answer; answer by default): the probe's own code, time limit and kill are the real ones.
+STAND_IN_TPU = """import contextlib, importlib.metadata, json, os, time
+from types import SimpleNamespace
+
+_LIBTPU = importlib.metadata.version("libtpu")
+_BEHAVIOUR = json.loads(os.environ.get("FAKE_TPU_PROBE", "{}")).get(_LIBTPU, "answer")
+_PJRT = os.environ.get("PJRT_DEVICE") == "TPU"
+
+
+def _initialize(resolver):
+    if _BEHAVIOUR == "fail":
+        raise RuntimeError("No TPU platform registered (libtpu " + _LIBTPU + ")")
+    if _BEHAVIOUR == "hang":
+        time.sleep(3600)
+    if _BEHAVIOUR == "pjrt-only" and not _PJRT:
+        raise RuntimeError("No TPU platform found (StreamExecutor; libtpu " + _LIBTPU + ")")
+
+
+def ones(shape):
+    return [[1.0] * shape[1] for _ in range(shape[0])]
+
+
+def matmul(a, b):
+    return [[sum(x * y for x, y in zip(row, col)) for col in zip(*b)] for row in a]
+
+
+def reduce_sum(m):
+    return sum(map(sum, m))
+
+
+distribute = SimpleNamespace(cluster_resolver=SimpleNamespace(TPUClusterResolver=lambda tpu=None: tpu))
+config = SimpleNamespace(experimental_connect_to_cluster=lambda resolver: None,
+                         list_logical_devices=lambda kind: [SimpleNamespace(name=f"/device:TPU:{k}") for k in range(8)])
+tpu = SimpleNamespace(experimental=SimpleNamespace(initialize_tpu_system=_initialize))
+device = lambda name: contextlib.nullcontext()  # noqa: E731
 """
 FAKE_TPU_PINS = ("tensorflow-tpu==2.20.0", "libtpu==0.0.21", "tf-keras==2.20.1", "tensorflow-hub==0.16.1")
 
 
 def tensorflow_wheel(folder: Path, distribution: str, version: str) -> Path:
-    files = {"tensorflow/__init__.py": _FAKE_TENSORFLOW.format(distribution=distribution)}
+    files = {"tensorflow/__init__.py": _FAKE_TENSORFLOW.format(distribution=distribution, version=version),
+             "tensorflow/_stand_in_tpu.py": STAND_IN_TPU}
     return fake_wheel(folder, distribution, version, files)
 
 
@@ -266,3 +309,12 @@ class _KaggleHandler(BaseHTTPRequestHandler):
 
     def log_message(self, *args):
         pass
+
+
+def offline(argv: list[str]) -> list[str]:
+    """No network at all for a kernel (its own network namespace), when this machine allows it."""
+    import shutil
+    import subprocess
+
+    probe = subprocess.run(["unshare", "-n", "true"], capture_output=True) if shutil.which("unshare") else None
+    return ["unshare", "-n", *argv] if probe is not None and probe.returncode == 0 else argv

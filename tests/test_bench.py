@@ -1,4 +1,4 @@
-"""The benchmarks still run: `bench/run_all.py --smoke` runs every one of them at toy sizes (about 45 s on 2 cores)
+"""The benchmarks still run: `bench/run_all.py --smoke` runs every one of them at toy sizes (about 20 s on 2 cores)
 and its table holds one row of real, consistent figures per benchmark. The figures themselves mean nothing."""
 
 import math
@@ -15,9 +15,9 @@ REPO = Path(__file__).resolve().parents[1]
 EXPECTED = {
     "input pipeline": r"input pipeline \d+px, 1 core\(s\)",
     "training": r"training, steps_per_execution=\d+ \(\d+px, batch \d+\)",
-    "inference": r"inference kernel, EfficientNet-B0 \d+px",
+    "inference": r"inference kernel, (EfficientNet-B0|tiny backbone) \d+px",
 }
-OPTIONAL = {"inference with XLA": r"inference kernel\+XLA, EfficientNet-B0 \d+px"}
+OPTIONAL = {"inference with XLA": r"inference kernel\+XLA, (EfficientNet-B0|tiny backbone) \d+px"}
 FIGURE = re.compile(r"(?P<value>\S+) (?P<unit>\S+)")
 BASELINE = re.compile(r"(?P<value>\S+) (?P<unit>\S+) \((?P<name>.+)\)")
 

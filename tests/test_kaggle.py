@@ -11,7 +11,7 @@ import pytest
 from tpu2gpu import workflow
 from tpu2gpu.build import MetadataError, build
 
-from helpers import FAKE_TPU_PINS, KaggleRecorder, read_csv, tpu_wheels
+from helpers import FAKE_TPU_PINS, KaggleRecorder, offline, read_csv, tpu_wheels
 
 MODEL_HANDLE = "tpu2gpu/tiny-backbone/tensorflow2/demo/1"
 PROJECT = ["kaggle.owner=tester", "kaggle.competition=digit-comp", f"kaggle.model_sources=[{MODEL_HANDLE}]",
@@ -265,7 +265,7 @@ def test_metadata_errors_at_build_time(tmp_path, override, message):
 DEFAULT_HANDLE = "https://www.kaggle.com/models/google/efficientnet-v2/TensorFlow2/imagenet21k-b0-feature-vector/1"
 
 
-def test_the_default_config_does_not_build_offline(tmp_path):
+def test_the_default_config_does_not_buildoffline(tmp_path):
     with pytest.raises(MetadataError) as err:
         build(load_config(None, ["kaggle.owner=tester"]), tmp_path / "build")
     problems = str(err.value).split("\n- ")[1:]
@@ -335,12 +335,6 @@ def test_two_builds_are_byte_identical(tmp_path):
     assert first["train"] != second["train"]
 
 
-def _offline(argv: list[str]) -> list[str]:
-    """No network at all for the kernel (its own network namespace), when this machine allows it."""
-    probe = subprocess.run(["unshare", "-n", "true"], capture_output=True) if shutil.which("unshare") else None
-    return ["unshare", "-n", *argv] if probe is not None and probe.returncode == 0 else argv
-
-
 def test_simulated_kaggle_run_of_both_built_kernels(tmp_path, demo_dir, tiny_backbone):
     folders = build(load_config(None, PROJECT), tmp_path / "build")
     kaggle = tmp_path / "kaggle"
@@ -355,7 +349,7 @@ def test_simulated_kaggle_run_of_both_built_kernels(tmp_path, demo_dir, tiny_bac
     # The training kernel: its script alone, run from /kaggle/working, no network.
     script = kaggle / "working" / "__script__.py"
     shutil.copyfile(folders["train"] / "train.py", script)
-    train = subprocess.run(_offline([sys.executable, str(script)]), cwd=kaggle / "working", env=env,
+    train = subprocess.run(offline([sys.executable, str(script)]), cwd=kaggle / "working", env=env,
                            capture_output=True, text=True)
     assert train.returncode == 0, train.stdout[-2000:] + train.stderr[-3000:]
     assert f"common from {tmp_path / 'tmp'}/tpu2gpu-" in train.stdout  # the bundle's code, not this checkout
@@ -373,7 +367,7 @@ def test_simulated_kaggle_run_of_both_built_kernels(tmp_path, demo_dir, tiny_bac
     shutil.rmtree(kaggle / "working")
     (kaggle / "working").mkdir()
     shutil.copyfile(folders["infer"] / "infer.py", kaggle / "working" / "__script__.py")
-    infer = subprocess.run(_offline([sys.executable, "__script__.py"]), cwd=kaggle / "working", env=env,
+    infer = subprocess.run(offline([sys.executable, "__script__.py"]), cwd=kaggle / "working", env=env,
                            capture_output=True, text=True)
     assert infer.returncode == 0, infer.stdout[-2000:] + infer.stderr[-3000:]
     submission = read_csv(kaggle / "working" / "submission.csv")

@@ -8,6 +8,7 @@ end (downloads about 650 MB; `./dev test -m tpu_image`).
 """
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import pytest
 from tpu2gpu.build import build
 
 from helpers import FAKE_TPU_PINS as PINS
-from helpers import fake_wheel, tensorflow_wheel, tpu_wheels
+from helpers import fake_wheel, offline, tensorflow_wheel, tpu_wheels
 
 REPO = Path(__file__).resolve().parents[1]
 PROJECT = ["kaggle.owner=tester", "kaggle.competition=digit-comp", "kaggle.tpu_wheels=tpu-wheels",
@@ -164,11 +165,11 @@ def test_the_kernel_installs_from_the_attached_wheels_and_runs_once_more(image_v
     code = f"""
 import json, subprocess, sys
 from types import SimpleNamespace
-from common.tpu_stack import ensure_tpu_stack
+from common.tpu_negotiation import ensure_tpu_stack
 cfg = SimpleNamespace(tpu_packages={list(PINS)!r}, tpu_wheels="tpu-wheels", train_internet=False, tpu_find_links="",
-                      owner="tester")
+                      owner="tester", tpu_probe_seconds=60)
 def rerun(env):
-    check = "from common.tpu_stack import ensure_tpu_stack as e; import sys, json; " \\
+    check = "from common.tpu_negotiation import ensure_tpu_stack as e; import sys, json; " \\
             "cfg = json.loads(sys.argv[1]); from types import SimpleNamespace as N; " \\
             "print('rerun:', e(N(**cfg), None))"
     return subprocess.run([sys.executable, "-c", check, json.dumps(vars(cfg))], env={{**__import__('os').environ,
@@ -185,7 +186,11 @@ print("exit", ensure_tpu_stack(cfg, rerun))
     assert lines[1].startswith("[tpu] installed tensorflow-tpu==2.20.0, libtpu==0.0.21, tf-keras==2.20.1, "
                                "tensorflow-hub==0.16.1 from the attached dataset ")
     assert "removed tensorflow 2.21.0, tensorflow-cpu 2.20.0, tf-keras 2.21.0" in lines[1]
-    assert lines[2:] == ["rerun: None", "exit 0"]  # the second interpreter found the pins and went on
+    # Probed in a child interpreter (the stand-in TPU answers), then the kernel runs again with that stack.
+    assert lines[2] == "[tpu] try 1/1: probing tensorflow-tpu 2.20.0 + libtpu 0.0.21 (StreamExecutor) (limit 60 s)"
+    assert lines[3].startswith("[tpu] try 1/1: tensorflow-tpu 2.20.0 + libtpu 0.0.21 (StreamExecutor): answered: 8 "
+                               "TPU devices, TensorFlow 2.20.0 (")
+    assert lines[4:] == ["[tpu] running the kernel again in a fresh interpreter", "rerun: None", "exit 0"]
     # A re-run that finds the stack not as pinned stops instead of installing again (no loop).
     tensorflow_wheel(tmp_path / "more", "tensorflow-cpu", "2.20.0")
     run_in(python, f"import subprocess, sys; subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', "
@@ -203,9 +208,9 @@ def test_the_online_route_downloads_the_pins_and_names_one_the_index_lacks(image
     index = tpu_wheels(tmp_path / "index")
     code = f"""
 from types import SimpleNamespace
-from common.tpu_stack import ensure_tpu_stack
+from common.tpu_negotiation import ensure_tpu_stack
 cfg = SimpleNamespace(tpu_packages={list(PINS)!r}, tpu_wheels="", train_internet=True, tpu_find_links="",
-                      owner="tester")
+                      owner="tester", tpu_probe_seconds=60)
 print("exit", ensure_tpu_stack(cfg, lambda env: 0))
 """
     env = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(index), "TMPDIR": str(tmp_path),
@@ -214,7 +219,8 @@ print("exit", ensure_tpu_stack(cfg, lambda env: 0))
     before = distributions(python)
     missing = run_in(python, code, env)
     assert "downloading tensorflow-tpu==2.20.0" in missing.stdout
-    assert "TpuStackError: downloading tensorflow-tpu==2.20.0, libtpu==0.0.21" in missing.stderr
+    assert "TpuStackError: none of the 1 TensorFlow TPU stacks tried answered:\n  1. tensorflow-tpu 2.20.0 + libtpu " \
+        "0.0.21 (StreamExecutor): not installed: downloading tensorflow-tpu==2.20.0, libtpu==0.0.21" in missing.stderr
     assert "no wheel of libtpu==0.0.21 fits Python" in missing.stderr
     assert distributions(python) == before  # nothing removed
     (tmp_path / "aside.whl").rename(index / "libtpu-0.0.21-py3-none-any.whl")
@@ -294,14 +300,17 @@ PYTHON_312 = os.environ.get("TPU2GPU_PYTHON312") or next(
 @pytest.mark.tpu_image
 def test_the_real_tpu_stack_replaces_the_images_tensorflow_and_the_kernel_runs_again(tmp_path, demo_dir):
     """Kaggle's TPU image as far as it can exist here: Python 3.12 with tensorflow-cpu 2.20.0 (docker-python
-    tpu/requirements.in), no network for the kernel, ISTPUVM=1, the wheels that `tpu2gpu wheels` downloads attached
-    as a dataset. The built train.py must install them, run again once, and stop at the TPU (there is none here)."""
+    tpu/requirements.in), no network for the kernel, ISTPUVM=1, the wheels of every default candidate stack that
+    `tpu2gpu wheels` downloads attached as a dataset. The built train.py installs each candidate in turn and probes
+    it with the real TensorFlow; there is no TPU here, so every probe must say so and the kernel must end with one
+    error listing the four tries (and the environment must hold exactly one TensorFlow, which imports)."""
     if not PYTHON_312 or not Path(PYTHON_312).is_file():
         pytest.fail(f"Python 3.12 is needed (not found at {PYTHON_312}); set TPU2GPU_PYTHON312")
     kaggle = tmp_path / "kaggle"
     wheels = kaggle / "input" / "datasets" / "tester" / "tpu-wheels"
-    settings = [a for s in PROJECT for a in ("--set", s)]
-    made = subprocess.run([sys.executable, "-m", "tpu2gpu.cli", "wheels", "--out", str(wheels), *settings[:-2]],
+    project = [*PROJECT[:-1], "kaggle.tpu_probe_seconds=180"]  # the default kaggle.tpu_packages
+    settings = [a for s in project for a in ("--set", s)]
+    made = subprocess.run([sys.executable, "-m", "tpu2gpu.cli", "wheels", "--out", str(wheels), *settings],
                           cwd=REPO, capture_output=True, text=True)
     assert made.returncode == 0, made.stdout[-2000:] + made.stderr[-2000:]
     print(made.stdout)
@@ -311,7 +320,7 @@ def test_the_real_tpu_stack_replaces_the_images_tensorflow_and_the_kernel_runs_a
     python = venv / "bin" / "python"
     subprocess.run([python, "-m", "pip", "install", "-q", "tensorflow-cpu==2.20.0"], check=True)
 
-    folders = build(load_config(None, PROJECT[:-1]), tmp_path / "build")  # the default kaggle.tpu_packages
+    folders = build(load_config(None, project), tmp_path / "build")
     shutil.copytree(demo_dir, kaggle / "input" / "competitions" / "digit-comp")
     (kaggle / "working").mkdir()
     shutil.copyfile(folders["train"] / "train.py", kaggle / "working" / "__script__.py")
@@ -319,34 +328,26 @@ def test_the_real_tpu_stack_replaces_the_images_tensorflow_and_the_kernel_runs_a
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TF_USE_LEGACY_KERAS", "VIRTUAL_ENV")}
     env.update(TPU2GPU_KAGGLE_ROOT=str(kaggle), KAGGLE_KERNEL_RUN_TYPE="Batch", ISTPUVM="1",
                TMPDIR=str(tmp_path / "tmp"), TPU_SKIP_MDS_QUERY="1")  # else libtpu asks the GCE metadata server 30x
-    offline = ["unshare", "-n"] if subprocess.run(["unshare", "-n", "true"]).returncode == 0 else []
-    run = subprocess.run([*offline, str(python), "__script__.py"], cwd=kaggle / "working", env=env,
+    run = subprocess.run(offline([str(python), "__script__.py"]), cwd=kaggle / "working", env=env,
                          capture_output=True, text=True)
     print("\n".join(line for line in run.stdout.splitlines() if line.startswith(("[bundle]", "[tpu]"))))
     print(run.stderr[-3000:])
     assert run.returncode == 2, run.stdout[-3000:] + run.stderr[-3000:]
-    assert run.stdout.count("[tpu] installed tensorflow-tpu==2.20.0, libtpu==0.0.17, tf-keras==2.20.1, "
-                            "tensorflow-hub==0.16.1, setuptools==80.10.2 from the attached dataset") == 1
-    assert "removed tensorflow-cpu 2.20.0" in run.stdout
-    # The second interpreter checked the pins, printed the run config and got as far as the TPU strategy.
-    assert run.stdout.count("[tpu] installing the TPU stack: tensorflow-tpu not installed") == 1
-    assert run.stdout.count('"tpu_runtime": "install"') == 1
-    assert "but TensorFlow 2.20.0 sees no TPU" in run.stderr and "The TPU stack is installed (tensorflow-tpu 2.20.0, " \
-        "libtpu 0.0.17, tf-keras 2.20.1), but no TPU answered" in run.stderr
+    assert "train: error: none of the 4 TensorFlow TPU stacks tried answered:" in run.stderr
+    tries = [line for line in run.stdout.splitlines() if re.match(r"\[tpu\] try \d/4: (?!probing)", line)]
+    assert len(tries) == 4 and not any("answered:" in line for line in tries), tries
+    assert run.stdout.count("[tpu] installed tensorflow-tpu==2.19.1, libtpu==0.0.10,") >= 1
+    assert "removed tensorflow-cpu 2.20.0" in run.stdout and "Traceback" not in run.stderr.split("train: error:")[-1]
 
     check = ("import importlib.metadata as m, tensorflow as tf, tf_keras, tensorflow_hub as hub; "
              "names = sorted(d.metadata['Name'].lower().replace('_', '-') for d in m.distributions()); "
-             "print([n for n in names if 'tensorflow' in n or 'keras' in n or 'tpu' in n]); "
-             "print(tf.__version__, tf.keras.__name__, tf_keras.__version__, hub.__version__); "
-             "print(any(str(f) == 'tensorflow/__init__.py' for f in m.files('tensorflow-tpu')))")
+             "print([n for n in names if n.startswith(('tensorflow', 'tf-'))]); print(tf.__version__)")
     after = subprocess.run([python, "-c", check], capture_output=True, text=True, cwd=tmp_path,
-                           env={**env, "TF_USE_LEGACY_KERAS": "1"})
+                           env={**env, "TF_USE_LEGACY_KERAS": "1", "TPU_LOAD_LIBRARY": "0"})
     print(after.stdout)
     assert after.returncode == 0, after.stderr[-2000:]
-    listed, versions, owned = after.stdout.strip().splitlines()[-3:]
-    assert listed == "['keras', 'libtpu', 'tensorflow-hub', 'tensorflow-tpu', 'tf-keras']"  # no other TensorFlow
-    assert versions.split()[0] == "2.20.0" and versions.split()[1].startswith("tf_keras")
-    assert owned == "True"
+    listed = after.stdout.strip().splitlines()[-2]
+    assert listed.startswith("['tensorflow-hub', ") and "tensorflow-tpu" in listed and "tensorflow-cpu" not in listed
 
 
 @pytest.mark.parametrize("second_interpreter", ["exit", "abort"])
@@ -369,3 +370,124 @@ def test_the_built_kernel_installs_and_hands_over_to_its_second_interpreter(imag
         assert run.returncode == 2
         assert "train: error: the kernel's second interpreter (after the TPU stack install) was killed by signal 6" \
             in run.stderr and "pin a libtpu of 0.0.14-0.0.31 in kaggle.tpu_packages" in run.stderr
+
+
+# ------------------------------------------------------------------------------------------- stack negotiation
+CANDIDATES = (("2.19.1", "0.0.10", "2.19.0"), ("2.20.0", "0.0.14", "2.20.1"), ("2.20.0", "0.0.17", "2.20.1"))
+
+
+def candidate_wheels(folder: Path) -> list[str]:
+    """Stand-in wheels of three PJRT candidates (real names, versions and dependencies) in one wheels dataset, and
+    the kaggle.tpu_packages entries that name them."""
+    entries = []
+    for tensorflow, libtpu, keras in CANDIDATES:
+        tensorflow_wheel(folder, "tensorflow-tpu", tensorflow)
+        fake_wheel(folder, "libtpu", libtpu, {"libtpu/__init__.py": "", "libtpu/libtpu.so": ""})
+        minor = ".".join(keras.split(".")[:2])
+        fake_wheel(folder, "tf-keras", keras, {"tf_keras/__init__.py": ""},
+                   requires=[f"tensorflow<{minor[:2]}{int(minor[2:]) + 1},>={minor}"])
+        entries.append(f"pjrt: tensorflow-tpu=={tensorflow} libtpu=={libtpu} tf-keras=={keras} tensorflow-hub==0.16.1")
+    fake_wheel(folder, "tensorflow-hub", "0.16.1", {"tensorflow_hub/__init__.py": ""}, requires=["tf-keras>=2.14.1"])
+    return entries
+
+
+def test_the_kernel_runs_on_the_first_tpu_stack_that_answers_and_names_every_try(image_venv, tmp_path):
+    """The built train.py on a simulated TPU VM (ISTPUVM=1, no network): each candidate is installed from the attached
+    wheels by real pip and probed in a child interpreter by the real probe (common/tpu_probe.py). Only the stand-in
+    TensorFlow's answer is simulated, by its libtpu: 0.0.10 fails as a libtpu that finds no TPU does, 0.0.14 hangs
+    past the time limit (killed), 0.0.17 answers. The kernel then runs on the third with its PJRT environment."""
+    import json
+
+    python = fresh_copy(image_venv, tmp_path)
+    entries = candidate_wheels(tmp_path / "wheels")
+    cfg = load_config(None, [*PROJECT, f"kaggle.tpu_packages={json.dumps(entries)}", "kaggle.tpu_probe_seconds=4"])
+    kaggle, env = simulated_kaggle(tmp_path, build(cfg, tmp_path / "build")["train"] / "train.py")
+    shutil.copytree(tmp_path / "wheels", kaggle / "input" / "datasets" / "tester" / "tpu-wheels")
+    env.update(ISTPUVM="1", FAKE_TENSORFLOW="exit",
+               FAKE_TPU_PROBE=json.dumps({"0.0.10": "fail", "0.0.14": "hang", "0.0.17": "answer"}))
+    run = subprocess.run(offline([python, "__script__.py"]), cwd=kaggle / "working", env=env, capture_output=True,
+                         text=True)
+    print("\n".join(line for line in run.stdout.splitlines() if line.startswith("[tpu]")))
+    tries = [line for line in run.stdout.splitlines() if line.startswith("[tpu] try") and "probing" not in line]
+    assert tries[0] == ("[tpu] try 1/3: tensorflow-tpu 2.19.1 + libtpu 0.0.10 (PJRT): RuntimeError: No TPU platform "
+                        f"registered (libtpu 0.0.10) ({tries[0].rsplit('(', 1)[1]}"), run.stdout + run.stderr
+    assert tries[1].startswith("[tpu] try 2/3: tensorflow-tpu 2.20.0 + libtpu 0.0.14 (PJRT): no answer in 4 s (killed)")
+    assert tries[2].startswith("[tpu] try 3/3: tensorflow-tpu 2.20.0 + libtpu 0.0.17 (PJRT): answered: 8 TPU devices, "
+                               "TensorFlow 2.20.0")
+    assert "[tpu] running the kernel again in a fresh interpreter" in run.stdout
+    # The second interpreter got the stack that answered, with its PJRT environment and the record of every try.
+    assert run.returncode == 1
+    said = run.stderr.strip().splitlines()[-1]
+    assert said.startswith("tensorflow-tpu imported by the kernel's second interpreter with PJRT_DEVICE=TPU and {")
+    record = json.loads(said.split(" and ", 1)[1])
+    assert record["stack"] == "tensorflow-tpu 2.20.0 + libtpu 0.0.17 (PJRT)" and record["runtime"] == "pjrt"
+    assert record["pins"]["libtpu"] == "0.0.17" and [t["answered"] for t in record["tries"]] == [False, False, True]
+    assert distributions(python)["libtpu"] == "0.0.17"
+
+    # None answers: one error lists every try and says what to change.
+    env["FAKE_TPU_PROBE"] = json.dumps(dict.fromkeys(("0.0.10", "0.0.14", "0.0.17"), "fail"))
+    again = subprocess.run(offline([python, "__script__.py"]), cwd=kaggle / "working", env=env, capture_output=True,
+                           text=True)
+    assert again.returncode == 2, again.stdout[-2000:] + again.stderr[-2000:]
+    assert "train: error: none of the 3 TensorFlow TPU stacks tried answered:\n  1. tensorflow-tpu 2.19.1 + libtpu " \
+        "0.0.10 (PJRT): RuntimeError: No TPU platform registered (libtpu 0.0.10)" in again.stderr
+    assert "  3. tensorflow-tpu 2.20.0 + libtpu 0.0.17 (PJRT): RuntimeError: No TPU platform registered (libtpu " \
+        "0.0.17)" in again.stderr
+    assert "Fix: add or reorder candidates in kaggle.tpu_packages" in again.stderr and "Traceback" not in again.stderr
+
+
+def test_a_failed_probe_is_named_by_its_exception_not_by_tensorflows_node_noise():
+    from common.tpu_negotiation import failure_reason
+
+    # The end of a real probe's stderr here: tensorflow-tpu 2.19.1 + libtpu 0.0.10 under PJRT on a machine with no TPU.
+    stderr = """I0000 pjrt_api.cc:145] The PJRT plugin has PJRT API version 0.67.
+Traceback (most recent call last):
+  File "<frozen runpy>", line 198, in _run_module_as_main
+tensorflow.python.framework.errors_impl.UnknownError: Graph execution error:
+
+Detected at node configure_tpu_host/_2 defined at (most recent call last):
+<stack traces unavailable>
+TPU initialization failed: No ba16c7433 device found.
+\t [[{{node configure_tpu_host/_2}}]] [Op:__inference__tpu_init_fn_4]
+"""
+    assert failure_reason(stderr) == "UnknownError: TPU initialization failed: No ba16c7433 device found."
+    assert failure_reason("Traceback ...\nRuntimeError: No TPU platform registered\n") == \
+        "RuntimeError: No TPU platform registered"
+    assert failure_reason("I1123 starting\nF1123 12:00:01 tpu.cc:1] Check failed: chips found\nRAW: signal 6\n") == \
+        "F1123 12:00:01 tpu.cc:1] Check failed: chips found"
+    assert failure_reason("") == "no output"
+
+
+def test_candidates_parse_in_order_and_the_older_form_is_one_stack():
+    from common.tpu_negotiation import FIRST_IMPORTED, PJRT, STREAM_EXECUTOR, every_pin, parse_candidates
+
+    candidates = parse_candidates(load_config().kaggle.tpu_packages)
+    assert [c.label() for c in candidates] == [
+        "tensorflow-tpu 2.19.1 + libtpu 0.0.10 (PJRT)", "tensorflow-tpu 2.20.0 + libtpu 0.0.14 (PJRT)",
+        "tensorflow-tpu 2.20.0 + libtpu 0.0.17 (PJRT)", "the first import (StreamExecutor)"]
+    assert candidates[0].runtime == PJRT and candidates[3].runtime == STREAM_EXECUTOR and FIRST_IMPORTED == "*"
+    assert [p["libtpu"] for p in every_pin(candidates)] == ["0.0.10", "0.0.14", "0.0.17"]  # what `wheels` fetches
+    (older,) = parse_candidates(PINS)
+    assert older.runtime == STREAM_EXECUTOR and older.pins["tensorflow-tpu"] == "2.20.0"
+    with pytest.raises(TpuStackError, match="must be 'pjrt: PIN PIN ...'"):
+        parse_candidates(["gpu: tensorflow-tpu==2.20.0 libtpu==0.0.17 tf-keras==2.20.1"])
+    with pytest.raises(TpuStackError, match="starts with 'streamexecutor: \\*', which repeats an earlier candidate"):
+        parse_candidates(["streamexecutor: *"])
+
+
+def test_the_pjrt_environment_points_at_the_installed_libtpu_and_a_stale_lock_is_removed(tmp_path):
+    from common.tpu_negotiation import clear_stale_lock
+
+    (tmp_path / "libtpu").mkdir()
+    (tmp_path / "libtpu" / "__init__.py").write_text("")
+    out = subprocess.run([sys.executable, "-c", "from common.tpu_negotiation import pjrt_environment as p; "
+                          "import json; print(json.dumps(p()))"], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])})
+    import json
+
+    assert json.loads(out.stdout) == {"PJRT_DEVICE": "TPU", "NEXT_PLUGGABLE_DEVICE_USE_C_API": "true",
+                                      "TF_XLA_FLAGS": "--tf_mlir_enable_mlir_bridge=true",
+                                      "TF_PLUGGABLE_DEVICE_LIBRARY_PATH": str(tmp_path / "libtpu" / "libtpu.so")}
+    lock = tmp_path / "libtpu_lockfile"
+    lock.write_text("")
+    assert clear_stale_lock(lock) and not lock.exists() and not clear_stale_lock(lock)

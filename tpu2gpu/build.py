@@ -26,7 +26,8 @@ from pathlib import Path
 from common.atomic import staged_dir
 from common.config import Config, config_to_dict
 from common.errors import UserError
-from common.tpu_stack import TpuStackError, parse_pins, wheels_ref
+from common.tpu_negotiation import parse_candidates
+from common.tpu_stack import TpuStackError, wheels_ref
 
 from slugify import slugify
 
@@ -179,7 +180,7 @@ def _tpu_stack_problems(k) -> list[str]:
         return []
     problems = []
     try:
-        parse_pins(k.tpu_packages)
+        parse_candidates(k.tpu_packages)
     except TpuStackError as err:
         problems.append(str(err))
     if not (k.tpu_wheels or k.train_internet):

@@ -6,15 +6,14 @@ Every step takes the same config flags: `--config FILE` (YAML or JSON) and any n
 from __future__ import annotations
 
 import argparse
-import json
-import shlex
 import sys
 from pathlib import Path
 
 import common  # noqa: F401  (environment bootstrap first)
 from common.config import add_config_flags, config_from_args, format_config
-from common.errors import UserError
 from common.tpu_stack import IMAGE_PYTHON
+
+from tpu2gpu.wheels import cmd_publish_wheels, cmd_wheels
 
 DEFAULT_DEMO_DIR = Path("runs/demo/competition")
 
@@ -129,59 +128,6 @@ def cmd_publish(args) -> int:
     cfg = config_from_args(args)
     workflow.publish_export(Path(args.export), Path(args.build) / "dataset" / "dataset-metadata.json",
                             f"{cfg.kaggle.owner}/{cfg.kaggle.model_dataset}", args.message, args.dry_run)
-    return 0
-
-
-def _wheels_dataset(cfg) -> str:
-    from common.tpu_stack import wheels_ref
-
-    ref = wheels_ref(cfg.kaggle.tpu_wheels, cfg.kaggle.owner)
-    if not ref:
-        raise UserError("kaggle.tpu_wheels is empty: set it to the slug of the wheels dataset, e.g. "
-                        "--set kaggle.tpu_wheels=tpu2gpu-tpu-wheels")
-    return ref
-
-
-def cmd_wheels(args) -> int:
-    from common.atomic import staged_dir
-    from common.tpu_stack import IMAGE_PLATFORMS, download_args, download_wheels, parse_pins
-
-    from tpu2gpu.build import validate_dataset_metadata
-
-    cfg = config_from_args(args)
-    ref = _wheels_dataset(cfg)
-    pins = parse_pins(cfg.kaggle.tpu_packages)
-    meta = {"title": f"{ref.split('/')[1].replace('-', ' ')}"[:50], "id": ref, "licenses": [{"name": "other"}]}
-    validate_dataset_metadata(meta)
-    platforms = tuple(args.platform) or IMAGE_PLATFORMS
-    print(f"[wheels] {', '.join(f'{n}=={v}' for n, v in pins.items())} for Python {args.python} ({platforms[0]}, ...)"
-          f" into {args.out}", flush=True)
-    if args.dry_run:
-        print("$ " + shlex.join(["pip", *download_args(pins, Path(args.out), cfg.kaggle.tpu_find_links, args.python,
-                                                        platforms)]))
-        return 0
-    with staged_dir(Path(args.out), overwrite=args.overwrite) as tmp:
-        download_wheels(pins, tmp, cfg.kaggle.tpu_find_links, args.python, platforms)
-        (tmp / "dataset-metadata.json").write_text(json.dumps(meta, indent=2) + "\n")
-    for wheel in sorted(Path(args.out).glob("*.whl")):
-        print(f"{wheel.stat().st_size / 1e6:9.1f} MB  {wheel.name}")
-    print(f"[wheels] dataset {ref} ready in {args.out}: `tpu2gpu publish-wheels --wheels {args.out}` uploads it")
-    return 0
-
-
-def cmd_publish_wheels(args) -> int:
-    from common.tpu_stack import check_wheels, parse_pins
-
-    from tpu2gpu import workflow
-
-    cfg = config_from_args(args)
-    ref = _wheels_dataset(cfg)
-    folder = Path(args.wheels)
-    if not args.dry_run:
-        check_wheels(parse_pins(cfg.kaggle.tpu_packages), folder)  # what the kernel will check, before uploading
-        if not (folder / "dataset-metadata.json").is_file():
-            raise UserError(f"{folder} holds no dataset-metadata.json. Fix: `tpu2gpu wheels --out {folder}` makes it")
-    workflow.publish(folder, None, ref, args.message, dir_mode=False, dry_run=args.dry_run)
     return 0
 
 

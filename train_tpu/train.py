@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     # ---- train and export each fold, as far as the time budget goes (common/budget.py)
     skipped = skipped_images(tfrecord_dir, out / "export")
     report = train_folds(cfg, backend, tfrecord_dir, out, scratch, start + cfg.train.time_budget_hours * 3600)
-    write_report(out / "export", {"folds": report["folds"], "config": config_to_dict(cfg),
+    write_report(out / "export", {"folds": report["folds"], "config": config_to_dict(cfg), "runtime": backend.runtime(),
                                   "not_started": report["not_started"], "skipped_images": skipped})
     return 0
 
