@@ -26,6 +26,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -40,6 +41,7 @@ from common.tpu_stack import (
     installed_versions,
     parse_pins,
     pin_mismatches,
+    pin_specs,
     wheels_ref,
 )
 
@@ -173,7 +175,7 @@ def probe(candidate: Candidate, pins: dict[str, str], seconds: float, address: s
 
 
 def _specs(pins: dict[str, str]) -> str:
-    return ", ".join(f"{name}=={version}" for name, version in pins.items())
+    return ", ".join(pin_specs(pins))
 
 
 def _route(kaggle_cfg) -> Path | None:
@@ -205,7 +207,7 @@ def install_stack(pins: dict[str, str], kaggle_cfg, attached: Path | None) -> bo
     if attached is not None:
         source, folder = f"the attached dataset {attached}", attached
     else:
-        folder = Path(os.environ.get("TMPDIR", "/tmp")) / "tpu2gpu-tpu-wheels"
+        folder = Path(tempfile.gettempdir()) / "tpu2gpu-tpu-wheels"
         source = "the package index" + (f" and {kaggle_cfg.tpu_find_links}" if kaggle_cfg.tpu_find_links else "")
         print(f"[tpu] downloading {_specs(pins)} from {source}", flush=True)
         download_wheels(pins, folder, kaggle_cfg.tpu_find_links)
@@ -221,22 +223,25 @@ def _pins_to_try(candidate: Candidate, tries: list[Try]) -> dict[str, str] | Non
     return next((t.pins for t in tries if t.imported), None)
 
 
-def _try_candidate(number: int, candidates: list[Candidate], kaggle_cfg, attached, tries: list[Try]) -> Try:
+def _try_candidate(number: int, candidates: list[Candidate], kaggle_cfg, attached,
+                   tries: list[Try]) -> tuple[Try, bool]:
+    """(the try, whether it installed anything)."""
     candidate = candidates[number - 1]
     pins = _pins_to_try(candidate, tries)
     if pins is None:
-        return Try(candidate.label(), candidate.runtime, {}, 0.0, False, "no earlier candidate's TensorFlow imported")
+        return Try(candidate.label(), candidate.runtime, {}, 0.0, False,
+                   "no earlier candidate's TensorFlow imported"), False
     try:
-        install_stack(pins, kaggle_cfg, attached)
+        installed = install_stack(pins, kaggle_cfg, attached)
     except TpuStackError as err:
         if err.fatal:  # TensorFlow is gone: nothing further can be tried
             raise
         first_line = str(err).strip().splitlines()[0][:300]  # what failed, and pip's reason
-        return Try(candidate.label(pins), candidate.runtime, pins, 0.0, False, f"not installed: {first_line}")
+        return Try(candidate.label(pins), candidate.runtime, pins, 0.0, False, f"not installed: {first_line}"), False
     clear_stale_lock()
     print(f"[tpu] try {number}/{len(candidates)}: probing {candidate.label(pins)} (limit "
           f"{kaggle_cfg.tpu_probe_seconds:.0f} s)", flush=True)
-    return probe(candidate, pins, kaggle_cfg.tpu_probe_seconds, "local")
+    return probe(candidate, pins, kaggle_cfg.tpu_probe_seconds, "local"), installed
 
 
 def no_answer(tries: list[Try]) -> TpuStackError:
@@ -271,9 +276,8 @@ def ensure_tpu_stack(kaggle_cfg, rerun) -> int | None:
         raise _no_route(kaggle_cfg, candidates)
     tries, installed = [], False
     for number in range(1, len(candidates) + 1):
-        before = dict(installed_versions())
-        attempt = _try_candidate(number, candidates, kaggle_cfg, attached, tries)
-        installed = installed or installed_versions() != before
+        attempt, changed = _try_candidate(number, candidates, kaggle_cfg, attached, tries)
+        installed = installed or changed
         tries.append(attempt)
         print(f"[tpu] try {number}/{len(candidates)}: {attempt.stack}: {attempt.reason} ({attempt.seconds:.0f} s)",
               flush=True)

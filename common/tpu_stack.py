@@ -133,7 +133,7 @@ def _pip(args: list[str], what: str) -> str:
     return result.stdout
 
 
-def _specs(pins: dict[str, str]) -> list[str]:
+def pin_specs(pins: dict[str, str]) -> list[str]:
     return [f"{name}=={version}" for name, version in pins.items()]
 
 
@@ -170,7 +170,7 @@ def check_wheels(pins: dict[str, str], folder: Path) -> list[Path]:
 def download_args(pins: dict[str, str], dest: Path, find_links: str = "", python: str = "",
                   platforms: tuple[str, ...] = ()) -> list[str]:
     """`pip download` of exactly the pins (no dependencies), for this interpreter or another python/platform."""
-    args = ["download", "--no-deps", "--only-binary=:all:", "--dest", str(dest), *_specs(pins)]
+    args = ["download", "--no-deps", "--only-binary=:all:", "--dest", str(dest), *pin_specs(pins)]
     if python:
         args += ["--python-version", python, *(a for p in platforms for a in ("--platform", p))]
     if find_links:
@@ -182,7 +182,7 @@ def download_wheels(pins: dict[str, str], dest: Path, find_links: str = "", pyth
                     platforms: tuple[str, ...] = ()) -> Path:
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    _pip(download_args(pins, dest, find_links, python, platforms), f"downloading {', '.join(_specs(pins))}")
+    _pip(download_args(pins, dest, find_links, python, platforms), f"downloading {', '.join(pin_specs(pins))}")
     check_wheels(pins, dest)
     return dest
 
@@ -194,13 +194,13 @@ def install_from(folder: Path, pins: dict[str, str]) -> list[str]:
     # pip's --find-links lists one folder, not its sub-folders: name every folder that holds a chosen wheel.
     offline = ["--no-index", "--no-deps", *(a for d in sorted({str(w.parent) for w in chosen})
                                             for a in ("--find-links", d))]
-    _pip(["install", "--dry-run", *offline, *_specs(pins)], f"checking the wheels in {folder} against this Python")
+    _pip(["install", "--dry-run", *offline, *pin_specs(pins)], f"checking the wheels in {folder} against this Python")
     installed = installed_versions()
     remove = [n for n in (*TENSORFLOW_DISTRIBUTIONS, "tf-keras") if n in installed]
     if remove:
         _pip(["uninstall", "--yes", *remove], f"uninstalling {', '.join(remove)}")
     try:
-        _pip(["install", *offline, *_specs(pins)], f"installing {', '.join(_specs(pins))} from {folder}")
+        _pip(["install", *offline, *pin_specs(pins)], f"installing {', '.join(pin_specs(pins))} from {folder}")
     except TpuStackError as err:
         broken = TpuStackError(f"{err}\nTensorFlow was uninstalled before this failure: this kernel cannot continue. "
                                "Fix the wheels (`tpu2gpu wheels`) and run it again")
