@@ -1,0 +1,65 @@
+"""A fold's plan (common/plan.py) is arithmetic on the config and the record counts: tested without a model."""
+
+from types import SimpleNamespace
+
+from common.config import load_config
+from common.errors import ConfigError, StrategyError
+from common.plan import needs_train_labels, plan_fold
+
+import numpy as np
+import pytest
+
+
+def records(train: int, classes: list[str]):
+    return SimpleNamespace(train_count=train, val_count=train // 4, class_names=classes)
+
+
+def test_batch_steps_and_schedule_follow_the_replicas():
+    cfg = load_config(None, ["train.batch_size_per_replica=16", "train.learning_rate=1e-3", "train.epochs=10",
+                             "train.warmup_epochs=1.5"])
+    plan = plan_fold(cfg, records(1000, list("abc")), replicas=8)
+    assert (plan.global_batch, plan.steps_per_epoch, plan.total_steps) == (128, 7, 70)  # 1000 // 128 full batches
+    assert plan.peak_lr == pytest.approx(1e-3 * 128 / 256)  # scaled with the global batch
+    assert plan.warmup_steps == 10 and plan.outputs == 3 and plan.metric == "macro_f1"
+    assert plan.scaling is None and plan.class_weights is None and not needs_train_labels(cfg)
+    assert plan.learning_rate(0) == 0.0 and plan.learning_rate(5) == pytest.approx(plan.peak_lr / 2)
+    assert plan.learning_rate(10) == pytest.approx(plan.peak_lr) and plan.learning_rate(70) == pytest.approx(0.0)
+    points = plan.learning_rate_points()
+    assert points[0] == (0.0, 0.0) and points[-1][0] == 10.0 and len(points) == 71  # every step of 70, in epochs
+    capped = plan_fold(load_config(None, ["train.steps_per_epoch=3"]), records(1000, list("ab")), replicas=1)
+    assert (capped.global_batch, capped.steps_per_epoch) == (16, 3)
+
+
+def test_the_pure_schedule_is_the_one_the_backend_builds():
+    """plan.learning_rate (for the plot and any backend) equals Keras' CosineDecay with warm-up that
+    common.model.learning_rate_schedule builds from the same plan."""
+    from common.model import learning_rate_schedule
+
+    for warmup in (0.0, 2.5):
+        cfg = load_config(None, ["train.epochs=4", f"train.warmup_epochs={warmup}"])
+        plan = plan_fold(cfg, records(320, list("ab")), replicas=2)
+        schedule = learning_rate_schedule(plan.peak_lr, plan.total_steps, plan.warmup_steps)
+        for step in range(0, plan.total_steps + 1):
+            assert plan.learning_rate(step) == pytest.approx(float(schedule(step)), rel=1e-5, abs=1e-9), (warmup, step)
+
+
+def test_regression_scaling_and_balanced_class_weights_come_from_the_labels():
+    regression = load_config(None, ["data.task=regression"])
+    assert needs_train_labels(regression)
+    plan = plan_fold(regression, records(4, []), replicas=1, train_labels=[10.0, 20.0, 30.0, 40.0])
+    assert plan.scaling == pytest.approx({"mean": 25.0, "std": 11.1803398875})
+    outputs = np.array([[0.0], [1.0]], np.float32)  # standardised, as the backend predicts them
+    assert plan.to_values(outputs)[:, 0] == pytest.approx([25.0, 36.1803398875]) and plan.outputs == 1
+    binary = load_config(None, ["data.task=binary", "train.class_weight=balanced"])
+    assert needs_train_labels(binary)
+    weights = plan_fold(binary, records(4, ["0", "1"]), replicas=1, train_labels=[0, 0, 0, 1]).class_weights
+    assert weights == pytest.approx([4 / 6, 2.0])
+
+
+def test_a_plan_that_cannot_work_is_named_before_any_model_exists():
+    with pytest.raises(ConfigError, match=r"model.num_classes=5 but the data has 3 classes \(a, b, c\)"):
+        plan_fold(load_config(None, ["model.num_classes=5"]), records(100, list("abc")), replicas=1)
+    with pytest.raises(StrategyError, match="train.batch_size=10 does not divide over 8 replicas"):
+        plan_fold(load_config(None, ["train.batch_size=10"]), records(100, list("abc")), replicas=8)
+    with pytest.raises(ConfigError, match="train.metric='rmse' does not fit data.task=multiclass"):
+        plan_fold(load_config(None, ["train.metric=rmse"]), records(100, list("abc")), replicas=1)
