@@ -7,10 +7,10 @@ card and export contract live in common/ and never look at the backend.
     done = backend.restore(work / "checkpoints")          # epochs a checkpoint already holds
     backend.fit(backend.distribute(make_dataset), plan, done, epoch_begin, epoch_end)   # epoch_end -> stop?
     outputs = backend.predict(files, schema, count)       # raw model outputs, in record order
-    model = backend.serving_model("float32")              # a plain float32 tf.keras model for the SavedModel
+    card = backend.export(export_dir, card, verify_images, extra_files, output_scaling)   # the verified export
 
-The interface: replicas, build, runtime, precision, restore, save_checkpoint, distribute, fit, predict, averaged,
-save_weights, load_weights, serving_model. A Keras 3 on JAX backend implements the same methods.
+The interface: name, ops, replicas, build, runtime, precision, restore, save_checkpoint, distribute, fit, predict,
+averaged, save_weights, load_weights, export. Keras 3 on JAX (common/backend_jax.py) implements the same.
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ from pathlib import Path
 
 from common.custom_loop import CustomLoop
 from common.data import make_eval_dataset
+from common.export import export_models
 from common.model import build_model, compile_model, learning_rate_schedule, precision_by_part
+from common.task_parts import tensorflow_ops
 from common.tfrecords import RecordSchema
 
 import numpy as np
@@ -50,6 +52,7 @@ class TFBackend:
     def __init__(self, cfg, strategy: tf.distribute.Strategy, hub_handle: str | None = None):
         self.cfg, self.strategy, self.hub_handle = cfg, strategy, hub_handle
         self.model: tf.keras.Model | None = None
+        self.ops = tensorflow_ops()  # what the task's loss is written in
         self.options = tf.train.CheckpointOptions(experimental_io_device=HOST)
 
     @property
@@ -178,3 +181,8 @@ class TFBackend:
         copy = self._build(policy)
         copy.set_weights(self.model.get_weights())
         return copy
+
+    def export(self, export_dir: Path, card, verify_images: np.ndarray, extra_files: dict, output_scaling):
+        """The verified export of the weights the model holds now (common/export.py)."""
+        return export_models(export_dir, self.serving_model, card, verify_images, extra_files, output_scaling,
+                             self.cfg.train.export_float16)

@@ -94,11 +94,12 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    backbone: Literal["hub", "efficientnet"] = "hub"  # a TF Hub model, or the efficientnet package
+    backbone: Literal["hub", "efficientnet", "keras"] = "hub"  # noqa: E501  # TF Hub model (tf_keras route); EfficientNet (efficientnet package on tf_keras, keras.applications on keras_jax); keras = model.keras_backbone (keras_jax)
     # A TF Hub / Kaggle Models handle or a local SavedModel directory (e.g. an attached /kaggle/input/... model).
     hub_handle: str = "https://www.kaggle.com/models/google/efficientnet-v2/TensorFlow2/imagenet21k-b0-feature-vector/1"  # noqa: E501  # feature-vector model: a handle, Kaggle Models handle or SavedModel path
-    efficientnet_variant: str = "B0"  # B0-B7 when backbone=efficientnet
-    efficientnet_weights: str = "imagenet"  # none | imagenet | noisy-student | path to a weights file
+    efficientnet_variant: str = "B0"  # B0-B7 when backbone=efficientnet; V2B0-V2B3, V2S, V2M, V2L on keras_jax too
+    efficientnet_weights: str = "imagenet"  # noqa: E501  # none | imagenet | noisy-student (tf_keras) | path to a weights file (keras_jax: keras.applications' .h5)
+    keras_backbone: str = ""  # noqa: E501  # backbone=keras: a .keras feature extractor (images in [0, 1]) or a KerasHub preset folder
     trainable: bool = True  # fine-tune the backbone (false: train the head only)
     dropout: float = within(0.2, "[0, 1)")  # dropout before the classification layer
     num_classes: int = within(0, "[0, inf)")  # 0 = from the data; else must match it
@@ -114,7 +115,8 @@ class TrainConfig:
     lr_reference_batch: int = within(256, "[1, inf)")  # the global batch learning_rate is meant for
     warmup_epochs: float = within(1.0, "[0, inf)")  # linear warm-up, then cosine decay to zero
     steps_per_execution: int = within(32, "[1, inf)")  # training steps per host round trip (tf.function call)
-    loop: Literal["fit", "custom"] = "fit"  # Keras fit, or the custom strategy.run loop
+    framework: Literal["auto", "tf_keras", "keras_jax"] = "auto"  # noqa: E501  # tf_keras under tf.distribute, or Keras 3 on JAX; auto: tf_keras, and on a Kaggle TPU keras_jax when no TensorFlow TPU stack answers
+    loop: Literal["fit", "custom"] = "fit"  # Keras fit, or the custom strategy.run loop (tf_keras)
     label_smoothing: float = within(0.0, "[0, 1)")  # cross-entropy label smoothing
     class_weight: Literal["none", "balanced"] = "none"  # balanced: weigh the loss by n / (classes x count) per class
     metric: str = ""  # competition metric on the validation fold; "" = the task's default (common/tasks.py)

@@ -47,7 +47,7 @@ FLOAT16_MIN_SHARE = 0.9  # a float16 signature must run (nearly) all of them in 
 
 def library_versions() -> dict[str, str]:
     versions = {"python": platform.python_version(), "tensorflow": tf.__version__}
-    for name in BLOCKED_IN_CHECK:
+    for name in (*BLOCKED_IN_CHECK, "keras", "jax"):
         module = sys.modules.get(name)
         versions[name] = getattr(module, "__version__", "not loaded") if module else "not loaded"
     return versions
@@ -128,18 +128,51 @@ def saved_census(saved_model_dir: str | Path, signature: str) -> dict[str, dict[
     return op_census(meta.graph_def, roots=outputs)
 
 
+def float16_copy(build_copy, image_size: int):
+    """(the mixed_float16 copy for the serving_float16 signature or None, the card's reason): only where its graph
+    really computes in float16 (op census). A TF Hub backbone stays float32, and a signature that only rounds the
+    head would double the export for nothing. build_copy(policy) -> the trained weights in a model of that policy."""
+    from common.model import precision_by_part
+
+    copy = build_copy("mixed_float16")
+    share = float16_share(traced_census(copy, image_size))
+    real = share >= FLOAT16_MIN_SHARE
+    note = (f"exported: its graph runs {share:.0%} of the compute ops in float16" if real else
+            f"not exported: its graph would run {share:.0%} of the compute ops in float16 (the backbone computes in "
+            f"{precision_by_part(copy)['backbone']}). On a tensor-core GPU, infer.precision=amp lets TensorFlow's "
+            "automatic mixed precision rewrite the float32 graph")
+    print(f"[train] float16 signature {note}", flush=True)
+    return (copy if real else None), note
+
+
+def export_models(export_dir: str | Path, build_copy, card: ModelCard, verify_images: np.ndarray,
+                  extra_files: dict[str, Path] | None, output_scaling: dict | None, export_float16: bool,
+                  expected: np.ndarray | None = None) -> ModelCard:
+    """The trained weights as an export: build_copy("float32") for serving_default, and build_copy("mixed_float16")
+    for serving_float16 where it computes in float16 (train.export_float16). The card records why or why not."""
+    float16, note = (float16_copy(build_copy, card.image_size) if export_float16 else
+                     (None, "not exported: train.export_float16=false"))
+    card = dataclasses.replace(card, precision={**card.precision, "float16_signature": note})
+    return write_export(export_dir, build_copy("float32"), card, verify_images, extra_files, float16_model=float16,
+                        output_scaling=output_scaling, expected=expected)
+
+
 def write_export(export_dir: str | Path, model: tf.keras.Model, card: ModelCard, verify_images: np.ndarray,
                  extra_files: dict[str, Path] | None = None, float16_model: tf.keras.Model | None = None,
-                 output_scaling: dict | None = None) -> ModelCard:
+                 output_scaling: dict | None = None, expected: np.ndarray | None = None) -> ModelCard:
     """Save, reload in a fresh process, compare, then publish export_dir (replacing an older one). Returns the card
     as written: `card` with its versions, signatures and verification.
 
     `model` must compute in float32 (see inference_copy): the export has to run on GPUs without bfloat16.
     `float16_model`, the same weights built under mixed_float16, adds the signature serving_float16 for GPUs with
-    tensor cores; it is checked against the float32 probabilities within FLOAT16_TOLERANCE."""
+    tensor cores; it is checked against the float32 probabilities within FLOAT16_TOLERANCE. `expected`: the raw
+    outputs the trained model itself gives for verify_images, when `model` is a rebuild of it (the keras_jax route's
+    TensorFlow copy of a JAX model); by default `model`'s own."""
     export_dir = Path(export_dir)
     image_size = card.image_size
-    expected = model(tf.constant(verify_images), training=False).numpy().astype(np.float32)
+    if expected is None:
+        expected = model(tf.constant(verify_images), training=False)
+    expected = np.asarray(expected).astype(np.float32)
     if output_scaling:
         expected = expected * np.float32(output_scaling["std"]) + np.float32(output_scaling["mean"])
     with staged_dir(export_dir, overwrite=True) as tmp:

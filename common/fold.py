@@ -3,11 +3,12 @@
     result = train_fold(cfg, backend, records, work_dir=scratch / "work" / "fold0", deadline=deadline)
 
 plan: common/plan.py (batch, steps, schedule, scaling, class weights). build and fit: the backend
-(common/backend_tf.py). Each epoch ends in one place, EpochMonitor.epoch_end, which in this order scores the task's
-competition metric (train.metric, scikit-learn) on the validation fold (logged as val_<metric>, with val_loss), keeps
-the best epoch's weights (train.keep=best; with train.ema the averaged weights are scored and kept), writes the
-history row and the checkpoint, and then decides: early stopping first, then the time budget. finish: the best
-epoch's weights restored and checked against what that epoch predicted, and the validation predictions.
+(common/backend_tf.py: tf_keras under tf.distribute; common/backend_jax.py: Keras 3 on JAX). Each epoch ends in one
+place, EpochMonitor.epoch_end, which in this order scores the task's competition metric (train.metric, scikit-learn)
+on the validation fold (logged as val_<metric>, with val_loss), keeps the best epoch's weights (train.keep=best; with
+train.ema the averaged weights are scored and kept), writes the history row and the checkpoint, and then decides:
+early stopping first, then the time budget. finish: the best epoch's weights restored and checked against what that
+epoch predicted, and the validation predictions.
 Resume: a run killed and started again with the same work_dir restores the newest checkpoint and continues with the
 next epoch; the history keeps every epoch once.
 """
@@ -102,7 +103,7 @@ class EpochMonitor:
         self.validation, self.deadline = validation, deadline
         self.keep_best, self.patience = cfg.train.keep == "best", cfg.train.early_stopping
         self.targets = plan.task.target(tf.constant(validation.labels), len(plan.class_names), plan.scaling).numpy()
-        self.loss = plan.task.loss(cfg.train.label_smoothing)
+        self.loss = plan.task.loss(cfg.train.label_smoothing, ops=backend.ops)
         state = self.work_dir / BEST_NAME
         self.best = json.loads(state.read_text()) if state.is_file() else {"epoch": 0, "value": None}
         self.history = History(self.work_dir / "history.csv", initial_epoch)

@@ -3,8 +3,9 @@
     card = export_fold(cfg, result, records, fold=0, export_dir=out / "export" / "fold0")
     report["out_of_fold"] = out_of_fold_scores(out / "export", ["fold0", "fold1"])
 
-Whatever backend trained the fold, the export is the same contract (common/export.py): the backend hands over plain
-float32 (and mixed_float16) TensorFlow models of the trained weights; everything else is decided here.
+Whatever backend trained the fold, the export is the same contract (common/export.py): the backend writes it from its
+trained weights (backend.export: plain float32, and mixed_float16, TensorFlow models of them); what goes into the card
+and beside the SavedModel is decided here.
 """
 
 from __future__ import annotations
@@ -17,9 +18,7 @@ from common.budget import cut_record
 from common.card import ModelCard, read_card
 from common.config import config_to_dict
 from common.data import make_eval_dataset
-from common.export import FLOAT16_MIN_SHARE, float16_share, traced_census, write_export
 from common.metrics import plot_confusion, plot_history
-from common.model import precision_by_part
 from common.tasks import Task, get_task
 
 import numpy as np
@@ -53,21 +52,6 @@ def _class_report(classes: dict | None) -> dict:
     return {"per_class": classes["per_class"], "confusion_matrix": classes["confusion_matrix"]} if classes else {}
 
 
-def float16_model(backend, image_size: int):
-    """(the mixed_float16 copy for the serving_float16 signature or None, the card's reason): only where its graph
-    really computes in float16 (op census). A TF Hub backbone stays float32, and a signature that only rounds the
-    head would double the export for nothing."""
-    copy = backend.serving_model("mixed_float16")
-    share = float16_share(traced_census(copy, image_size))
-    real = share >= FLOAT16_MIN_SHARE
-    note = (f"exported: its graph runs {share:.0%} of the compute ops in float16" if real else
-            f"not exported: its graph would run {share:.0%} of the compute ops in float16 (the backbone computes in "
-            f"{precision_by_part(copy)['backbone']}). On a tensor-core GPU, infer.precision=amp lets TensorFlow's "
-            "automatic mixed precision rewrite the float32 graph")
-    print(f"[train] float16 signature {note}", flush=True)
-    return (copy if real else None), note
-
-
 def fold_files(result, class_names, confusion) -> dict[str, Path]:
     """oof.csv and the plots (history with the learning-rate schedule; the confusion matrix for single-label tasks;
     the task's own: ROC for binary, predicted against true for regression), to travel inside the export."""
@@ -97,13 +81,11 @@ def export_fold(cfg, result, records, fold: int, export_dir: Path) -> ModelCard:
     print(f"[train] fold {fold}: validation {metric} {_shown(report[metric])} (epoch {result.best_epoch} of "
           f"{result.epochs_done}); " + ", ".join(f"{k} {_shown(v)}" for k, v in report.items() if k != metric),
           flush=True)
-    float16, note = float16_model(backend, cfg.data.image_size) if cfg.train.export_float16 else (
-        None, "not exported: train.export_float16=false")
     card = ModelCard.create(
         task, records.class_names, cfg.data.image_size, fold=fold, label_type=records.label_type,
         record_schema=asdict(records.schema), source_images=records.source_images,
         metric={"name": metric, "value": report[metric]}, thresholds=thresholds, target_scaling=plan.scaling,
-        class_weights=plan.class_weights, precision={"trained": backend.precision(), "float16_signature": note},
+        class_weights=plan.class_weights, precision={"trained": backend.precision()},
         runtime=backend.runtime(),
         # A fold the budget cut exports its best epoch (train.keep=best); inference weighs it by infer.cut_folds.
         time_budget=cut_record(result.cut, result.epochs_done, plan.epochs, result.best_epoch,
@@ -112,8 +94,7 @@ def export_fold(cfg, result, records, fold: int, export_dir: Path) -> ModelCard:
                  "keep": cfg.train.keep, "ema": cfg.train.ema, **_class_report(classes)},
         config=config_to_dict(cfg))
     extra = fold_files(result, records.class_names, classes["confusion_matrix"] if classes else None)
-    card = write_export(export_dir, backend.serving_model("float32"), card, golden_batch(records, cfg.data.image_size),
-                        extra, float16_model=float16, output_scaling=plan.scaling)
+    card = backend.export(export_dir, card, golden_batch(records, cfg.data.image_size), extra, plan.scaling)
     print(f"[train] fold {fold}: export verified and complete in {export_dir}", flush=True)
     return card
 

@@ -48,13 +48,18 @@ def require_tf_keras() -> None:
 def prepare_runtime(kernel: str, cfg, rerun) -> int | None:
     """The kernel's runtime needs, before TensorFlow is imported. None: go on here; an int: the kernel already ran
     again in a fresh interpreter (after the TPU stack install) and ended with that exit code."""
+    from common.frameworks import chosen_framework, use_keras_jax
+
     if kernel != "train":
         return None  # inference needs TensorFlow alone, whichever build the GPU image holds
+    if chosen_framework(cfg) == "keras_jax":
+        use_keras_jax()  # the image as it is: nothing installed, TensorFlow kept off the TPU
+        return None
     if detect_platform().kind == "kaggle-tpu-vm" and cfg.kaggle.tpu_runtime == "install":
-        from common.tpu_negotiation import ensure_tpu_stack
+        from common.tpu_route import negotiate
 
-        code = ensure_tpu_stack(cfg.kaggle, rerun)
-        if code is not None:
+        code = negotiate(cfg, rerun)  # under train.framework=auto it may take the keras_jax route instead
+        if code is not None or chosen_framework(cfg) == "keras_jax":
             return code
     require_tf_keras()
     return None

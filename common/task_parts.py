@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from common.errors import DataError
 
@@ -71,12 +72,43 @@ def tensorflow():
     return tensorflow
 
 
+@dataclass(frozen=True)
+class Ops:
+    """The array library a task's loss and running metric are written against: the training backend's. A loss is
+    written once, in these names, and runs as TensorFlow ops under tf_keras and as Keras 3 ops (JAX) under keras_jax.
+    """
+
+    losses: object  # module with categorical_crossentropy / binary_crossentropy(targets, outputs, label_smoothing)
+    metrics: object  # module with CategoricalAccuracy, BinaryAccuracy, RootMeanSquaredError
+    float32: Callable  # x -> x as float32
+    sum_last: Callable  # x -> sum over the last axis
+    mean_last: Callable  # x -> mean over the last axis
+    constant: Callable  # list of floats -> a float32 array
+
+
+def tensorflow_ops() -> Ops:
+    """TensorFlow with tf_keras (what `tf.keras` is once `common` has set TF_USE_LEGACY_KERAS=1)."""
+    tf = tensorflow()
+    return Ops(tf.keras.losses, tf.keras.metrics, lambda x: tf.cast(x, tf.float32),
+               lambda x: tf.reduce_sum(x, axis=-1), lambda x: tf.reduce_mean(x, axis=-1),
+               lambda values: tf.constant(values, tf.float32))
+
+
+def keras_ops() -> Ops:
+    """Keras 3's own ops: they run on whichever backend Keras was started with (JAX on the keras_jax route)."""
+    import keras
+
+    return Ops(keras.losses, keras.metrics, lambda x: keras.ops.cast(x, "float32"),
+               lambda x: keras.ops.sum(x, axis=-1), lambda x: keras.ops.mean(x, axis=-1),
+               lambda values: keras.ops.convert_to_tensor(values, "float32"))
+
+
 def running(metric: str, name: str) -> Callable:
-    return lambda: getattr(tensorflow().keras.metrics, metric)(name=name)
+    return lambda ops=None: getattr((ops or tensorflow_ops()).metrics, metric)(name=name)
 
 
 def columns(labels, width: int):
-    """Labels as float32 [B, width] targets."""
+    """Labels as float32 [B, width] targets (in the tf.data pipeline: TensorFlow on every route)."""
     return tensorflow().reshape(tensorflow().cast(labels, tensorflow().float32), [-1, width])
 
 
@@ -91,21 +123,26 @@ def one_hot(labels, num_classes: int):
 def cross_entropy(loss: str, weigh: Callable) -> Callable:
     """Per-example cross-entropy (unreduced: fit reduces it, the custom loop averages it globally). Class weights
     scale each example's loss by its target's weight; for soft targets (MixUp) by the targets' mixture of them."""
-    def make(label_smoothing: float, class_weights=None):
-        tf = tensorflow()
+    def make(label_smoothing: float, class_weights=None, ops: Ops | None = None):
+        ops = ops or tensorflow_ops()
 
         def per_example(targets, outputs):
-            value = getattr(tf.keras.losses, loss)(targets, outputs, label_smoothing=label_smoothing)
-            return value if class_weights is None else value * weigh(targets, tf.constant(class_weights, tf.float32))
+            value = getattr(ops.losses, loss)(targets, outputs, label_smoothing=label_smoothing)
+            return value if class_weights is None else value * weigh(targets, ops.constant(class_weights), ops)
 
         return per_example
 
     return make
 
 
-def by_target(targets, class_weights):
+def by_target(targets, class_weights, ops: Ops):
     """Each example's weight: its (soft) target's mixture of the class weights."""
-    return tensorflow().linalg.matvec(targets, class_weights)
+    return ops.sum_last(targets * class_weights)
+
+
+def squared_error(label_smoothing: float, class_weights=None, ops: Ops | None = None):
+    ops = ops or tensorflow_ops()
+    return lambda targets, outputs: ops.mean_last((ops.float32(outputs) - targets) ** 2)
 
 
 def sklearn(name: str, **kwargs) -> Callable:

@@ -38,8 +38,8 @@ class Task:
     record_label: Callable[[int], dict]  # number of classes -> the label's dtype and size in records
     stratify: Callable  # (labels, folds) -> the key StratifiedKFold balances
     target: Callable  # (labels tensor, number of classes, scaling) -> float32 targets [B, outputs] for the loss
-    loss: Callable  # (label_smoothing, class weights) -> per-example loss(targets, outputs)
-    running_metric: Callable  # () -> the cheap Keras metric logged each epoch
+    loss: Callable  # (label_smoothing, class weights, ops) -> per-example loss(targets, outputs) in the backend's ops
+    running_metric: Callable  # (ops) -> the cheap Keras metric logged each epoch (task_parts.Ops: the backend's)
     decide: Callable  # (predictions, thresholds) -> hard predictions
     submission_value: Callable  # (one prediction, class names, thresholds) -> the label column's text
     output_names: Callable  # class names -> a name per model output (oof.csv, probabilities.csv)
@@ -216,7 +216,7 @@ BINARY = Task(
     outputs=lambda num_classes: 1, encode=_binary_encode, record_label=parts.scalar_label, stratify=parts.by_label,
     target=parts.one_column,
     # P(1) targets: the mixture of the two classes' weights
-    loss=parts.cross_entropy("binary_crossentropy", lambda t, w: w[1] * t[:, 0] + w[0] * (1.0 - t[:, 0])),
+    loss=parts.cross_entropy("binary_crossentropy", lambda t, w, ops: w[1] * t[:, 0] + w[0] * (1.0 - t[:, 0])),
     running_metric=parts.running("BinaryAccuracy", "accuracy"), decide=_at_threshold,
     submission_value=parts.number_text,
     output_names=lambda class_names: [class_names[1]], label_text=lambda label, class_names: str(int(label)),
@@ -293,11 +293,6 @@ def _standardised_target(labels, num_classes, scaling):
     return parts.columns((tf.cast(labels, tf.float32) - scaling["mean"]) / scaling["std"], 1)
 
 
-def _squared_error(label_smoothing: float, class_weights=None):
-    tf = parts.tensorflow()
-    return lambda targets, outputs: tf.reduce_mean(tf.square(tf.cast(outputs, tf.float32) - targets), axis=-1)
-
-
 def _predicted_vs_true(labels, predictions, folder):
     from common.metrics import plot_predicted_vs_true
 
@@ -318,7 +313,7 @@ REGRESSION = Task(
              "qwk": parts.on_decisions(_rounded, parts.QWK, truth=lambda labels: _rounded(labels[:, None]))},
     outputs=lambda num_classes: 1, encode=_regression_encode,
     record_label=lambda num_classes: {"label_dtype": "float32", "label_size": 0}, stratify=parts.target_bins,
-    target=_standardised_target, loss=_squared_error,
+    target=_standardised_target, loss=parts.squared_error,
     running_metric=parts.running("RootMeanSquaredError", "rmse_standardised"), decide=_rounded,
     submission_value=parts.number_text, output_names=lambda class_names: ["value"],
     label_text=lambda label, class_names: f"{float(label):g}", parse_label=lambda text, class_names: float(text),

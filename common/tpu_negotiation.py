@@ -48,6 +48,7 @@ from common.tpu_stack import (
 PJRT, STREAM_EXECUTOR = "pjrt", "streamexecutor"
 FIRST_IMPORTED = "*"  # "streamexecutor: *": the pins of the first candidate whose TensorFlow imported
 STACK_ENV = "TPU2GPU_TPU_STACK"  # the stack that answered, as JSON, for the final interpreter's card and report
+FALLBACK_ENV = "TPU2GPU_TPU_FALLBACK"  # why the kernel took the keras_jax route instead (every try), as JSON
 PROBE_ENV = "TPU2GPU_TPU_PROBE"  # set in a probe's interpreter: the candidate it probes
 LIBTPU_LOCKFILE = Path("/tmp/libtpu_lockfile")  # libtpu's own: held while a process owns the TPU
 IMPORTED_MARK = "TPU_PROBE_IMPORTED"  # tpu_probe prints it once TensorFlow has imported
@@ -244,13 +245,20 @@ def _try_candidate(number: int, candidates: list[Candidate], kaggle_cfg, attache
     return probe(candidate, pins, kaggle_cfg.tpu_probe_seconds, "local"), installed
 
 
-def no_answer(tries: list[Try]) -> TpuStackError:
+JAX_ROUTE_FIX = ("Or train with Keras 3 on JAX, which uses the TPU image as it is (nothing installed): --set "
+                 "train.framework=keras_jax with model.backbone=efficientnet (keras.applications) or "
+                 "model.backbone=keras (model.keras_backbone), and rebuild")
+
+
+def no_answer(tries: list[Try], installed: bool = False) -> TpuStackError:
     listed = "\n".join(f"  {k}. {t.stack}: {t.reason} ({t.seconds:.0f} s)" for k, t in enumerate(tries, 1))
-    return TpuStackError(
+    error = TpuStackError(
         f"none of the {len(tries)} TensorFlow TPU stacks tried answered:\n{listed}\nFix: add or reorder "
         "candidates in kaggle.tpu_packages (e.g. another libtpu), or set kaggle.tpu_runtime=image if the image's "
         "own TensorFlow sees the TPU (the README's 'TensorFlow on Kaggle's TPU image' says what each candidate is "
-        "and what 'No TPU platform' means)")
+        f"and what 'No TPU platform' means). {JAX_ROUTE_FIX}")
+    error.tries, error.installed = tries, installed
+    return error
 
 
 def _check_rerun(candidates: list[Candidate]) -> None:
@@ -289,7 +297,7 @@ def ensure_tpu_stack(kaggle_cfg, rerun) -> int | None:
                 return None
             print("[tpu] running the kernel again in a fresh interpreter", flush=True)
             return rerun({RERUN_ENV: "1", **env})
-    raise no_answer(tries)
+    raise no_answer(tries, installed)
 
 
 def answered_stack() -> dict | None:

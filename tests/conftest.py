@@ -1,7 +1,14 @@
 """Shared fixtures. The CPU is split into two logical devices before TensorFlow runs anything, so MirroredStrategy
-has two replicas here exactly as it has two T4s on Kaggle."""
+has two replicas here exactly as it has two T4s on Kaggle; and JAX sees two host devices (set before it starts), so
+the keras_jax route's DataParallel splits every batch over two devices as it does over eight TPU cores."""
 
-import common  # noqa: F401  (sets TF_USE_LEGACY_KERAS before tensorflow is imported)
+import os
+
+# Before keras or jax is first imported. TensorFlow keeps one CPU device whatever XLA_FLAGS says (checked).
+os.environ.setdefault("KERAS_BACKEND", "jax")
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+
+import common  # noqa: F401, E402  (sets TF_USE_LEGACY_KERAS before tensorflow is imported)
 from common.strategy import split_cpu
 
 split_cpu(2)
@@ -38,6 +45,14 @@ def tiny_backbone(tmp_path_factory):
 def plain_backbone(tmp_path_factory):
     """The same without batch normalisation: its gradient does not depend on how a batch is split over replicas."""
     return save_tiny_backbone(tmp_path_factory.mktemp("hub") / "plain_backbone", width=8, batch_norm=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_keras_backbone(tmp_path_factory):
+    """The same small network under Keras 3 as a .keras file: the keras_jax route's backbone (model.backbone=keras)."""
+    from tpu2gpu.backbones import save_tiny_keras_backbone
+
+    return save_tiny_keras_backbone(tmp_path_factory.mktemp("keras") / "tiny_backbone.keras", width=8)
 
 
 @pytest.fixture

@@ -434,6 +434,11 @@ def test_the_kernel_runs_on_the_first_tpu_stack_that_answers_and_names_every_try
     assert "  3. tensorflow-tpu 2.20.0 + libtpu 0.0.17 (PJRT): RuntimeError: No TPU platform registered (libtpu " \
         "0.0.17)" in again.stderr
     assert "Fix: add or reorder candidates in kaggle.tpu_packages" in again.stderr and "Traceback" not in again.stderr
+    # ... and names the route that needs no TensorFlow TPU build, with the exact change, and why auto did not take it.
+    assert "Or train with Keras 3 on JAX, which uses the TPU image as it is (nothing installed): --set " \
+        "train.framework=keras_jax with model.backbone=efficientnet (keras.applications) or model.backbone=keras " \
+        "(model.keras_backbone), and rebuild (train.framework=auto did not: model.backbone=hub has no Keras 3 form)" \
+        in again.stderr
 
 
 def test_a_failed_probe_is_named_by_its_exception_not_by_tensorflows_node_noise():

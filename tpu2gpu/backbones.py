@@ -40,3 +40,27 @@ def save_tiny_backbone(out_dir: str | Path, width: int = 32, batch_norm: bool = 
     with staged_dir(out_dir, overwrite=True) as tmp:
         tf.saved_model.save(model, str(tmp))
     return out_dir
+
+
+def save_tiny_keras_backbone(path: str | Path, width: int = 32, seed: int = 0, overwrite: bool = False) -> Path:
+    """The same small network under Keras 3, saved as a .keras file: the keras_jax route's offline stand-in for an
+    attached backbone (model.backbone=keras, model.keras_backbone=<this file>). float32 images in [0, 1] -> features.
+    Saved with whichever Keras backend runs this; a .keras file loads under any backend."""
+    import keras
+
+    path = Path(path)
+    if path.is_file() and not overwrite:
+        return path
+    keras.utils.set_random_seed(seed)
+    layers = keras.layers
+    blocks = []
+    for filters, stride in ((width, 1), (2 * width, 2), (4 * width, 2)):
+        blocks += [layers.Conv2D(filters, 3, strides=stride, padding="same", use_bias=False),
+                   layers.BatchNormalization(momentum=0.9), layers.ReLU()]
+    model = keras.Sequential([keras.Input((None, None, 3)), *blocks, layers.GlobalAveragePooling2D()],
+                             name="tiny_keras_backbone")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f"partial-{path.name}")
+    model.save(partial)
+    partial.replace(path)
+    return path

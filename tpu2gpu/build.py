@@ -26,18 +26,17 @@ from pathlib import Path
 from common.atomic import staged_dir
 from common.config import Config, config_to_dict
 from common.errors import UserError
-from common.tpu_negotiation import parse_candidates
-from common.tpu_stack import TpuStackError, wheels_ref
+from common.tpu_stack import wheels_ref
 
 from slugify import slugify
+
+from tpu2gpu.reachability import unreachable
 
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATES = REPO / "kernel-metadata"
 KERNELS = {"train": ("train_tpu", "train_tpu.train"), "infer": ("infer_gpu", "infer_gpu.infer")}
 MACHINE_SHAPES = ("NvidiaTeslaT4", "NvidiaTeslaP100", "TpuV38", "Tpu1VmV38", "TpuV5E8", "TpuV6E8", "NvidiaL4",
                   "NvidiaTeslaA100", "NvidiaH100")
-TPU_SHAPES = ("TpuV38", "Tpu1VmV38", "TpuV5E8", "TpuV6E8")
-KAGGLE_MODELS_URL = "https://www.kaggle.com/models/"
 _SLUG = re.compile(r"^[a-z0-9](?:[a-z0-9-]*[a-z0-9])?$")
 
 
@@ -110,91 +109,6 @@ def validate_dataset_metadata(meta: dict) -> None:
     _check_id("dataset id", meta.get("id", ""), (6, 50))
     if len(meta.get("licenses", [])) != 1:
         raise MetadataError("dataset licenses: exactly one, e.g. [{'name': 'CC0-1.0'}]")
-
-
-# ---------------------------------------------------------------------------------------------------- reachability
-def _attached_as_dataset(cfg: Config, name: str) -> bool:
-    refs = [source.split("/") for source in cfg.kaggle.dataset_sources]
-    return any(name.strip("/") in ("/".join(ref[:2]), ref[1]) for ref in refs if len(ref) >= 2)
-
-
-def _backbone_problems(cfg: Config) -> list[str]:
-    """The backbone's weights: a TF Hub handle or a weights file the kernel must reach offline or download."""
-    k = cfg.kaggle
-    if cfg.model.backbone != "hub":
-        return _weights_problems(cfg.model.efficientnet_weights, k.train_internet)
-    handle = cfg.model.hub_handle
-    bare = handle[len(KAGGLE_MODELS_URL):] if handle.startswith(KAGGLE_MODELS_URL) else handle
-    is_models_handle = "://" not in bare and len(bare.strip("/").split("/")) == 5
-    listed = [m.lower() for m in k.model_sources]
-    if handle.startswith("/kaggle/input/"):
-        return []  # a path in an input the user attached
-    if is_models_handle and not Path(handle).exists():
-        if bare.strip("/").lower() not in listed and not k.train_internet:
-            return [f"model.hub_handle={handle!r} is not in kaggle.model_sources {list(k.model_sources)} and "
-                    f"kaggle.train_internet is false, so the kernel could not load it. Fix: add {bare.strip('/')!r} "
-                    "to kaggle.model_sources (or set kaggle.train_internet=true)"]
-        return []
-    if "://" in handle:
-        if not k.train_internet:
-            return [f"model.hub_handle={handle!r} is downloaded at run time, but kaggle.train_internet is false. Fix: "
-                    "use the model's Kaggle Models handle (owner/model/framework/variation/version) and list it in "
-                    "kaggle.model_sources, or set kaggle.train_internet=true"]
-        return []
-    return [f"model.hub_handle={handle!r} is a local path, which does not exist on Kaggle. Fix: a Kaggle Models "
-            "handle listed in kaggle.model_sources, e.g. "
-            "google/efficientnet-v2/tensorflow2/imagenet21k-b0-feature-vector/1"]
-
-
-def _weights_problems(weights: str, internet: bool) -> list[str]:
-    """model.efficientnet_weights: downloaded (needs the internet), none, or a file in an attached input."""
-    if weights in ("imagenet", "noisy-student"):
-        if not internet:
-            return [f"model.efficientnet_weights={weights!r} is downloaded at run time, but kaggle.train_internet is "
-                    "false. Fix: set kaggle.train_internet=true, or put the weights file in a dataset listed in "
-                    "kaggle.dataset_sources and give its /kaggle/input/... path"]
-        return []
-    if weights != "none" and not weights.startswith("/kaggle/input/"):
-        return [f"model.efficientnet_weights={weights!r} is a local file, which does not exist on Kaggle. Fix: a "
-                "/kaggle/input/... path in a dataset listed in kaggle.dataset_sources"]
-    return []
-
-
-def _data_problems(cfg: Config) -> list[str]:
-    """The training data: the competition's, or TFRecords / a competition folder in an attached input."""
-    k = cfg.kaggle
-    key, data = ("runtime.tfrecords", cfg.runtime.tfrecords) if cfg.runtime.tfrecords else \
-        ("runtime.competition_dir", k.competition or cfg.runtime.competition_dir)
-    if not data:
-        return ["no training data: set kaggle.competition (the competition's data), runtime.tfrecords or "
-                "runtime.competition_dir to an input attached to the training kernel"]
-    if not (data.startswith(("gs://", "/kaggle/input/")) or data == k.competition or _attached_as_dataset(cfg, data)):
-        return [f"{key}={data!r} is not attached to the training kernel. Fix: name the competition "
-                "(kaggle.competition) or a dataset listed in kaggle.dataset_sources (owner/slug or slug)"]
-    return []
-
-
-def _tpu_stack_problems(k) -> list[str]:
-    """A TPU kernel that installs the TPU stack: valid pins, and wheels or the internet to install them from."""
-    if k.train_accelerator not in TPU_SHAPES or k.tpu_runtime != "install":
-        return []
-    problems = []
-    try:
-        parse_candidates(k.tpu_packages)
-    except TpuStackError as err:
-        problems.append(str(err))
-    if not (k.tpu_wheels or k.train_internet):
-        problems.append(
-            "the training kernel runs on a TPU (kaggle.train_accelerator=" + k.train_accelerator + "), whose Kaggle "
-            "image has no TPU build of TensorFlow, and has no way to install one. Fix: attach the TPU stack's wheels "
-            "(`tpu2gpu wheels`, `tpu2gpu publish-wheels`, then kaggle.tpu_wheels=<its slug>) or set "
-            "kaggle.train_internet=true; if the image already has a TPU build, kaggle.tpu_runtime=image")
-    return problems
-
-
-def unreachable(cfg: Config) -> list[str]:
-    """What the training kernel loads but could not reach on Kaggle, each with its config key and fix."""
-    return _backbone_problems(cfg) + _data_problems(cfg) + _tpu_stack_problems(cfg.kaggle)
 
 
 # ---------------------------------------------------------------------------------------------------------- build

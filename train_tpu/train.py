@@ -1,6 +1,7 @@
-"""The TPU training kernel: config -> environment -> strategy -> data -> model -> fit -> export, for each fold.
+"""The TPU training kernel: config -> framework and hardware -> data -> model -> fit -> export, for each fold.
 
     python -m train_tpu.train --config configs/demo.yaml --set train.epochs=3     # locally (CPU)
+    python -m train_tpu.train --config configs/demo_jax.yaml                      # Keras 3 on JAX (CPU devices)
     tpu2gpu build, then kaggle kernels push                                     # on Kaggle (TPU v5e-8)
 
 Writes to runtime.output_dir (/kaggle/working on Kaggle, ./runs/train locally):
@@ -23,11 +24,10 @@ from pathlib import Path
 import common  # noqa: F401  (TF_USE_LEGACY_KERAS before tensorflow)
 from common.config import config_to_dict, format_config, parse_kernel_args
 from common.conversion import convert_competition
-from common.env import detect_platform, environment_report
+from common.env import detect_platform
 from common.errors import UserError
-from common.kernel import guarded, require_tf_keras
-from common.paths import output_dir, resolve_data_path, resolve_hub_handle, scratch_dir
-from common.strategy import choose_precision, get_strategy, set_precision, split_cpu
+from common.kernel import guarded
+from common.paths import output_dir, resolve_data_path, scratch_dir
 from common.tfrecords import has_manifest, read_manifest
 
 
@@ -65,25 +65,18 @@ def skipped_images(tfrecord_dir: str, export_root: Path) -> dict | None:
 def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()  # the time budget counts from here
 
-    # ---- config and environment
+    # ---- config, framework and hardware (common/frameworks.py: tf_keras or Keras 3 on JAX)
     cfg = parse_kernel_args(__doc__, argv)
     print(format_config(cfg), flush=True)
-    require_tf_keras()  # before the first tf.keras: without tf_keras it fails inside TensorFlow's lazy loader
-    from common.backend_tf import TFBackend
+    from common.frameworks import start_backend
+
+    backend = start_backend(cfg)
     from common.folds import train_folds, write_report
 
-    split_cpu(cfg.runtime.cpu_devices)
-    strategy = get_strategy(cfg.runtime.strategy, cfg.runtime.tpu_address)
-    policy = choose_precision(cfg.train.precision, strategy)
-    set_precision(policy)
-    print(environment_report(strategy) + f"\nprecision     {policy}", flush=True)
-
-    # ---- data and backbone
+    # ---- data
     out = output_dir(cfg.runtime.output_dir, "runs/train")
     scratch = scratch_dir(cfg.runtime.scratch_dir, out)
     tfrecord_dir = locate_tfrecords(cfg, scratch)
-    hub_handle = resolve_hub_handle(cfg.model.hub_handle) if cfg.model.backbone == "hub" else None
-    backend = TFBackend(cfg, strategy, hub_handle)
 
     # ---- train and export each fold, as far as the time budget goes (common/budget.py)
     skipped = skipped_images(tfrecord_dir, out / "export")

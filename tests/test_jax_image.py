@@ -1,0 +1,163 @@
+"""The keras_jax route on an environment like Kaggle's TPU image, run as Kaggle runs the built kernels (opt-in: it
+downloads Python 3.12 environments, about 1.5 GB, into TPU2GPU_ENV_CACHE, ~/.cache/tpu2gpu-envs by default).
+
+    ./dev test -m jax_image -s
+
+- The TPU image as far as it exists here: Python 3.12, tensorflow-cpu 2.20.0, Keras 3, JAX on the CPU; no tf-keras,
+  no tensorflow-hub, nothing installed by the kernel. Two JAX host devices stand in for the TPU cores
+  (XLA_FLAGS=--xla_force_host_platform_device_count=2), ISTPUVM=1, no network, no wheels attached.
+- The built train.py, with train.framework=auto and a Keras 3 backbone: no TensorFlow TPU stack can be installed, so
+  it takes the keras_jax route, trains the demo competition with DataParallel over both devices and exports.
+- The built infer.py in a TensorFlow-only environment (tensorflow-cpu 2.19.1 and Pillow, no JAX, no Keras install
+  of its own beyond TensorFlow's) writes submission.csv; its macro-F1 is within 0.02 of the tf_keras route's on the
+  same data (the offline demo's training, in this checkout's environment).
+- The export loads with tf.saved_model.load in tensorflow-cpu 2.16-2.20 with jax not importable and reproduces the
+  verify batch the JAX model predicted.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from common.config import load_config
+
+import pytest
+
+from tpu2gpu.build import build
+
+from helpers import offline, read_csv
+
+REPO = Path(__file__).resolve().parents[1]
+CACHE = Path(os.environ.get("TPU2GPU_ENV_CACHE") or Path.home() / ".cache" / "tpu2gpu-envs")
+PYTHON_312 = os.environ.get("TPU2GPU_PYTHON312") or next(
+    (str(p) for p in sorted(Path.home().glob(".pyenv/versions/3.12*/bin/python3.12"))), shutil.which("python3.12"))
+# docker-python tpu/: tensorflow-cpu 2.20.0, keras newest, jax resolved with its libtpu pin (0.7.2); JAX's CPU build.
+TPU_IMAGE = ["tensorflow-cpu==2.20.0", "keras==3.15.1", f"jax=={os.environ.get('TPU2GPU_JAX', '0.7.2')}",
+             "scikit-learn", "matplotlib", "pillow"]
+TENSORFLOWS = ("2.16.2", "2.17.1", "2.18.1", "2.19.1", "2.20.0")
+PROJECT = ["kaggle.owner=tester", "kaggle.competition=digit-comp", "train.framework=auto", "model.backbone=keras",
+           "model.keras_backbone=/kaggle/input/datasets/tester/tiny-keras-backbone/tiny_backbone.keras",
+           "kaggle.dataset_sources=[tester/tiny-keras-backbone]", "runtime.competition_dir=digit-comp",
+           "runtime.tfrecords=", "runtime.output_dir="]
+
+
+def environment(name: str, packages: list[str]) -> Path:
+    """A cached Python 3.12 venv holding `packages` (made once; a half-made one is made again)."""
+    venv = CACHE / name
+    python = venv / "bin" / "python"
+    if not (venv / "complete").is_file():
+        if not PYTHON_312 or not Path(PYTHON_312).is_file():
+            pytest.fail(f"Python 3.12 is needed (not found at {PYTHON_312}); set TPU2GPU_PYTHON312")
+        shutil.rmtree(venv, ignore_errors=True)
+        subprocess.run([PYTHON_312, "-m", "venv", str(venv)], check=True)
+        subprocess.run([python, "-m", "pip", "install", "-q", *packages], check=True)
+        (venv / "complete").write_text(" ".join(packages))
+    return python
+
+
+def kaggle_env(kaggle: Path, tmp: Path, **extra: str) -> dict:
+    tmp.mkdir(exist_ok=True)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "TF_USE_LEGACY_KERAS", "VIRTUAL_ENV", "KERAS_BACKEND", "XLA_FLAGS")}
+    env.update(TPU2GPU_KAGGLE_ROOT=str(kaggle), KAGGLE_KERNEL_RUN_TYPE="Batch", TMPDIR=str(tmp),
+               PYTHONDONTWRITEBYTECODE="1", **extra)
+    return env
+
+
+def macro_f1(submission: Path, solution: Path) -> float:
+    from sklearn.metrics import f1_score
+
+    truth = {r["id"]: r["label"] for r in read_csv(solution)}
+    predicted = {r["id"]: r["label"] for r in read_csv(submission)}
+    ids = sorted(truth)
+    return float(f1_score([truth[i] for i in ids], [predicted[i] for i in ids], average="macro"))
+
+
+def run_inference(python: Path, folders: dict, kaggle: Path, export: Path, tmp: Path) -> subprocess.CompletedProcess:
+    """The built infer.py with the export attached as the model dataset and a fresh /kaggle/working."""
+    shutil.rmtree(kaggle / "input" / "datasets" / "tester" / "tpu2gpu-model", ignore_errors=True)
+    shutil.copytree(export, kaggle / "input" / "datasets" / "tester" / "tpu2gpu-model")
+    shutil.rmtree(kaggle / "working")
+    (kaggle / "working").mkdir()
+    shutil.copyfile(folders["infer"] / "infer.py", kaggle / "working" / "__script__.py")
+    return subprocess.run(offline([str(python), "__script__.py"]), cwd=kaggle / "working", capture_output=True,
+                          text=True, env=kaggle_env(kaggle, tmp))
+
+
+@pytest.mark.jax_image
+def test_the_built_kernels_train_on_keras_jax_where_no_tensorflow_tpu_stack_can_be_had(tmp_path, demo_dir):
+    from tpu2gpu.backbones import save_tiny_keras_backbone
+
+    image = environment(f"tpu-image-{TPU_IMAGE[2].replace('==', '')}", TPU_IMAGE)
+    tensorflow_only = environment("tf2.19.1", ["tensorflow-cpu==2.19.1", "pillow"])
+    cfg = load_config(REPO / "configs" / "demo.yaml", PROJECT)
+    folders = build(cfg, tmp_path / "build")
+    kaggle = tmp_path / "kaggle"
+    shutil.copytree(demo_dir, kaggle / "input" / "competitions" / "digit-comp")
+    save_tiny_keras_backbone(kaggle / "input" / "datasets" / "tester" / "tiny-keras-backbone" / "tiny_backbone.keras")
+    (kaggle / "working").mkdir()
+    shutil.copyfile(folders["train"] / "train.py", kaggle / "working" / "__script__.py")
+    env = kaggle_env(kaggle, tmp_path / "tmp", ISTPUVM="1", XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    train = subprocess.run(offline([str(image), "__script__.py"]), cwd=kaggle / "working", env=env,
+                           capture_output=True, text=True)
+    print("\n".join(line for line in train.stdout.splitlines() if line.startswith(("[tpu]", "framework", "devices",
+                                                                                   "[train] fold", "tensorflow"))))
+    assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
+    assert "[tpu] train.framework=auto: taking the Keras 3 on JAX route instead" in train.stdout
+    assert "devices       2 x cpu (cpu); DataParallel" in train.stdout
+    export = kaggle / "working" / "export"
+    card = json.loads((export / "fold0" / "model_card.json").read_text())
+    assert card["runtime"]["framework"] == "keras_jax" and card["runtime"]["tensorflow"] == "2.20.0"
+    assert card["runtime"]["tpu_stack"]["reason"].startswith("this TPU machine lacks the TPU stack")
+    print(f"keras_jax export: max abs difference from the JAX model {card['verification']['max_abs_diff']}")
+
+    infer = run_inference(tensorflow_only, folders, kaggle, export, tmp_path / "tmp")
+    assert infer.returncode == 0, infer.stdout[-2000:] + infer.stderr[-3000:]
+    jax_f1 = macro_f1(kaggle / "working" / "submission.csv", demo_dir / "solution.csv")
+
+    # The tf_keras route on the same data: the offline demo's training, in this checkout's environment.
+    tf_folders = build(load_config(REPO / "configs" / "demo.yaml", [*PROJECT[:2], "train.framework=tf_keras",
+                                                                     "model.backbone=hub"]), tmp_path / "tf-build")
+    tf_export = tf_route_export(tmp_path / "tf", demo_dir)
+    infer = run_inference(tensorflow_only, tf_folders, kaggle, tf_export, tmp_path / "tmp")
+    assert infer.returncode == 0, infer.stdout[-2000:] + infer.stderr[-3000:]
+    tf_f1 = macro_f1(kaggle / "working" / "submission.csv", demo_dir / "solution.csv")
+    print(f"macro-F1 on the held-out test images: keras_jax {jax_f1:.4f}, tf_keras {tf_f1:.4f}")
+    assert abs(jax_f1 - tf_f1) <= 0.02 and jax_f1 >= 0.9, (jax_f1, tf_f1)
+
+    for version in TENSORFLOWS:
+        python = environment(f"tf{version}", [f"tensorflow-cpu=={version}", "pillow"])
+        diff = reproduces_verify_batch(python, export / "fold0")
+        print(f"tensorflow-cpu {version}, jax not importable: max abs difference {diff:.2e}")
+        assert diff < 1e-5
+
+
+def tf_route_export(out: Path, demo_dir: Path) -> Path:
+    from tpu2gpu.backbones import save_tiny_backbone
+
+    backbone = save_tiny_backbone(out / "backbone")
+    settings = [f"runtime.competition_dir={demo_dir}", f"runtime.tfrecords={out / 'records'}",
+                f"model.hub_handle={backbone}", f"runtime.output_dir={out / 'train'}"]
+    from common.conversion import convert_competition
+
+    convert_competition(demo_dir, out / "records", load_config(REPO / "configs" / "demo.yaml").data)
+    run = subprocess.run([sys.executable, "-m", "train_tpu.train", "--config", str(REPO / "configs" / "demo.yaml"),
+                          *(a for s in settings for a in ("--set", s))], cwd=REPO, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    return out / "train" / "export"
+
+
+def reproduces_verify_batch(python: Path, export: Path) -> float:
+    code = ("import sys\nfor m in ('jax', 'jaxlib', 'tf_keras', 'tensorflow_hub'): sys.modules[m] = None\n"
+            "import numpy as np, tensorflow as tf\n"
+            f"loaded = tf.saved_model.load({str(export / 'saved_model')!r})\n"
+            f"batch = np.load({str(export / 'verify_batch.npz')!r})\n"
+            "out = loaded.signatures['serving_default'](images=tf.constant(batch['images']))['predictions']\n"
+            "print(float(np.max(np.abs(out.numpy() - batch['predictions']))))")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    run = subprocess.run([str(python), "-c", code], capture_output=True, text=True, cwd=export, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return float(run.stdout.strip().splitlines()[-1])
