@@ -77,7 +77,8 @@ class JaxBackend:
             raise ConfigError(f"Keras runs on its {keras.backend.backend()} backend in this process, not JAX: "
                               "KERAS_BACKEND=jax must be set before keras is first imported")
         self.cfg, self.ops = cfg, keras_ops()
-        self.devices = jax.devices()
+        # runtime.strategy=default: one device, as the default tf.distribute strategy is one replica.
+        self.devices = jax.devices()[:1] if cfg.runtime.strategy == "default" else jax.devices()
         self.platform = self.devices[0].platform
         self.policy = choose_jax_precision(cfg.train.precision, self.platform)
         # One copy of the weights, each global batch split over every device (the TPU cores).
@@ -235,6 +236,7 @@ def _predict_padded(model, images: np.ndarray, replicas: int) -> np.ndarray:
 def _run_export_child(job: Path) -> None:
     env = cpu_only_environment(os.environ, str(Path(__file__).resolve().parents[1]))
     env["KERAS_BACKEND"] = "tensorflow"
+    env["JAX_PLATFORMS"] = "cpu"  # Keras may import JAX there too: it must never reach for the TPU this process holds
     result = subprocess.run([sys.executable, "-m", "common.export_keras", str(job)], env=env, text=True,
                             capture_output=True)
     print(result.stdout, end="", flush=True)

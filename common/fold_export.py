@@ -30,7 +30,8 @@ def write_oof(path: Path, task: Task, class_names, ids, labels, predictions) -> 
         writer = csv.writer(f)
         writer.writerow(["id", "label", *(f"p_{n}" for n in task.output_names(class_names))])
         for i, label, p in zip(ids, labels, predictions, strict=True):
-            writer.writerow([i, task.label_text(label, class_names), *(f"{v:.6f}" for v in p)])
+            # 9 significant digits hold a float32 exactly: scores from the file equal the fold's own
+            writer.writerow([i, task.label_text(label, class_names), *(f"{v:.9g}" for v in p)])
 
 
 def read_oof(path: Path, task: Task, class_names) -> tuple[list[str], list, list[list[float]]]:

@@ -42,9 +42,9 @@ def efficientnet_backbone(variant: str, weights: str, image_size: int):
         raise ConfigError(f"model.efficientnet_variant={variant!r} is not one of {list(KERAS_EFFICIENTNETS)} "
                           "(keras.applications under Keras 3)")
     try:
+        # Its own name kept: EfficientNetV2 looks its block layout up by it.
         return getattr(keras.applications, name)(include_top=False, weights=_weights(weights),
-                                                 input_shape=(image_size, image_size, 3), pooling="avg",
-                                                 name="backbone")
+                                                 input_shape=(image_size, image_size, 3), pooling="avg")
     except (OSError, ValueError) as err:  # the download failed (internet off), or a file of another variant
         raise ConfigError(
             f"model.efficientnet_weights={weights!r} could not be loaded into {name} ({type(err).__name__}: "

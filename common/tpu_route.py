@@ -77,10 +77,10 @@ def negotiate(cfg, rerun) -> int | None:
         blocked = "" if not getattr(err, "fatal", False) else "TensorFlow was left half-installed"
         blocked = blocked or jax_route_blocked(cfg)
         if blocked:
-            if JAX_ROUTE_FIX not in str(err):
-                err.args = (f"{err} {JAX_ROUTE_FIX} (train.framework=auto did not: {blocked})",)
+            why = f" (train.framework=auto did not: {blocked})" if cfg.train.framework == "auto" else ""
+            err.args = (f"{err}{why}" if JAX_ROUTE_FIX in str(err) else f"{err} {JAX_ROUTE_FIX}{why}",)
             raise
-        reason = str(err).splitlines()[0]
+        reason = str(err).splitlines()[0].split(" Fix:")[0]  # what failed; the fix is this route
         print(f"[tpu] {reason}\n[tpu] train.framework=auto: taking the Keras 3 on JAX route instead (the image's "
               "JAX owns the TPU, TensorFlow only reads the data)", flush=True)
         env = {FRAMEWORK_ENV: "keras_jax", FALLBACK_ENV: json.dumps(

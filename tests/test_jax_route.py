@@ -94,3 +94,40 @@ def test_keras_jax_refuses_what_it_cannot_train(tmp_path, demo_records, tiny_bac
     with pytest.raises(ConfigError, match="model.backbone=hub is a TF Hub SavedModel, which Keras 3 on JAX cannot"):
         train_main(argv)
     assert not (tmp_path / "export").exists()
+
+
+def test_keras_applications_efficientnet_settings_are_checked_before_anything_is_built(tmp_path):
+    from common.config import load_config
+    from common.errors import ConfigError
+    from common.model_keras import build_keras_model
+
+    def model(*settings):
+        return build_keras_model(load_config(None, ["model.backbone=efficientnet", *settings]).model, 3, 32)
+
+    with pytest.raises(ConfigError, match=r"model.efficientnet_variant='B9' is not one of \['B0', .*'V2L'\]"):
+        model("model.efficientnet_variant=B9")
+    with pytest.raises(ConfigError, match="this file does not exist. Fix: attach it as a dataset"):
+        model(f"model.efficientnet_weights={tmp_path / 'efficientnetb0_notop.h5'}")
+    with pytest.raises(ConfigError, match="is neither a .keras file nor a KerasHub preset folder"):
+        build_keras_model(load_config(None, ["model.backbone=keras",
+                                             f"model.keras_backbone={tmp_path}/missing.keras"]).model, 3, 32)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["B0", "V2B0"])
+def test_keras_applications_efficientnet_builds_under_jax_and_follows_the_policy(variant):
+    """Slow (about 20-40 s each on 2 cores): keras.applications' EfficientNet as the keras_jax route builds it, with
+    random weights; under mixed_bfloat16 the backbone computes in bfloat16 and the head's output stays float32."""
+    from common.config import load_config
+    from common.model import precision_by_part
+    from common.model_keras import build_keras_model
+
+    import numpy as np
+
+    cfg = load_config(None, ["model.backbone=efficientnet", "model.efficientnet_weights=none",
+                             f"model.efficientnet_variant={variant}"])
+    model = build_keras_model(cfg.model, 3, 32, policy="mixed_bfloat16")
+    assert precision_by_part(model) == {"backbone": "bfloat16", "head": "bfloat16"}
+    outputs = model.predict(np.zeros((2, 32, 32, 3), np.uint8), verbose=0)
+    assert outputs.shape == (2, 3) and outputs.dtype == np.float32
+    np.testing.assert_allclose(outputs.sum(axis=1), 1.0, rtol=1e-5)

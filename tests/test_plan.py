@@ -30,17 +30,22 @@ def test_batch_steps_and_schedule_follow_the_replicas():
     assert (capped.global_batch, capped.steps_per_epoch) == (16, 3)
 
 
-def test_the_pure_schedule_is_the_one_the_backend_builds():
+def test_the_pure_schedule_is_the_one_each_backend_builds():
     """plan.learning_rate (for the plot and any backend) equals Keras' CosineDecay with warm-up that
-    common.model.learning_rate_schedule builds from the same plan."""
+    common.model.learning_rate_schedule builds from the same plan: tf_keras' (tf_keras route) and Keras 3's on JAX
+    (keras_jax route)."""
     from common.model import learning_rate_schedule
+
+    import keras
 
     for warmup in (0.0, 2.5):
         cfg = load_config(None, ["train.epochs=4", f"train.warmup_epochs={warmup}"])
         plan = plan_fold(cfg, records(320, list("ab")), replicas=2)
-        schedule = learning_rate_schedule(plan.peak_lr, plan.total_steps, plan.warmup_steps)
-        for step in range(0, plan.total_steps + 1):
-            assert plan.learning_rate(step) == pytest.approx(float(schedule(step)), rel=1e-5, abs=1e-9), (warmup, step)
+        for schedules in (None, keras.optimizers.schedules):
+            schedule = learning_rate_schedule(plan.peak_lr, plan.total_steps, plan.warmup_steps, schedules)
+            for step in range(0, plan.total_steps + 1):
+                assert plan.learning_rate(step) == pytest.approx(float(schedule(step)), rel=1e-5, abs=1e-9), (
+                    warmup, schedules, step)
 
 
 def test_regression_scaling_and_balanced_class_weights_come_from_the_labels():

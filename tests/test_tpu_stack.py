@@ -496,3 +496,32 @@ def test_the_pjrt_environment_points_at_the_installed_libtpu_and_a_stale_lock_is
     lock = tmp_path / "libtpu_lockfile"
     lock.write_text("")
     assert clear_stale_lock(lock) and not lock.exists() and not clear_stale_lock(lock)
+
+
+def test_the_jax_route_gets_the_images_libtpu_back_after_the_tensorflow_tries(image_venv, tmp_path):
+    """Under train.framework=auto a failed negotiation leaves the last try's libtpu installed; JAX needs the image's
+    own, so the fallback puts it back from the attached wheels (real pip, --no-deps), and says so."""
+    python = fresh_copy(image_venv, tmp_path)
+    wheels = tmp_path / "kaggle" / "input" / "datasets" / "tester" / "tpu-wheels"
+    for version in ("0.0.10", "0.0.17"):
+        fake_wheel(wheels, "libtpu", version, {"libtpu/__init__.py": "", "libtpu/libtpu.so": ""})
+    run_in(python, f"import subprocess, sys; subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', "
+                   f"'--no-deps', {str(next(wheels.glob('libtpu-0.0.10-*.whl')))!r}], check=True)")
+    assert distributions(python)["libtpu"] == "0.0.10"  # what a TensorFlow try left
+    code = """
+from types import SimpleNamespace
+from common.tpu_route import restore_image_package
+cfg = SimpleNamespace(tpu_wheels="tpu-wheels", owner="tester", train_internet=False, tpu_find_links="")
+restore_image_package("libtpu", "0.0.17", cfg)
+restore_image_package("libtpu", "0.0.17", cfg)  # already the image's: nothing to do
+"""
+    out = run_in(python, code, {"TPU2GPU_KAGGLE_ROOT": str(tmp_path / "kaggle")})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines() == ["[tpu] put back the image's libtpu 0.0.17 for JAX"]
+    assert distributions(python)["libtpu"] == "0.0.17"
+    shutil.rmtree(wheels)  # no wheels and no internet: the error names the setting that avoids the tries
+    run_in(python, "import subprocess, sys; subprocess.run([sys.executable, '-m', 'pip', 'uninstall', '-y', '-q', "
+                   "'libtpu'], check=True)")
+    failed = run_in(python, code, {"TPU2GPU_KAGGLE_ROOT": str(tmp_path / "kaggle")})
+    assert failed.returncode == 1 and "Fix: --set train.framework=keras_jax (it skips the TensorFlow tries)" \
+        in failed.stderr

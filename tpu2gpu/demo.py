@@ -13,12 +13,19 @@
   7. both Kaggle kernel bundles built                                  runs/demo/build
 About 2 minutes on 2 cores, macro-F1 about 0.97. A second run reuses the competition, backbone and a complete export
 (the training kernel skips exported folds and resumes unfinished ones) and replaces the rest; --fresh starts over.
+
+    ./dev demo --framework keras_jax      (in runs/demo-keras_jax)
+
+trains the same way with Keras 3 on JAX (train.framework=keras_jax), the route a Kaggle TPU takes when no TensorFlow
+TPU stack answers: the backbone is the same small network as a .keras file, and the export is the same contract, so
+step 5 is unchanged.
 Every step writes through a hidden temporary name, so an interrupted run leaves nothing that looks complete.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -52,16 +59,19 @@ def score(submission: Path, solution: Path) -> float:
     return float(f1_score([truth[i] for i in ids], [predicted[i] for i in ids], average="macro"))
 
 
-def run(root: Path) -> float:
+def run(root: Path, framework: str = "tf_keras") -> float:
     from common.conversion import convert_competition
 
-    from tpu2gpu.backbones import save_tiny_backbone
+    from tpu2gpu.backbones import save_tiny_backbone, save_tiny_keras_backbone
     from tpu2gpu.build import build
     from tpu2gpu.demo_data import make_demo_competition
     from train_tpu.train import main as train_main
 
+    keras_jax = framework == "keras_jax"
+    backbone = root / ("backbone.keras" if keras_jax else "backbone")
     paths = [f"runtime.competition_dir={root / 'competition'}", f"runtime.tfrecords={root / 'tfrecords'}",
-             f"model.hub_handle={root / 'backbone'}"]
+             f"train.framework={framework}", *(["model.backbone=keras", f"model.keras_backbone={backbone}"]
+                                               if keras_jax else [f"model.hub_handle={backbone}"])]
     settings = [a for s in paths for a in ("--set", s)]
     cfg = load_config(CONFIG, paths)
 
@@ -74,10 +84,10 @@ def run(root: Path) -> float:
     manifest = convert_competition(competition, root / "tfrecords", cfg.data, overwrite=True)
     print(", ".join(f"{n}: {s['count']}" for n, s in manifest["splits"].items()), flush=True)
 
-    step("3/7 backbone SavedModel (TF Hub contract)")
-    print(save_tiny_backbone(root / "backbone"), flush=True)
+    step("3/7 backbone " + (".keras file (Keras 3)" if keras_jax else "SavedModel (TF Hub contract)"))
+    print((save_tiny_keras_backbone if keras_jax else save_tiny_backbone)(backbone), flush=True)
 
-    step("4/7 training kernel")
+    step(f"4/7 training kernel ({framework})")
     train_main(["--config", str(CONFIG), *settings, "--set", f"runtime.output_dir={root / 'train'}"])
 
     step("5/7 inference kernel (tf_keras and tensorflow_hub blocked)")
@@ -102,12 +112,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", type=Path, default=DEMO_ROOT, help="where the demo writes (default: %(default)s)")
     parser.add_argument("--fresh", action="store_true", help="delete the previous demo's outputs first")
+    parser.add_argument("--framework", choices=("tf_keras", "keras_jax"), default="tf_keras",
+                        help="tf_keras (default), or Keras 3 on JAX (written to runs/demo-keras_jax)")
     args = parser.parse_args(argv)
+    if args.framework == "keras_jax":
+        os.environ.setdefault("KERAS_BACKEND", "jax")  # before keras is first imported
+        if args.root == DEMO_ROOT:
+            args.root = Path(f"{DEMO_ROOT}-keras_jax")
     if args.fresh:
         shutil.rmtree(args.root, ignore_errors=True)
     start = time.perf_counter()
     try:
-        macro_f1 = run(args.root)
+        macro_f1 = run(args.root, args.framework)
     except (UserError, subprocess.CalledProcessError) as err:
         print(f"demo: error: {err}", file=sys.stderr)
         return 2
@@ -116,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
 === done in {time.perf_counter() - start:.0f} s ===
 competition     {root / 'competition'}
 tfrecords       {root / 'tfrecords'}
-backbone        {root / 'backbone'}
+backbone        {root / ('backbone.keras' if args.framework == 'keras_jax' else 'backbone')}
 export          {root / 'train' / 'export' / 'fold0'}  (training_report.json beside it)
 submission      {root / 'infer' / 'submission.csv'}
 kernel bundles  {root / 'build'}
