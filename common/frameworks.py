@@ -57,8 +57,21 @@ def use_keras_jax() -> None:
     os.environ["TPU_LOAD_LIBRARY"] = "0"
 
 
+def with_local_paths(cfg):
+    """cfg with the backbone files it names (model.keras_backbone, model.efficientnet_weights) where this kernel finds
+    them (common.paths.resolve_input_path); the run's own cfg, printed and saved in the card, keeps them as given."""
+    import dataclasses
+
+    from common.paths import resolve_input_path
+
+    model = dataclasses.replace(cfg.model, keras_backbone=resolve_input_path(cfg.model.keras_backbone),
+                                efficientnet_weights=resolve_input_path(cfg.model.efficientnet_weights))
+    return dataclasses.replace(cfg, model=model)
+
+
 def start_backend(cfg):
     """The training backend for cfg, with its hardware decided and logged (strategy or devices, precision)."""
+    cfg = with_local_paths(cfg)
     if chosen_framework(cfg) == "keras_jax":
         use_keras_jax()
         from common.backend_jax import JaxBackend

@@ -119,6 +119,14 @@ def resolve_hub_handle(handle: str) -> str:
     return handle
 
 
+def resolve_input_path(value: str) -> str:
+    """A file or folder the training kernel loads (a .keras backbone, a weights file, a KerasHub preset): a
+    '/kaggle/...' path under this kernel's Kaggle root, an attached Kaggle Models handle to its mount, else as given."""
+    if value.startswith("/kaggle/"):
+        return str(kaggle_root() / value[len("/kaggle/"):])
+    return resolve_hub_handle(value) if "/" in value else value
+
+
 def set_private_credentials() -> None:
     """Let TensorFlow read a private dataset from GCS with the kernel's own gcloud credential.
 
