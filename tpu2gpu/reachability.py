@@ -26,9 +26,11 @@ def _backbone_problems(cfg: Config) -> list[str]:
     k, jax = cfg.kaggle, cfg.train.framework == "keras_jax"
     if cfg.model.backbone == "keras":
         path = cfg.model.keras_backbone
-        return [] if path.startswith("/kaggle/input/") else [
+        attached_model = path.strip("/").lower() in [m.lower() for m in k.model_sources]
+        return [] if path.startswith("/kaggle/input/") or attached_model else [
             f"model.keras_backbone={path!r} is not in an attached input. Fix: a /kaggle/input/... path in a dataset "
-            "of kaggle.dataset_sources (a .keras file) or a Kaggle Model of kaggle.model_sources (a KerasHub preset)"]
+            "of kaggle.dataset_sources (a .keras file), or the handle of a Kaggle Model listed in kaggle.model_sources "
+            "(a KerasHub preset, owner/model/keras/variation/version)"]
     if cfg.model.backbone == "efficientnet":
         weights = cfg.model.efficientnet_weights
         if jax and weights == "noisy-student":
