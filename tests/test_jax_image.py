@@ -181,7 +181,7 @@ keras_hub.layers.EfficientNetImageConverter(image_size=None, scale=1.0 / 255.0).
 
 
 @pytest.mark.jax_image
-def test_a_keras_hub_preset_attached_as_a_kaggle_model_trains_on_keras_jax(tmp_path, demo_dir):
+def test_a_keras_hub_preset_attached_as_a_kaggle_model_runs_through_keras_jax_and_exports(tmp_path, demo_dir):
     """A KerasHub EfficientNet preset attached as a Kaggle Model (found by its handle in either mount layout) trains
     through the built train.py on the keras_jax route, and its export, rebuilt from the preset under TensorFlow,
     reproduces the JAX model."""
