@@ -306,6 +306,10 @@ def test_balanced_class_weights_scale_each_examples_loss():
     targets, outputs = tf.constant([[1.0], [0.0], [0.5]]), tf.constant([[0.8], [0.8], [0.8]])
     expected = [2.0 * -np.log(0.8), 0.5 * -np.log(0.2), 1.25 * -(0.5 * np.log(0.8) + 0.5 * np.log(0.2))]
     np.testing.assert_allclose(loss(targets, outputs).numpy(), expected, rtol=1e-5)  # soft targets mix the weights
+    from common.task_parts import keras_ops  # the same loss written once, run as Keras 3 ops (keras_jax: JAX)
+
+    on_jax = binary.loss(0.0, [0.5, 2.0], ops=keras_ops())(targets.numpy(), outputs.numpy())
+    np.testing.assert_allclose(np.asarray(on_jax), expected, rtol=1e-5)
     multiclass = TASKS["multiclass"]
     assert multiclass.class_weights("balanced", [0, 1, 1, 2, 2, 2], 4) == pytest.approx([2.0, 1.0, 2 / 3, 0.0])
     weighted = multiclass.loss(0.0, [1.0, 3.0, 1.0])(tf.constant([[0.0, 1.0, 0.0]]),
