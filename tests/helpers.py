@@ -92,6 +92,9 @@ __version__ = {version!r}
 if os.environ.get("TPU2GPU_TPU_PROBE"):  # probed (common/tpu_probe.py): a stand-in TPU, see STAND_IN_TPU
     from tensorflow._stand_in_tpu import *  # noqa: F401,F403
 elif os.environ.get("FAKE_TENSORFLOW") == "exit":  # stands for the rest of the kernel: it got this far
+    import sys
+    print("second interpreter: " + ", ".join(k + "=" + os.environ.get(k, "unset") for k in (
+        "TPU2GPU_FRAMEWORK", "KERAS_BACKEND", "TPU_LOAD_LIBRARY")), file=sys.stderr)
     raise SystemExit(BUILD + " imported by the kernel's second interpreter with PJRT_DEVICE="
                      + os.environ.get("PJRT_DEVICE", "unset") + " and "
                      + os.environ.get("TPU2GPU_TPU_STACK", "no stack record"))

@@ -525,3 +525,37 @@ restore_image_package("libtpu", "0.0.17", cfg)  # already the image's: nothing t
     failed = run_in(python, code, {"TPU2GPU_KAGGLE_ROOT": str(tmp_path / "kaggle")})
     assert failed.returncode == 1 and "Fix: --set train.framework=keras_jax (it skips the TensorFlow tries)" \
         in failed.stderr
+
+
+def test_auto_trains_on_keras_jax_in_a_fresh_interpreter_when_no_installed_stack_answers(image_venv, tmp_path):
+    """train.framework=auto with a Keras 3 backbone, on a simulated TPU VM whose image holds Keras 3 and JAX (stand-ins
+    here: their metadata is what the kernel reads first): every TensorFlow candidate is installed and fails its probe,
+    so the kernel says it takes the Keras 3 on JAX route and runs again in a fresh interpreter (its packages changed)
+    with keras_jax, KERAS_BACKEND=jax and TensorFlow kept off the TPU; the tries travel with it for the card."""
+    import json
+
+    python = fresh_copy(image_venv, tmp_path)
+    entries = candidate_wheels(tmp_path / "wheels")
+    image = tmp_path / "keras-jax"
+    fake_wheel(image, "keras", "3.15.1", {"keras/__init__.py": ""})
+    fake_wheel(image, "jax", "0.7.2", {"jax/__init__.py": ""})
+    run_in(python, f"import subprocess, sys; subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', "
+                   f"'--no-index', '--no-deps', *{[str(w) for w in image.glob('*.whl')]!r}], check=True)")
+    cfg = load_config(None, [*PROJECT, f"kaggle.tpu_packages={json.dumps(entries)}", "kaggle.tpu_probe_seconds=4",
+                             "model.backbone=efficientnet", "model.efficientnet_weights=none"])
+    kaggle, env = simulated_kaggle(tmp_path, build(cfg, tmp_path / "build")["train"] / "train.py")
+    shutil.copytree(tmp_path / "wheels", kaggle / "input" / "datasets" / "tester" / "tpu-wheels")
+    env.update(ISTPUVM="1", FAKE_TENSORFLOW="exit",
+               FAKE_TPU_PROBE=json.dumps(dict.fromkeys(("0.0.10", "0.0.14", "0.0.17"), "fail")))
+    run = subprocess.run(offline([python, "__script__.py"]), cwd=kaggle / "working", env=env, capture_output=True,
+                         text=True)
+    tpu = [line for line in run.stdout.splitlines() if line.startswith("[tpu]")]
+    print("\n".join(tpu))
+    assert tpu[-3] == "[tpu] none of the 3 TensorFlow TPU stacks tried answered:", run.stdout + run.stderr
+    assert tpu[-2:] == ["[tpu] train.framework=auto: taking the Keras 3 on JAX route instead (the image's JAX owns "
+                        "the TPU, TensorFlow only reads the data)", "[tpu] running the kernel again in a fresh "
+                        "interpreter"]
+    assert run.returncode == 1  # the stand-in TensorFlow ends the second interpreter, which got this far
+    assert "second interpreter: TPU2GPU_FRAMEWORK=keras_jax, KERAS_BACKEND=jax, TPU_LOAD_LIBRARY=0" in run.stderr
+    said = run.stderr.strip().splitlines()[-1]
+    assert said.startswith("tensorflow-tpu imported by the kernel's second interpreter with PJRT_DEVICE=unset and")
