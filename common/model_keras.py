@@ -41,9 +41,10 @@ def efficientnet_backbone(variant: str, weights: str, image_size: int):
     if name is None:
         raise ConfigError(f"model.efficientnet_variant={variant!r} is not one of {list(KERAS_EFFICIENTNETS)} "
                           "(keras.applications under Keras 3)")
+    weights_arg = _weights(weights)
     try:
         # Its own name kept: EfficientNetV2 looks its block layout up by it.
-        return getattr(keras.applications, name)(include_top=False, weights=_weights(weights),
+        return getattr(keras.applications, name)(include_top=False, weights=weights_arg,
                                                  input_shape=(image_size, image_size, 3), pooling="avg")
     except (OSError, ValueError) as err:  # the download failed (internet off), or a file of another variant
         raise ConfigError(
