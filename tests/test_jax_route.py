@@ -131,3 +131,40 @@ def test_keras_applications_efficientnet_builds_under_jax_and_follows_the_policy
     outputs = model.predict(np.zeros((2, 32, 32, 3), np.uint8), verbose=0)
     assert outputs.shape == (2, 3) and outputs.dtype == np.float32
     np.testing.assert_allclose(outputs.sum(axis=1), 1.0, rtol=1e-5)
+
+
+def test_a_keras_jax_checkpoint_restores_model_optimiser_and_epochs(tmp_path, tiny_keras_backbone):
+    """Resume on the keras_jax route: what save_checkpoint wrote, a fresh backend restores (weights, the optimiser's
+    step count and moments, the epochs done); with no checkpoint it starts at 0."""
+    from common.backend_jax import JaxBackend
+    from common.config import load_config
+    from common.plan import plan_fold
+    from common.tasks import TASKS
+
+    import numpy as np
+
+    cfg = load_config(None, ["train.framework=keras_jax", "model.backbone=keras",
+                             f"model.keras_backbone={tiny_keras_backbone}", "data.image_size=16", "train.epochs=2"])
+
+    class Records:
+        train_count, class_names = 64, ["a", "b", "c"]
+
+    def started():
+        backend = JaxBackend(cfg)
+        backend.build(plan_fold(cfg, Records, backend.replicas))
+        return backend
+
+    trained = started()
+    assert trained.restore(tmp_path / "checkpoints") == 0
+    images = np.random.default_rng(0).integers(0, 255, (4, 16, 16, 3), dtype=np.uint8)
+    targets = TASKS["multiclass"].target(np.array([0, 1, 2, 0]), 3, None).numpy()
+    for _ in range(3):
+        trained.model.train_on_batch(images, targets)
+    trained.save_checkpoint(1)
+    resumed = started()
+    assert resumed.restore(tmp_path / "checkpoints") == 1
+    assert int(resumed.model.optimizer.iterations.numpy()) == 3
+    for saved, restored in zip(trained.model.optimizer.variables, resumed.model.optimizer.variables, strict=True):
+        np.testing.assert_array_equal(np.asarray(saved.value), np.asarray(restored.value))
+    np.testing.assert_allclose(resumed.model.predict(images, verbose=0), trained.model.predict(images, verbose=0),
+                               atol=1e-6)
