@@ -6,7 +6,7 @@ tf_keras: tf_keras under a tf.distribute strategy (TPU, several GPUs or logical 
 backbone. keras_jax: Keras 3 on JAX with keras.distribution.DataParallel over every JAX device; TensorFlow is kept off
 the TPU (TPU_LOAD_LIBRARY=0) and only reads the data. auto: tf_keras, except that on a Kaggle TPU VM the kernel
 switches to keras_jax when no TensorFlow TPU stack answers and the backbone has a Keras 3 form
-(common/tpu_negotiation.py sets FRAMEWORK_ENV for the run). Standard library at import time.
+(common/tpu_route.py sets FRAMEWORK_ENV for the run). Standard library at import time.
 """
 
 from __future__ import annotations
