@@ -26,11 +26,11 @@ from pathlib import Path
 
 from common.card import ExportError, read_card, write_card
 from common.config import config_to_dict
-from common.data import make_eval_dataset
+from common.data import make_padded_image_batches
 from common.errors import ConfigError
 from common.export import cpu_only_environment
 from common.model import learning_rate_schedule, precision_by_part
-from common.model_keras import build_keras_model
+from common.model_keras import build_keras_model, read_weight_arrays, save_weight_arrays
 from common.task_parts import keras_ops
 from common.tfrecords import RecordSchema
 
@@ -151,10 +151,10 @@ class JaxBackend:
 
     def save_weights(self, path: Path) -> None:
         """The model's weights alone (no optimiser), as arrays in the model's order: what the export rebuilds from."""
-        np.savez(Path(path).with_suffix(".npz"), *self.model.get_weights())
+        save_weight_arrays(Path(path).with_suffix(".npz"), self.model.get_weights())
 
     def load_weights(self, path: Path) -> None:
-        self.model.set_weights(_read_weights(Path(path).with_suffix(".npz")))
+        self.model.set_weights(read_weight_arrays(Path(path).with_suffix(".npz")))
 
     @contextlib.contextmanager
     def averaged(self):
@@ -189,15 +189,9 @@ class JaxBackend:
     def predict(self, files, schema: RecordSchema, count: int) -> np.ndarray:
         """Model outputs for the `count` records of `files`, in order; batches padded to the global batch (every
         batch must split evenly over the devices) and the padding dropped after."""
-        size, batch = self.cfg.data.image_size, self.plan.global_batch
-        dataset = make_eval_dataset(files, schema, size, batch, labeled=False)
-
-        def pad(item):
-            images = item["image"]
-            images = tf.pad(images, [[0, batch - tf.shape(images)[0]], [0, 0], [0, 0], [0, 0]])
-            return tf.ensure_shape(images, [batch, size, size, 3])
-
-        return self.model.predict(dataset.map(pad), steps=-(-count // batch), verbose=0)[:count]
+        batch = self.plan.global_batch
+        batches = make_padded_image_batches(files, schema, self.cfg.data.image_size, batch)
+        return self.model.predict(batches, steps=-(-count // batch), verbose=0)[:count]
 
     # --------------------------------------------------------------------------------------------------- export
     def export(self, export_dir: Path, card, verify_images: np.ndarray, extra_files: dict, output_scaling):
@@ -219,11 +213,6 @@ class JaxBackend:
                 "output_scaling": output_scaling, "export_float16": self.cfg.train.export_float16}))
             _run_export_child(job)
         return read_card(export_dir)
-
-
-def _read_weights(path: Path) -> list[np.ndarray]:
-    with np.load(path) as saved:
-        return [saved[f"arr_{k}"] for k in range(len(saved.files))]
 
 
 def _predict_padded(model, images: np.ndarray, replicas: int) -> np.ndarray:

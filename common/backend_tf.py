@@ -19,7 +19,7 @@ import contextlib
 from pathlib import Path
 
 from common.custom_loop import CustomLoop
-from common.data import make_eval_dataset
+from common.data import make_padded_image_batches
 from common.export import export_models
 from common.model import build_model, compile_model, learning_rate_schedule, precision_by_part
 from common.task_parts import tensorflow_ops
@@ -152,15 +152,9 @@ class TFBackend:
         statistics. Batches are padded to a full batch and the padding dropped after: static shapes for TPUs, and no
         record lost to drop_remainder."""
         self._sync_replica_statistics()
-        size, batch = self.cfg.data.image_size, self.plan.global_batch
-        dataset = make_eval_dataset(files, schema, size, batch, labeled=False)
-
-        def pad(item):
-            images = item["image"]
-            images = tf.pad(images, [[0, batch - tf.shape(images)[0]], [0, 0], [0, 0], [0, 0]])
-            return tf.ensure_shape(images, [batch, size, size, 3])
-
-        return self.model.predict(dataset.map(pad), steps=-(-count // batch), verbose=0)[:count]
+        batch = self.plan.global_batch
+        batches = make_padded_image_batches(files, schema, self.cfg.data.image_size, batch)
+        return self.model.predict(batches, steps=-(-count // batch), verbose=0)[:count]
 
     def _sync_replica_statistics(self) -> None:
         """Give every replica the same batch-norm statistics: their mean, which is what the weights read outside the

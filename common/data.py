@@ -282,6 +282,17 @@ def make_eval_dataset(files, schema: RecordSchema, image_size: int, batch_size: 
     return dataset.batch(batch_size, drop_remainder=drop_remainder).prefetch(AUTOTUNE)
 
 
+def make_padded_image_batches(files, schema: RecordSchema, image_size: int, batch_size: int) -> tf.data.Dataset:
+    """make_eval_dataset's images, every batch padded with zeros to batch_size (static shapes for XLA, and a batch
+    that splits evenly over the replicas or devices); the caller drops the padding, the last batch's surplus."""
+    def pad(item):
+        images = item["image"]
+        images = tf.pad(images, [[0, batch_size - tf.shape(images)[0]], [0, 0], [0, 0], [0, 0]])
+        return tf.ensure_shape(images, [batch_size, image_size, image_size, 3])
+
+    return make_eval_dataset(files, schema, image_size, batch_size, labeled=False).map(pad)
+
+
 def read_ids_and_labels(files, schema: RecordSchema, labeled: bool) -> tuple[list[str], np.ndarray | None]:
     """Ids (and labels, in the task's label form) of every record, in make_eval_dataset's order, without decoding
     a single image."""

@@ -21,7 +21,7 @@ from common.card import read_card
 from common.config import config_from_dict
 from common.errors import UserError
 from common.export import export_models
-from common.model_keras import build_keras_model
+from common.model_keras import build_keras_model, read_weight_arrays
 
 import numpy as np
 
@@ -30,8 +30,7 @@ def main(job_dir: str) -> int:
     job_path = Path(job_dir)
     job = json.loads((job_path / "job.json").read_text())
     cfg = config_from_dict(job["config"])
-    with np.load(job_path / "weights.npz") as saved:
-        weights = [saved[f"arr_{k}"] for k in range(len(saved.files))]
+    weights = read_weight_arrays(job_path / "weights.npz")
     with np.load(job_path / "verify.npz") as verify:
         images, expected = verify["images"], verify["expected"]
 

@@ -111,3 +111,18 @@ def build_keras_model(model_cfg, outputs: int, image_size: int, activation: str 
         return keras.Model(images, predictions, name=f"keras_{model_cfg.backbone}_{activation}")
     finally:
         keras.config.set_dtype_policy(trained)
+
+
+def save_weight_arrays(path: Path, weights: list) -> None:
+    """A model's weights as arrays in the model's order (.npz): what a rebuild of the same architecture, under any
+    Keras backend, takes back with set_weights."""
+    import numpy as np
+
+    np.savez(path, *weights)
+
+
+def read_weight_arrays(path: Path) -> list:
+    import numpy as np
+
+    with np.load(path) as saved:
+        return [saved[f"arr_{k}"] for k in range(len(saved.files))]

@@ -321,3 +321,21 @@ def offline(argv: list[str]) -> list[str]:
 
     probe = subprocess.run(["unshare", "-n", "true"], capture_output=True) if shutil.which("unshare") else None
     return ["unshare", "-n", *argv] if probe is not None and probe.returncode == 0 else argv
+
+
+def verify_batch_difference(python, export: Path) -> float:
+    """An export loaded with tf.saved_model.load by `python` in a process where jax, keras, tf_keras and
+    tensorflow_hub cannot be imported: the max abs difference of its predictions from its verify batch."""
+    import os
+    import subprocess
+
+    code = ("import sys\nfor m in ('jax', 'jaxlib', 'keras', 'tf_keras', 'tensorflow_hub'): sys.modules[m] = None\n"
+            "import numpy as np, tensorflow as tf\n"
+            f"loaded = tf.saved_model.load({str(export / 'saved_model')!r})\n"
+            f"batch = np.load({str(export / 'verify_batch.npz')!r})\n"
+            "out = loaded.signatures['serving_default'](images=tf.constant(batch['images']))['predictions']\n"
+            "print(float(np.max(np.abs(out.numpy() - batch['predictions']))))")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    run = subprocess.run([str(python), "-c", code], capture_output=True, text=True, cwd=export, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return float(run.stdout.strip().splitlines()[-1])

@@ -28,7 +28,7 @@ import pytest
 
 from tpu2gpu.build import build
 
-from helpers import offline, read_csv
+from helpers import offline, read_csv, verify_batch_difference
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("TPU2GPU_ENV_CACHE") or Path.home() / ".cache" / "tpu2gpu-envs")
@@ -131,7 +131,7 @@ def test_the_built_kernels_train_on_keras_jax_where_no_tensorflow_tpu_stack_can_
 
     for version in TENSORFLOWS:
         python = environment(f"tf{version}", [f"tensorflow-cpu=={version}", "pillow"])
-        diff = reproduces_verify_batch(python, export / "fold0")
+        diff = verify_batch_difference(python, export / "fold0")
         print(f"tensorflow-cpu {version}, jax not importable: max abs difference {diff:.2e}")
         assert diff < 1e-5
 
@@ -149,63 +149,3 @@ def tf_route_export(out: Path, demo_dir: Path) -> Path:
                           *(a for s in settings for a in ("--set", s))], cwd=REPO, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     return out / "train" / "export"
-
-
-def reproduces_verify_batch(python: Path, export: Path) -> float:
-    code = ("import sys\nfor m in ('jax', 'jaxlib', 'tf_keras', 'tensorflow_hub'): sys.modules[m] = None\n"
-            "import numpy as np, tensorflow as tf\n"
-            f"loaded = tf.saved_model.load({str(export / 'saved_model')!r})\n"
-            f"batch = np.load({str(export / 'verify_batch.npz')!r})\n"
-            "out = loaded.signatures['serving_default'](images=tf.constant(batch['images']))['predictions']\n"
-            "print(float(np.max(np.abs(out.numpy() - batch['predictions']))))")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    run = subprocess.run([str(python), "-c", code], capture_output=True, text=True, cwd=export, env=env)
-    assert run.returncode == 0, run.stderr[-2000:]
-    return float(run.stdout.strip().splitlines()[-1])
-
-
-# keras-hub as Kaggle's TPU image has it (through keras-nlp), without tensorflow-text: a pip resolve of keras-hub would
-# bring tensorflow-text and with it a second TensorFlow distribution over tensorflow-cpu.
-KERAS_HUB = ["keras-hub==0.32.0", "tokenizers", "sentencepiece", "regex", "rich", "kagglehub"]
-TINY_PRESET = """
-import sys, keras_hub
-backbone = keras_hub.models.EfficientNetBackbone(  # two MBConv stages: EfficientNet's blocks at a toy size
-    stackwise_width_coefficients=[1.0, 1.0], stackwise_depth_coefficients=[1.0, 1.0], stackwise_kernel_sizes=[3, 3],
-    stackwise_num_repeats=[1, 1], stackwise_input_filters=[8, 8], stackwise_output_filters=[8, 16],
-    stackwise_expansion_ratios=[1, 4], stackwise_squeeze_and_excite_ratios=[0.25, 0.25], stackwise_strides=[1, 2],
-    stackwise_block_types=["v1", "v1"], stackwise_force_input_filters=[0, 0], stackwise_nores_option=[False, False],
-    input_shape=(None, None, 3))
-backbone.save_to_preset(sys.argv[1])
-keras_hub.layers.EfficientNetImageConverter(image_size=None, scale=1.0 / 255.0).save_to_preset(sys.argv[1])
-"""
-
-
-@pytest.mark.jax_image
-def test_a_keras_hub_preset_attached_as_a_kaggle_model_runs_through_keras_jax_and_exports(tmp_path, demo_dir):
-    """A KerasHub EfficientNet preset attached as a Kaggle Model (found by its handle in either mount layout) trains
-    through the built train.py on the keras_jax route, and its export, rebuilt from the preset under TensorFlow,
-    reproduces the JAX model."""
-    image = environment(f"tpu-image-{TPU_IMAGE[2].replace('==', '')}", TPU_IMAGE)
-    subprocess.run([image, "-m", "pip", "install", "-q", "--no-deps", *KERAS_HUB], check=True)
-    kaggle = tmp_path / "kaggle"
-    handle = "tester/tiny-efficientnet/keras/tiny/1"
-    made = subprocess.run([image, "-c", TINY_PRESET, str(kaggle / "input" / "models" / handle)],
-                          capture_output=True, text=True, env={**os.environ, "KERAS_BACKEND": "jax"})
-    assert made.returncode == 0, made.stderr[-2000:]
-    settings = [*PROJECT[:2], "train.framework=keras_jax", "model.backbone=keras", f"model.keras_backbone={handle}",
-                f"kaggle.model_sources=[{handle}]", "runtime.competition_dir=digit-comp", "runtime.tfrecords=",
-                "runtime.output_dir=", "train.epochs=2", "data.image_size=32", "train.batch_size=64"]
-    folders = build(load_config(REPO / "configs" / "demo.yaml", settings), tmp_path / "build")
-    shutil.copytree(demo_dir, kaggle / "input" / "competitions" / "digit-comp")
-    (kaggle / "working").mkdir()
-    shutil.copyfile(folders["train"] / "train.py", kaggle / "working" / "__script__.py")
-    env = kaggle_env(kaggle, tmp_path / "tmp", ISTPUVM="1", XLA_FLAGS="--xla_force_host_platform_device_count=2")
-    train = subprocess.run(offline([str(image), "__script__.py"]), cwd=kaggle / "working", env=env,
-                           capture_output=True, text=True)
-    assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
-    assert "[tpu]" not in train.stdout  # keras_jax asked for: no TensorFlow TPU stack is tried
-    card = json.loads((kaggle / "working" / "export" / "fold0" / "model_card.json").read_text())
-    print(f"KerasHub preset on keras_jax: validation macro_f1 {card['metrics']['macro_f1']:.4f} after 2 epochs; "
-          f"export max abs difference from the JAX model {card['verification']['max_abs_diff']['float32']:.2e}")
-    assert card["complete"] and card["runtime"]["framework"] == "keras_jax"
-    assert card["verification"]["max_abs_diff"]["float32"] < 1e-5

@@ -7,7 +7,6 @@ tf-keras, no tensorflow-hub) are tests/test_jax_image.py's (opt-in: it downloads
 """
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 
 from train_tpu.train import main as train_main
 
+from helpers import verify_batch_difference
 from test_tasks import SHAPES, task_competition
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,21 +63,7 @@ def test_each_task_trains_with_keras_on_jax_and_exports_the_same_contract(task, 
     # Checked in a fresh process against what the JAX model predicts for the verify batch (regression: relative).
     assert card["verification"]["max_abs_diff"]["float32"] < 1e-5
     if task == "multiclass":
-        assert loads_without_jax(tmp_path / "train" / "export" / "fold0") < 1e-5
-
-
-def loads_without_jax(export: Path) -> float:
-    """The export in a process where jax, keras, tf_keras and tensorflow_hub cannot be imported: the max abs
-    difference of its predictions from the verify batch the JAX model predicted."""
-    code = ("import sys\nfor m in ('jax', 'keras', 'tf_keras', 'tensorflow_hub'): sys.modules[m] = None\n"
-            "import numpy as np, tensorflow as tf\n"
-            f"loaded = tf.saved_model.load({str(export / 'saved_model')!r})\n"
-            f"batch = np.load({str(export / 'verify_batch.npz')!r})\n"
-            "out = loaded.signatures['serving_default'](images=tf.constant(batch['images']))['predictions']\n"
-            "print(float(np.max(np.abs(out.numpy() - batch['predictions']))))")
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=export)
-    assert run.returncode == 0, run.stderr[-2000:]
-    return float(run.stdout.strip().splitlines()[-1])
+        assert verify_batch_difference(sys.executable, tmp_path / "train" / "export" / "fold0") < 1e-5
 
 
 def test_keras_jax_refuses_what_it_cannot_train(tmp_path, demo_records, tiny_backbone):
