@@ -31,6 +31,7 @@ from common.errors import ConfigError
 from common.export import cpu_only_environment
 from common.model import learning_rate_schedule, precision_by_part
 from common.model_keras import build_keras_model, read_weight_arrays, save_weight_arrays
+from common.plan import whole_executions
 from common.task_parts import keras_ops
 from common.tfrecords import RecordSchema
 
@@ -102,6 +103,7 @@ class JaxBackend:
         """Model, optimiser (Adam on the plan's schedule; with train.ema its moving average), the task's loss and
         running metric. The optimiser's variables exist before any restore."""
         self.plan = plan
+        self.steps_per_execution = self._steps_per_execution(plan.steps_per_epoch)
         self.model = self._build(self.policy)
         schedule = learning_rate_schedule(plan.peak_lr, plan.total_steps, plan.warmup_steps,
                                           keras.optimizers.schedules)
@@ -110,8 +112,24 @@ class JaxBackend:
         self.model.compile(optimizer=optimizer,
                            loss=plan.task.loss(self.cfg.train.label_smoothing, plan.class_weights, ops=self.ops),
                            metrics=[plan.task.running_metric(self.ops)],
-                           steps_per_execution=self.cfg.train.steps_per_execution)
+                           steps_per_execution=self.steps_per_execution)
         optimizer.build(self.model.trainable_variables)
+
+    def _steps_per_execution(self, steps_per_epoch: int) -> int:
+        """train.steps_per_execution, or the largest divisor of the epoch below it: Keras 3's JAX trainer finishes
+        every execution it starts (keras/src/backend/jax/trainer.py), so an execution that crossed the epoch's end
+        would train steps the plan does not have and run the schedule down to zero early."""
+        setting = self.cfg.train.steps_per_execution
+        steps = whole_executions(setting, steps_per_epoch)
+        if steps != setting:
+            print(f"[train] steps per execution: {steps}, the largest divisor of {steps_per_epoch} steps per epoch "
+                  f"not above train.steps_per_execution={setting}, so that every epoch trains exactly "
+                  f"{steps_per_epoch} steps (Keras 3 on JAX finishes each execution it starts)", flush=True)
+        return steps
+
+    def optimizer_steps(self) -> int:
+        """Steps the optimiser has taken, by its own count (restored with a checkpoint)."""
+        return int(self.model.optimizer.iterations.numpy())
 
     def _build(self, policy: str):
         return build_keras_model(self.cfg.model, self.plan.outputs, self.cfg.data.image_size,
@@ -124,6 +142,7 @@ class JaxBackend:
         return {"framework": self.name, "keras": keras.__version__, "jax": jax.__version__,
                 "devices": f"{len(self.devices)} x {self.devices[0].device_kind}", "platform": self.platform,
                 "distribution": "DataParallel" if len(self.devices) > 1 else "none",
+                "steps_per_execution": self.steps_per_execution,
                 "tensorflow": tf.__version__, "tpu_stack": fallback_record()}
 
     def precision(self) -> dict[str, str]:

@@ -84,7 +84,13 @@ class TFBackend:
         """What trained: this framework, and on a Kaggle TPU the TensorFlow TPU stack that answered its probe."""
         from common.tpu_negotiation import answered_stack
 
-        return {"framework": self.name, "tpu_stack": answered_stack()}
+        return {"framework": self.name, "steps_per_execution": self.cfg.train.steps_per_execution,
+                "tpu_stack": answered_stack()}
+
+    def optimizer_steps(self) -> int:
+        """Steps the optimiser has taken, by its own count (restored with a checkpoint). tf_keras' fit and the custom
+        loop end an execution at the epoch's end, so the setting need not divide the epoch."""
+        return int(self.model.optimizer.iterations.numpy())
 
     def precision(self) -> dict[str, str]:
         """The trained model's policy and the dtype each part computes in (a TF Hub backbone keeps its own)."""

@@ -109,13 +109,15 @@ class EpochMonitor:
         self.history = History(self.work_dir / "history.csv", initial_epoch)
         self.seconds: list[float] = []
         self.cut = False
+        self.steps = backend.optimizer_steps()  # restored with the checkpoint
 
     def epoch_begin(self, epoch: int) -> None:
         self.started = time.monotonic()
 
     def epoch_end(self, epoch: int, logs: dict) -> bool:
         """Everything that follows an epoch; True when training stops here."""
-        self.score(epoch, logs)
+        trained = self.count_steps(epoch, time.monotonic() - self.started)
+        self.score(epoch, logs, trained)
         self.history.append(epoch, logs)
         self.backend.save_checkpoint(epoch + 1)
         _write_json(self.work_dir / "checkpoints" / PROGRESS_NAME, {"epochs_done": epoch + 1})  # after the checkpoint
@@ -130,7 +132,20 @@ class EpochMonitor:
             return True
         return False
 
-    def score(self, epoch: int, logs: dict) -> None:
+    def count_steps(self, epoch: int, seconds: float) -> str:
+        """The optimiser's own step count against the plan: a loop that trained more steps than planned would run the
+        learning-rate schedule down to zero early, so the fold stops at its first epoch instead of hours later."""
+        steps, planned = self.backend.optimizer_steps(), (epoch + 1) * self.plan.steps_per_epoch
+        if steps > planned:
+            raise RuntimeError(
+                f"epoch {epoch + 1} ended at optimiser step {steps} where the plan ends it at {planned} "
+                f"({self.plan.steps_per_epoch} steps per epoch): the {self.backend.name} training loop ran more "
+                "steps than it was asked for. Fix: --set train.steps_per_execution=1, and report the Keras version "
+                "in the log's environment block")
+        taken, self.steps = steps - self.steps, steps
+        return f"step {steps}, {1000 * seconds / max(1, taken):.0f} ms/step"
+
+    def score(self, epoch: int, logs: dict, trained: str) -> None:
         """val_loss and val_<metric> into the logs; the best epoch's weights and outputs kept."""
         metric, task = self.plan.metric, self.plan.task
         with self.backend.averaged():
@@ -149,7 +164,7 @@ class EpochMonitor:
                     np.save(self.work_dir / "best" / "predictions.npy", raw)  # what the restored weights must give
                 _write_json(self.work_dir / BEST_NAME, self.best)
         best = "none yet" if self.best["value"] is None else f"{self.best['value']:.4f} at epoch {self.best['epoch']}"
-        print(f"[train] epoch {epoch + 1}: val_{metric} {value:.4f} (best {best})", flush=True)
+        print(f"[train] epoch {epoch + 1}: {trained}; val_{metric} {value:.4f} (best {best})", flush=True)
 
 
 def restore_best(backend, monitor: EpochMonitor, predict_val) -> tuple[int, np.ndarray]:

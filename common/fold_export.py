@@ -92,6 +92,7 @@ def export_fold(cfg, result, records, fold: int, export_dir: Path) -> ModelCard:
         time_budget=cut_record(result.cut, result.epochs_done, plan.epochs, result.best_epoch,
                                cfg.train.time_budget_hours),
         metrics={**report, "count": int(len(labels)), "epochs": result.epochs_done, "best_epoch": result.best_epoch,
+                 "steps_per_epoch": plan.steps_per_epoch, "optimizer_steps": backend.optimizer_steps(),
                  "keep": cfg.train.keep, "ema": cfg.train.ema, **_class_report(classes)},
         config=config_to_dict(cfg))
     extra = fold_files(result, records.class_names, classes["confusion_matrix"] if classes else None)

@@ -95,7 +95,17 @@ def precision_by_part(model) -> dict[str, str]:
     published EfficientNets), so a mixed policy changes only the head; EfficientNet's layers follow the policy."""
     names = [layer.name for layer in model.layers]
     backbone = model.layers[names.index("head_dropout") - 1]
-    return {"backbone": backbone.compute_dtype, "head": model.get_layer("head_logits").compute_dtype}
+    return {"backbone": _computes_in(backbone), "head": model.get_layer("head_logits").compute_dtype}
+
+
+def _computes_in(layer) -> str:
+    """A nested model computes in what most of its weighted layers do: a loaded .keras backbone keeps its saved dtypes
+    while the Keras 3 wrapper around it reports the global policy."""
+    inner = [sub for sub in getattr(layer, "layers", []) if sub.weights]
+    if not inner:
+        return layer.compute_dtype
+    dtypes = [_computes_in(sub) for sub in inner]
+    return max(set(dtypes), key=dtypes.count)
 
 
 def learning_rate_schedule(peak_lr: float, total_steps: int, warmup_steps: int, schedules=None):

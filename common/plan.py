@@ -83,6 +83,13 @@ class FoldPlan:
                 f"{keep} epoch")
 
 
+def whole_executions(setting: int, steps_per_epoch: int) -> int:
+    """Steps per execution for a loop that finishes every execution it starts: the largest number not above
+    `setting` that divides steps_per_epoch, so no execution crosses an epoch's end (Keras 3 on JAX runs
+    steps_per_execution steps per call and, on an endless dataset, does not stop at the epoch's end)."""
+    return max(d for d in range(1, min(setting, steps_per_epoch) + 1) if steps_per_epoch % d == 0)
+
+
 def needs_train_labels(cfg) -> bool:
     """The plan reads every training label (no image is decoded) only for target scaling or class weights."""
     return get_task(cfg.data.task).scaling is not None or cfg.train.class_weight != "none"

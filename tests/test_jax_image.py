@@ -35,7 +35,9 @@ CACHE = Path(os.environ.get("TPU2GPU_ENV_CACHE") or Path.home() / ".cache" / "tp
 PYTHON_312 = os.environ.get("TPU2GPU_PYTHON312") or next(
     (str(p) for p in sorted(Path.home().glob(".pyenv/versions/3.12*/bin/python3.12"))), shutil.which("python3.12"))
 # docker-python tpu/: tensorflow-cpu 2.20.0, keras newest, jax resolved with its libtpu pin (0.7.2); JAX's CPU build.
-TPU_IMAGE = ["tensorflow-cpu==2.20.0", "keras==3.15.1", f"jax=={os.environ.get('TPU2GPU_JAX', '0.7.2')}",
+# Keras: the newest on PyPI when the venv is made (TPU2GPU_KERAS pins another), as the image installs it.
+KERAS = os.environ.get("TPU2GPU_KERAS", "keras")
+TPU_IMAGE = ["tensorflow-cpu==2.20.0", KERAS, f"jax=={os.environ.get('TPU2GPU_JAX', '0.7.2')}",
              "scikit-learn", "matplotlib", "pillow"]
 TENSORFLOWS = ("2.16.2", "2.17.1", "2.18.1", "2.19.1", "2.20.0")
 PROJECT = ["kaggle.owner=tester", "kaggle.competition=digit-comp", "train.framework=auto", "model.backbone=keras",
@@ -93,7 +95,7 @@ def run_inference(python: Path, folders: dict, kaggle: Path, export: Path, tmp: 
 def test_the_built_kernels_train_on_keras_jax_where_no_tensorflow_tpu_stack_can_be_had(tmp_path, demo_dir):
     from tpu2gpu.backbones import save_tiny_keras_backbone
 
-    image = environment(f"tpu-image-{TPU_IMAGE[2].replace('==', '')}", TPU_IMAGE)
+    image = environment(f"tpu-image-{TPU_IMAGE[2].replace('==', '')}-{KERAS.replace('==', '')}", TPU_IMAGE)
     tensorflow_only = environment("tf2.19.1", ["tensorflow-cpu==2.19.1", "pillow"])
     cfg = load_config(REPO / "configs" / "demo.yaml", PROJECT)
     folders = build(cfg, tmp_path / "build")
@@ -114,6 +116,11 @@ def test_the_built_kernels_train_on_keras_jax_where_no_tensorflow_tpu_stack_can_
     card = json.loads((export / "fold0" / "model_card.json").read_text())
     assert card["runtime"]["framework"] == "keras_jax" and card["runtime"]["tensorflow"] == "2.20.0"
     assert card["runtime"]["tpu_stack"]["reason"].startswith("this TPU machine lacks the TPU stack")
+    # Every epoch trained the planned steps (the fold stops at the first that does not): 17 steps of 64 x 15 epochs.
+    metrics = card["metrics"]
+    print(f"Keras {card['runtime']['keras']}: {metrics['optimizer_steps']} optimiser steps, {metrics['epochs']} "
+          f"epochs of {metrics['steps_per_epoch']}, steps per execution {card['runtime']['steps_per_execution']}")
+    assert metrics["optimizer_steps"] == metrics["epochs"] * metrics["steps_per_epoch"] == 15 * 17
     print(f"keras_jax export: max abs difference from the JAX model {card['verification']['max_abs_diff']}")
 
     infer = run_inference(tensorflow_only, folders, kaggle, export, tmp_path / "tmp")

@@ -119,6 +119,18 @@ def test_keras_applications_efficientnet_builds_under_jax_and_follows_the_policy
     np.testing.assert_allclose(outputs.sum(axis=1), 1.0, rtol=1e-5)
 
 
+def test_a_loaded_keras_backbone_is_reported_in_the_dtypes_its_layers_compute_in(tiny_keras_backbone):
+    """A .keras backbone keeps its saved float32 layers under mixed_float16: the card and the float16 note say so
+    (the Keras 3 wrapper around it reports the global policy, float16, which the op census contradicts)."""
+    from common.config import load_config
+    from common.model import precision_by_part
+    from common.model_keras import build_keras_model
+
+    cfg = load_config(None, ["model.backbone=keras", f"model.keras_backbone={tiny_keras_backbone}"])
+    model = build_keras_model(cfg.model, 3, 16, policy="mixed_float16")
+    assert precision_by_part(model) == {"backbone": "float32", "head": "float16"}
+
+
 def test_a_keras_jax_checkpoint_restores_model_optimiser_and_epochs(tmp_path, tiny_keras_backbone):
     """Resume on the keras_jax route: what save_checkpoint wrote, a fresh backend restores (weights, the optimiser's
     step count and moments, the epochs done); with no checkpoint it starts at 0."""

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 from common.config import load_config
 from common.errors import ConfigError, StrategyError
-from common.plan import needs_train_labels, plan_fold
+from common.plan import needs_train_labels, plan_fold, whole_executions
 
 import numpy as np
 import pytest
@@ -68,3 +68,10 @@ def test_a_plan_that_cannot_work_is_named_before_any_model_exists():
         plan_fold(load_config(None, ["train.batch_size=10"]), records(100, list("abc")), replicas=8)
     with pytest.raises(ConfigError, match="train.metric='rmse' does not fit data.task=multiclass"):
         plan_fold(load_config(None, ["train.metric=rmse"]), records(100, list("abc")), replicas=1)
+
+
+@pytest.mark.parametrize("setting, steps_per_epoch, expected", [(32, 9, 9), (4, 9, 3), (8, 17, 1), (32, 140, 28),
+                                                                (32, 64, 32), (1, 9, 1)])
+def test_whole_executions_is_the_largest_divisor_of_the_epoch_not_above_the_setting(setting, steps_per_epoch,
+                                                                                     expected):
+    assert whole_executions(setting, steps_per_epoch) == expected

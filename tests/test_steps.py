@@ -1,0 +1,99 @@
+"""Every route trains the steps it plans: after each epoch the optimiser's own step count is epochs x steps_per_epoch,
+whatever train.steps_per_execution is, and the learning rate there is the plan's schedule.
+
+Keras 3's JAX trainer finishes every execution it starts (keras/src/backend/jax/trainer.py, iterator_step) and, on the
+endless training dataset, does not stop at an epoch's end: with 9 steps per epoch and steps_per_execution 32 it ran
+32 optimiser steps an epoch, and the schedule built for 3 x 9 steps reached zero in the first epoch.
+"""
+
+import time
+
+from common.config import load_config
+from common.fold import train_fold
+from common.frameworks import start_backend
+from common.tfrecords import record_set
+
+import numpy as np
+import pytest
+
+STEPS, EPOCHS = 9, 3  # 9 steps an epoch: neither 32 nor 4 divides it
+
+
+class CountingBackend:
+    """The backend as it is, reading the optimiser's step count and learning rate each time the fold checkpoints an
+    epoch (EpochMonitor.epoch_end)."""
+
+    def __init__(self, backend):
+        self.inner, self.seen = backend, []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def save_checkpoint(self, epochs_done: int) -> None:
+        optimizer = self.inner.model.optimizer
+        rate = optimizer.learning_rate  # the schedule at the optimiser's step: a tf.Tensor or a jax.Array
+        self.seen.append((int(optimizer.iterations.numpy()), float(rate.numpy() if hasattr(rate, "numpy") else
+                                                                    np.asarray(rate))))
+        self.inner.save_checkpoint(epochs_done)
+
+
+def fold_settings(framework: str, setting: int, tiny_backbone, tiny_keras_backbone, *extra: str) -> list[str]:
+    backbone = ([f"model.hub_handle={tiny_backbone}"] if framework == "tf_keras" else
+                ["model.backbone=keras", f"model.keras_backbone={tiny_keras_backbone}"])
+    return [f"train.framework={framework}", *backbone, "data.image_size=16", f"train.epochs={EPOCHS}",
+            f"train.steps_per_epoch={STEPS}", f"train.steps_per_execution={setting}", "train.batch_size_per_replica=8",
+            "train.warmup_epochs=1", "train.export_float16=false", *extra]
+
+
+def train_counting(settings: list[str], records_dir, work_dir) -> tuple[CountingBackend, object]:
+    cfg = load_config(None, settings)
+    backend = CountingBackend(start_backend(cfg))
+    result = train_fold(cfg, backend, record_set(str(records_dir), cfg.data, 0), work_dir,
+                        deadline=time.monotonic() + 600)
+    return backend, result
+
+
+@pytest.mark.parametrize("framework", ["tf_keras", "keras_jax"])
+@pytest.mark.parametrize("setting", [32, 4])
+def test_every_epoch_ends_at_the_planned_optimiser_step(framework, setting, demo_records, tiny_backbone,
+                                                        tiny_keras_backbone, tmp_path):
+    records_dir, _ = demo_records
+    settings = fold_settings(framework, setting, tiny_backbone, tiny_keras_backbone)
+    backend, result = train_counting(settings, records_dir, tmp_path / "work")
+    plan = result.plan
+    assert [steps for steps, _ in backend.seen] == [STEPS, 2 * STEPS, 3 * STEPS]
+    # The optimiser's rate is the plan's schedule at its step: tf_keras reports the rate its last update applied
+    # (step - 1), Keras 3 the rate of the next one. At the end of training that is the cosine's last value, not a zero
+    # reached epochs early.
+    applied = 1 if framework == "tf_keras" else 0
+    for steps, rate in backend.seen:
+        assert rate == pytest.approx(plan.learning_rate(steps - applied), rel=1e-5, abs=1e-12), (steps, rate)
+    assert plan.learning_rate(3 * STEPS - 1) > 1e-3 * plan.peak_lr  # the last step trained at a rate above zero
+
+
+@pytest.mark.parametrize("framework", ["tf_keras", "keras_jax"])
+def test_a_resumed_fold_continues_at_the_planned_step(framework, demo_records, tiny_backbone, tiny_keras_backbone,
+                                                      tmp_path):
+    """Two epochs, then the same fold resumed for a third: the restored optimiser counts on from 18 to 27."""
+    records_dir, _ = demo_records
+    first, _ = train_counting(fold_settings(framework, 4, tiny_backbone, tiny_keras_backbone, "train.epochs=2"),
+                              records_dir, tmp_path / "work")
+    assert [steps for steps, _ in first.seen] == [STEPS, 2 * STEPS]
+    resumed, result = train_counting(fold_settings(framework, 4, tiny_backbone, tiny_keras_backbone), records_dir,
+                                     tmp_path / "work")
+    assert result.epochs_done == EPOCHS
+    assert [steps for steps, _ in resumed.seen] == [3 * STEPS]
+
+
+def test_a_loop_that_trains_more_than_planned_stops_the_fold_at_its_first_epoch(demo_records, tiny_keras_backbone,
+                                                                                 monkeypatch, tmp_path):
+    """The fold's own guard, against Keras 3 on JAX as it behaves without the divisor: 3 executions of 4 steps in a
+    9-step epoch. The fold stops at epoch 1 with the counts, instead of training on at a rate of zero."""
+    import common.backend_jax
+
+    monkeypatch.setattr(common.backend_jax, "whole_executions", lambda setting, steps_per_epoch: setting)
+    records_dir, _ = demo_records
+    with pytest.raises(RuntimeError, match=r"epoch 1 ended at optimiser step 12 where the plan ends it at 9 \(9 steps "
+                                           r"per epoch\): the keras_jax training loop ran more steps"):
+        train_counting(fold_settings("keras_jax", 4, None, tiny_keras_backbone), records_dir, tmp_path / "work")
+    assert not (tmp_path / "work" / "checkpoints" / "progress.json").exists()  # nothing saved from the bad epoch
