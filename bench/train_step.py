@@ -1,25 +1,23 @@
-"""Training throughput on the CPU with steps_per_execution 1 and N, and the same model under Keras 3 on JAX (the
-keras_jax route), measured in the same run.
+"""Training throughput on the training kernel's own path, for both frameworks, next to the same model on in-memory
+batches, and the optimiser steps each actually took.
 
-    .venv/bin/python bench/train_step.py [--n 32] [--steps 96] [--image-size 32] [--batch 32] [--width 16] [--rounds 3]
+    .venv/bin/python bench/train_step.py [--image-size 32] [--batch 32] [--width 16] [--epochs 3]
 
-The model is the training kernel's own (uint8 input -> preprocessing -> the tiny Hub-contract backbone through
-hub.KerasLayer -> head), compiled by common.model.compile_model, fed by common.data.make_train_dataset from the demo
-competition's TFRecords. Each setting is compiled once, warmed up, then timed over `--steps` steps with
-model.fit; settings alternate for 3 rounds and the median is reported. steps_per_execution runs N steps inside one
-tf.function call, so the per-step Python and dispatch overhead is paid once per N steps: the same lever that
-tensorflow.org/guide/tpu reports as ~50% more throughput on a TPU (steps_per_execution=50).
-Then the keras_jax route, in a child process (Keras picks its backend once per process): the same tiny network as a
-Keras 3 model (common/model_keras.py, the .keras backbone), the same data, batch and steps_per_execution N, trained by
-fit from the same tf.data pipeline on one JAX device; and, on that device, a train_on_batch loop over one batch that
-stays on the device (no input pipeline, a host sync per step): how close fit's tf.data path comes to the device's
-own pace. About 70 s on 2 cores with the defaults, most of it the timed fits.
+For tf_keras and for keras_jax, one after the other in this process: the backend the kernel starts
+(common.frameworks.start_backend, one device: TensorFlow's default strategy, one JAX device), built on the fold's
+plan (common.plan.plan_fold) with the config's train.steps_per_execution (32), trains by its own fit
+(backend.fit, the fold's epoch hooks) from the product's make_train_dataset over the demo competition's TFRecords on
+disk. Epoch 1 (tracing, compiling, filling the pipeline) is not timed; the figure is the median of the others. Then
+the same model, as trained, fits the same number of batches held in memory as NumPy arrays: no TFRecord reading,
+decoding or tf.data, so kernel / in-memory is what the input pipeline and the loop cost. The optimiser's own step
+count is printed against the plan's (epochs x steps per epoch): 1,149 training records at batch 32 make 35 steps an
+epoch, which 32 does not divide, the case where Keras 3's JAX trainer used to train extra steps.
+About 60 s on 2 cores with the defaults.
 
     .venv/bin/python bench/train_step.py --smoke
 
-runs the same code at toy sizes (steps_per_execution 1 and 4, 8 timed steps, 16x16, batch 8, width 8, 1 round) in
-about 30 s, RESULT lines included: it keeps the benchmark from rotting, its figures mean nothing. Flags given with it
-win.
+runs the same code at toy sizes (16x16, batch 8, width 8, 2 epochs) in about 30 s, RESULT lines included: it keeps
+the benchmark from rotting, its figures mean nothing. Flags given with it win.
 """
 
 from __future__ import annotations
@@ -28,151 +26,124 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+os.environ.setdefault("KERAS_BACKEND", "jax")  # the keras_jax route in this process (before keras is imported)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import common  # noqa: F401,E402
 from common.config import Config, load_config  # noqa: E402
 from common.conversion import convert_competition  # noqa: E402
 from common.data import make_train_dataset  # noqa: E402
-from common.model import build_model, compile_model  # noqa: E402
-from common.tasks import TASKS  # noqa: E402
-from common.tfrecords import split_files  # noqa: E402
+from common.frameworks import start_backend  # noqa: E402
+from common.plan import plan_fold  # noqa: E402
+from common.tfrecords import record_set  # noqa: E402
 
-import tensorflow as tf  # noqa: E402
+import numpy as np  # noqa: E402
 
-from tpu2gpu.backbones import save_tiny_backbone  # noqa: E402
+from tpu2gpu.backbones import save_tiny_backbone, save_tiny_keras_backbone  # noqa: E402
 from tpu2gpu.demo_data import make_demo_competition  # noqa: E402
 
 # --smoke: the same code path at toy sizes, in seconds (flags given with it still win).
-SMOKE = {"n": 4, "steps": 8, "image_size": 16, "batch": 8, "width": 8, "rounds": 1}
+SMOKE = {"image_size": 16, "batch": 8, "width": 8, "epochs": 2}
+FRAMEWORKS = ("tf_keras", "keras_jax")
 
 
-def measure(args: argparse.Namespace, tmp: Path) -> None:
-    competition = make_demo_competition(tmp / "competition")
-    manifest = convert_competition(competition, tmp / "records", Config().data)
-    train_files, _ = split_files(manifest, str(tmp / "records"), fold=0)
-    backbone = save_tiny_backbone(tmp / "backbone", width=args.width)
-    cfg = load_config(None, [f"model.hub_handle={backbone}", f"data.image_size={args.image_size}"])
-    dataset = make_train_dataset(train_files, cfg.data, args.batch,
-                                 lambda labels: TASKS["multiclass"].target(labels, 10, None), seed=0)
+def settings(framework: str, args: argparse.Namespace, tmp: Path) -> list[str]:
+    backbone = ([f"model.hub_handle={tmp / 'backbone'}"] if framework == "tf_keras" else
+                ["model.backbone=keras", f"model.keras_backbone={tmp / 'backbone.keras'}"])
+    return [f"train.framework={framework}", *backbone, f"data.image_size={args.image_size}", "runtime.strategy=default",
+            f"train.batch_size={args.batch}", f"train.epochs={args.epochs + 1}", "train.export_float16=false"]
 
-    models = {}
-    for spe in (1, args.n):
-        tf.keras.utils.set_random_seed(0)
-        model = build_model(cfg.model, 10, args.image_size)
-        compile_model(model, load_config(None, [f"train.steps_per_execution={spe}"]).train, TASKS["multiclass"], 1e-3)
-        model.fit(dataset, steps_per_epoch=args.n, epochs=1, verbose=0)  # trace, compile, warm the pipeline
-        models[spe] = model
 
-    rates: dict[int, list[float]] = {spe: [] for spe in models}
-    for _ in range(args.rounds):
-        for spe, model in models.items():
-            start = time.perf_counter()
-            model.fit(dataset, steps_per_epoch=args.steps, epochs=1, verbose=0)
-            rates[spe].append(args.steps * args.batch / (time.perf_counter() - start))
-    base, fast = statistics.median(rates[1]), statistics.median(rates[args.n])
-    print(f"tiny backbone (width {args.width}) at {args.image_size}x{args.image_size}, batch {args.batch}, "
-          f"{args.steps} steps, CPU ({len(tf.config.list_logical_devices('CPU'))} logical device), TF {tf.__version__}")
-    print(f"steps_per_execution=1   {base:8.0f} images/s")
-    print(f"steps_per_execution={args.n:<3} {fast:8.0f} images/s")
-    print(f"ratio                   {fast / base:8.2f}")
-    print("RESULT " + json.dumps({"bench": f"training, steps_per_execution={args.n} ({args.image_size}px, batch "
-                                           f"{args.batch})", "value": fast, "baseline": base, "ratio": fast / base,
-                                  "unit": "img/s", "baseline_name": "steps_per_execution=1"}))
-    jax = keras_jax_child(args, tmp, train_files)
-    print(f"keras_jax (Keras {jax['keras']} on JAX {jax['jax']}, {jax['device']}), steps_per_execution={args.n}:")
-    print(f"  fit from tf.data        {jax['fit']:8.0f} images/s   ({jax['fit'] / fast:.2f} of tf_keras')")
-    print(f"  train_on_batch on device {jax['train_on_batch']:7.0f} images/s   (fit / train_on_batch "
-          f"{jax['fit'] / jax['train_on_batch']:.2f})")
+def measure(framework: str, args: argparse.Namespace, tmp: Path) -> dict:
+    """The kernel's fit and the in-memory fit of one framework: images/s each, and the optimiser's steps."""
+    cfg = load_config(None, settings(framework, args, tmp))
+    records = record_set(str(tmp / "records"), cfg.data, 0)
+    backend = start_backend(cfg)
+    plan = plan_fold(cfg, records, backend.replicas)
+    backend.build(plan)
+
+    def to_target(labels):
+        return plan.task.target(labels, len(plan.class_names), plan.scaling)
+
+    def make_dataset(ctx):
+        return make_train_dataset(records.train_files, cfg.data, plan.global_batch, to_target, records.schema,
+                                  input_context=ctx, seed=0)
+
+    seconds, started = [], {}
+
+    def epoch_begin(epoch):
+        started[epoch] = time.perf_counter()
+
+    def epoch_end(epoch, logs):
+        backend.optimizer_steps()  # waits for the epoch's last step
+        seconds.append(time.perf_counter() - started[epoch])
+        return False
+
+    backend.fit(backend.distribute(make_dataset), plan, 0, epoch_begin, epoch_end)
+    optimizer_steps = backend.optimizer_steps()
+    images_per_epoch = plan.steps_per_epoch * plan.global_batch
+    kernel = images_per_epoch / statistics.median(seconds[1:])
+
+    batches = list(make_dataset(None).take(plan.steps_per_epoch).as_numpy_iterator())
+    images, targets = np.concatenate([b[0] for b in batches]), np.concatenate([b[1] for b in batches])
+    in_memory = []
+    for _ in range(args.epochs + 1):  # the first compiles for arrays
+        start = time.perf_counter()
+        backend.model.fit(images, targets, batch_size=plan.global_batch, epochs=1, verbose=0)
+        in_memory.append(images_per_epoch / (time.perf_counter() - start))
+    return {"kernel": kernel, "in_memory": statistics.median(in_memory[1:]), "optimizer_steps": optimizer_steps,
+            "planned": plan.total_steps, "steps_per_epoch": plan.steps_per_epoch,
+            "steps_per_execution": backend.runtime()["steps_per_execution"],
+            "asked": cfg.train.steps_per_execution, "epochs": plan.epochs}
+
+
+def report(args: argparse.Namespace, figures: dict[str, dict]) -> None:
     size = f"({args.image_size}px, batch {args.batch})"
-    print("RESULT " + json.dumps({"bench": f"training, keras_jax vs tf_keras fit {size}", "value": jax["fit"],
-                                  "baseline": fast, "ratio": jax["fit"] / fast, "unit": "img/s",
-                                  "baseline_name": f"tf_keras, steps_per_execution={args.n}"}))
-    print("RESULT " + json.dumps({"bench": f"training, keras_jax fit vs train_on_batch {size}", "value": jax["fit"],
-                                  "baseline": jax["train_on_batch"], "ratio": jax["fit"] / jax["train_on_batch"],
-                                  "unit": "img/s", "baseline_name": "device-resident train_on_batch"}))
-
-
-def keras_jax_child(args: argparse.Namespace, tmp: Path, train_files) -> dict:
-    """measure_keras_jax in a child process with KERAS_BACKEND=jax, on the same records."""
-    env = {**os.environ, "KERAS_BACKEND": "jax", "TPU_LOAD_LIBRARY": "0"}
-    env.pop("XLA_FLAGS", None)  # one JAX device, as tf_keras has one CPU device here
-    command = [sys.executable, __file__, "--keras-jax-child", json.dumps(list(train_files)),
-               *(f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k in SMOKE)]
-    run = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp)
-    found = [line for line in run.stdout.splitlines() if line.startswith("KERAS_JAX ")]
-    if run.returncode != 0 or not found:
-        sys.exit(f"the keras_jax measurement failed (exit {run.returncode}):\n{run.stderr[-3000:]}")
-    return json.loads(found[-1].split(" ", 1)[1])
-
-
-def measure_keras_jax(args: argparse.Namespace, train_files: list[str]) -> None:
-    from common.model_keras import build_keras_model
-    from common.task_parts import keras_ops
-
-    import jax
-    import keras
-
-    from tpu2gpu.backbones import save_tiny_keras_backbone
-
-    backbone = save_tiny_keras_backbone(Path("backbone.keras"), width=args.width)
-    cfg = load_config(None, ["model.backbone=keras", f"model.keras_backbone={backbone}",
-                             f"data.image_size={args.image_size}"])
-    dataset = make_train_dataset(train_files, cfg.data, args.batch,
-                                 lambda labels: TASKS["multiclass"].target(labels, 10, None), seed=0)
-    models = []
-    for _ in ("fit", "train_on_batch"):  # one model each: alternating them on one model recompiles every time
-        keras.utils.set_random_seed(0)
-        model = build_keras_model(cfg.model, 10, args.image_size)
-        model.compile(keras.optimizers.Adam(1e-3), loss=TASKS["multiclass"].loss(0.0, ops=keras_ops()),
-                      steps_per_execution=args.n)
-        models.append(model)
-    fit_model, step_model = models
-    fit_model.fit(dataset, steps_per_epoch=args.n, epochs=1, verbose=0)  # trace, compile, warm the pipeline
-    images, targets = next(iter(dataset))
-    device = jax.devices()[0]
-    images, targets = jax.device_put(images.numpy(), device), jax.device_put(targets.numpy(), device)
-    for _ in range(2):  # the second call compiles again (the state it gets back is placed otherwise): both untimed
-        step_model.train_on_batch(images, targets)
-    fit, on_device = [], []
-    for _ in range(args.rounds):
-        start = time.perf_counter()
-        fit_model.fit(dataset, steps_per_epoch=args.steps, epochs=1, verbose=0)
-        fit.append(args.steps * args.batch / (time.perf_counter() - start))
-        start = time.perf_counter()
-        for _ in range(args.steps):
-            step_model.train_on_batch(images, targets)  # returns host numbers: a sync per step
-        on_device.append(args.steps * args.batch / (time.perf_counter() - start))
-    print("KERAS_JAX " + json.dumps({"fit": statistics.median(fit), "train_on_batch": statistics.median(on_device),
-                                     "keras": keras.__version__, "jax": jax.__version__,
-                                     "device": f"{len(jax.devices())} x {device.device_kind}"}))
-
+    print(f"tiny backbone (width {args.width}) at {args.image_size}x{args.image_size}, global batch {args.batch}, one "
+          f"device each; {args.epochs} timed epochs, medians")
+    print(f"{'framework':10} {'kernel path':>12} {'in memory':>12} {'ratio':>6}  optimiser steps")
+    for framework, f in figures.items():
+        executions = (f"steps_per_execution {f['steps_per_execution']}" +
+                      (f" (train.steps_per_execution={f['asked']})" if f["steps_per_execution"] != f["asked"] else ""))
+        print(f"{framework:10} {f['kernel']:8.0f} img/s {f['in_memory']:6.0f} img/s {f['kernel'] / f['in_memory']:6.2f}"
+              f"  {f['optimizer_steps']} of {f['planned']} planned ({f['epochs']} x {f['steps_per_epoch']}); "
+              f"{executions}")
+        print("RESULT " + json.dumps({"bench": f"training kernel path, {framework} {size}", "value": f["kernel"],
+                                      "baseline": f["in_memory"], "ratio": f["kernel"] / f["in_memory"],
+                                      "unit": "img/s", "baseline_name": "the same model on in-memory batches"}))
+    tf_keras, keras_jax = figures["tf_keras"], figures["keras_jax"]
+    print(f"keras_jax / tf_keras on the kernel path: {keras_jax['kernel'] / tf_keras['kernel']:.2f}")
+    print("RESULT " + json.dumps({"bench": f"training, keras_jax vs tf_keras kernel path {size}",
+                                  "value": keras_jax["kernel"], "baseline": tf_keras["kernel"],
+                                  "ratio": keras_jax["kernel"] / tf_keras["kernel"], "unit": "img/s",
+                                  "baseline_name": "tf_keras"}))
+    wrong = {name: f for name, f in figures.items() if f["optimizer_steps"] != f["planned"]}
+    if wrong:
+        sys.exit(f"the optimiser's step count is not the plan's: {wrong}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--n", type=int, default=32, help="the larger steps_per_execution")
-    parser.add_argument("--steps", type=int, default=96, help="timed steps per measurement (a multiple of --n)")
     parser.add_argument("--image-size", type=int, default=32)
-    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=32, help="the global batch")
     parser.add_argument("--width", type=int, default=16, help="backbone width")
-    parser.add_argument("--rounds", type=int, default=3, help="the settings alternate this many times; medians")
+    parser.add_argument("--epochs", type=int, default=3, help="timed epochs after the first (medians)")
     parser.add_argument("--smoke", action="store_true", help=f"toy sizes, seconds; the figures mean nothing: {SMOKE}")
-    parser.add_argument("--keras-jax-child", metavar="FILES", help=argparse.SUPPRESS)  # the child's JSON file list
     if parser.parse_known_args()[0].smoke:
         parser.set_defaults(**SMOKE)
     args = parser.parse_args()
-    if args.keras_jax_child:
-        measure_keras_jax(args, json.loads(args.keras_jax_child))
-        return
-    with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
-        measure(args, Path(tmp))
+    with tempfile.TemporaryDirectory(prefix="bench-train-") as folder:
+        tmp = Path(folder)
+        convert_competition(make_demo_competition(tmp / "competition"), tmp / "records", Config().data)
+        save_tiny_backbone(tmp / "backbone", width=args.width)
+        save_tiny_keras_backbone(tmp / "backbone.keras", width=args.width)
+        report(args, {framework: measure(framework, args, tmp) for framework in FRAMEWORKS})
+
 
 if __name__ == "__main__":
     main()

@@ -14,9 +14,9 @@ REPO = Path(__file__).resolve().parents[1]
 # One row each, by the benchmark column; kernel+XLA is timed too where a GPU is present.
 EXPECTED = {
     "input pipeline": r"input pipeline \d+px, 1 core\(s\)",
-    "training": r"training, steps_per_execution=\d+ \(\d+px, batch \d+\)",
-    "training on keras_jax": r"training, keras_jax vs tf_keras fit \(\d+px, batch \d+\)",
-    "keras_jax's fit path": r"training, keras_jax fit vs train_on_batch \(\d+px, batch \d+\)",
+    "training, tf_keras": r"training kernel path, tf_keras \(\d+px, batch \d+\)",
+    "training, keras_jax": r"training kernel path, keras_jax \(\d+px, batch \d+\)",
+    "training, keras_jax vs tf_keras": r"training, keras_jax vs tf_keras kernel path \(\d+px, batch \d+\)",
     "inference": r"inference kernel, (EfficientNet-B0|tiny backbone) \d+px",
 }
 OPTIONAL = {"inference with XLA": r"inference kernel\+XLA, (EfficientNet-B0|tiny backbone) \d+px"}
