@@ -33,13 +33,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import common  # noqa: F401,E402
-from common.card import ModelCard  # noqa: E402
-from common.config import load_config  # noqa: E402
-from common.data import make_image_file_dataset  # noqa: E402
-from common.export import load_export, write_export  # noqa: E402
-from common.inference import ensemble_probabilities  # noqa: E402
-from common.model import build_model  # noqa: E402
-from common.tasks import TASKS  # noqa: E402
+from common.core.config import load_config  # noqa: E402
+from common.data.pipeline import make_image_file_dataset  # noqa: E402
+from common.export.card import ModelCard  # noqa: E402
+from common.export.loader import load_export  # noqa: E402
+from common.export.writer import write_export  # noqa: E402
+from common.inference.ensemble import ensemble_probabilities  # noqa: E402
+from common.tasks.types import TASKS  # noqa: E402
+from common.training.backends.tf_keras.model import build_model  # noqa: E402
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402

@@ -46,7 +46,7 @@ def write_records(out_dir: Path, n_images: int, n_shards: int = 8, size: int = 5
     import io
 
     import common  # noqa: F401
-    from common.tfrecords import RecordSchema, serialize_example
+    from common.data.records import RecordSchema, serialize_example
 
     import numpy as np
     import tensorflow as tf
@@ -80,9 +80,9 @@ def measure(cores: int, files: list[str], seconds: float, rounds: int, augmentat
     """Runs inside a process pinned to `cores` cores (before TensorFlow is imported, so its pools size to them)."""
     os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:cores]))
     import common  # noqa: F401
-    from common.config import load_config
-    from common.data import AUTOTUNE, make_train_dataset, parse_record
-    from common.tfrecords import RecordSchema
+    from common.core.config import load_config
+    from common.data.pipeline import AUTOTUNE, make_train_dataset, parse_record
+    from common.data.records import RecordSchema
 
     import tensorflow as tf
 

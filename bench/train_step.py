@@ -4,8 +4,8 @@ batches, and the optimiser steps each actually took.
     .venv/bin/python bench/train_step.py [--image-size 32] [--batch 32] [--width 16] [--epochs 3]
 
 For tf_keras and for keras_jax, one after the other in this process: the backend the kernel starts
-(common.frameworks.start_backend, one device: TensorFlow's default strategy, one JAX device), built on the fold's
-plan (common.plan.plan_fold) with the config's train.steps_per_execution (32), trains by its own fit
+(common.training.backends.registry.start_backend, one device: TensorFlow's default strategy, one JAX device), built on
+the fold's plan (common.training.plan.plan_fold) with the config's train.steps_per_execution (32), trains by its own fit
 (backend.fit, the fold's epoch hooks) from the product's make_train_dataset over the demo competition's TFRecords on
 disk. Epoch 1 (tracing, compiling, filling the pipeline) is not timed; the figure is the median of the others. Then
 the same model, as trained, fits the same number of batches held in memory as NumPy arrays: no TFRecord reading,
@@ -35,12 +35,12 @@ os.environ.setdefault("KERAS_BACKEND", "jax")  # the keras_jax route in this pro
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import common  # noqa: F401,E402
-from common.config import Config, load_config  # noqa: E402
-from common.conversion import convert_competition  # noqa: E402
-from common.data import make_train_dataset  # noqa: E402
-from common.frameworks import start_backend  # noqa: E402
-from common.plan import plan_fold  # noqa: E402
-from common.tfrecords import record_set  # noqa: E402
+from common.core.config import Config, load_config  # noqa: E402
+from common.data.conversion import convert_competition  # noqa: E402
+from common.data.pipeline import make_train_dataset  # noqa: E402
+from common.data.records import record_set  # noqa: E402
+from common.training.backends.registry import start_backend  # noqa: E402
+from common.training.plan import plan_fold  # noqa: E402
 
 import numpy as np  # noqa: E402
 

@@ -19,23 +19,23 @@ import time
 from pathlib import Path
 
 import common  # noqa: F401
-from common.config import format_config, parse_kernel_args
-from common.env import environment_report
-from common.errors import UserError
-from common.inference import ensemble_predict, ensemble_thresholds, load_members, tta_view_names
-from common.kernel import guarded
-from common.paths import output_dir, resolve_data_path
-from common.strategy import get_strategy, split_cpu
-from common.submission import (
+from common.core.config import format_config, parse_kernel_args
+from common.core.errors import UserError
+from common.core.paths import output_dir, resolve_data_path
+from common.core.platform import environment_report
+from common.core.strategy import get_strategy, split_cpu
+from common.data.sources import find_test_images
+from common.inference.ensemble import ensemble_predict, ensemble_thresholds, load_members, tta_view_names
+from common.inference.submission import (
     check_record_ids,
     check_template_classes,
     check_test_images,
-    find_test_images,
     read_template,
     submission_rows,
     write_csv_atomically,
 )
-from common.tasks import get_task
+from common.launch.kernel import guarded
+from common.tasks.types import get_task
 
 
 def competition_template(cfg):
@@ -49,8 +49,8 @@ def competition_template(cfg):
 
 def test_batches(cfg, card, template, csv_name: str):
     """Batches of {'image', 'id'} at the card's image size: from the competition's test images, or test records."""
-    from common.data import make_eval_dataset, make_image_file_dataset, read_ids_and_labels
-    from common.tfrecords import RecordSchema, glob_files, has_manifest, read_manifest, shard_paths
+    from common.data.pipeline import make_eval_dataset, make_image_file_dataset, read_ids_and_labels
+    from common.data.records import RecordSchema, glob_files, has_manifest, read_manifest, shard_paths
 
     size = card.image_size
     if cfg.runtime.competition_dir and not cfg.runtime.tfrecords:

@@ -9,12 +9,12 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
 
 import common  # noqa: F401, E402  (sets TF_USE_LEGACY_KERAS before tensorflow is imported)
-from common.strategy import split_cpu
+from common.core.strategy import split_cpu
 
 split_cpu(2)
 
-from common.config import Config  # noqa: E402
-from common.conversion import convert_competition  # noqa: E402
+from common.core.config import Config  # noqa: E402
+from common.data.conversion import convert_competition  # noqa: E402
 
 import pytest  # noqa: E402
 

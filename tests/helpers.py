@@ -54,8 +54,8 @@ def read_csv(path: Path) -> list[dict]:
 
 def read_records(files, schema=None, labeled=True) -> list[dict]:
     """Every record of the files, parsed with the project's own parser: [{'id', 'image' (bytes), 'label'?}]."""
-    from common.data import parse_record
-    from common.tfrecords import RecordSchema
+    from common.data.pipeline import parse_record
+    from common.data.records import RecordSchema
 
     import tensorflow as tf
 
@@ -89,7 +89,7 @@ def fake_wheel(folder: Path, name: str, version: str, files: dict[str, str], req
 _FAKE_TENSORFLOW = """import os, signal
 BUILD = {distribution!r}
 __version__ = {version!r}
-if os.environ.get("TPU2GPU_TPU_PROBE"):  # probed (common/tpu_probe.py): a stand-in TPU, see STAND_IN_TPU
+if os.environ.get("TPU2GPU_TPU_PROBE"):  # probed (common/launch/probe_child.py): a stand-in TPU, see STAND_IN_TPU
     from tensorflow._stand_in_tpu import *  # noqa: F401,F403
 elif os.environ.get("FAKE_TENSORFLOW") == "exit":  # stands for the rest of the kernel: it got this far
     import sys

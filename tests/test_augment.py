@@ -3,12 +3,12 @@ the shapes they keep, and that training runs with them on two replicas under bot
 
 import time
 
-from common.config import load_config
-from common.data import affine_transform, augment, check_mixing, cutmix, cutout, make_train_dataset, mixup
-from common.errors import ConfigError
-from common.strategy import get_strategy
-from common.tasks import TASKS
-from common.tfrecords import record_set, split_files
+from common.core.config import load_config
+from common.core.errors import ConfigError
+from common.core.strategy import get_strategy
+from common.data.pipeline import affine_transform, augment, check_mixing, cutmix, cutout, make_train_dataset, mixup
+from common.data.records import record_set, split_files
+from common.tasks.types import TASKS
 
 import numpy as np
 import pytest
@@ -113,8 +113,8 @@ def test_the_pipeline_yields_static_soft_targets(demo_records):
 
 @pytest.mark.parametrize("loop", ["fit", "custom"])
 def test_mixing_trains_on_two_replicas(demo_records, tiny_backbone, tmp_path, loop):
-    from common.backend_tf import TFBackend
-    from common.fold import train_fold
+    from common.training.backends.tf_keras.backend import TFBackend
+    from common.training.fold import train_fold
 
     records_dir, _ = demo_records
     cfg = load_config(None, [f"model.hub_handle={tiny_backbone}", "data.image_size=16", "train.epochs=2",

@@ -1,7 +1,7 @@
 import json
 
-from common.config import Config, load_config, parse_override, save_config
-from common.errors import ConfigError
+from common.core.config import Config, load_config, parse_override, save_config
+from common.core.errors import ConfigError
 
 import pytest
 
@@ -107,7 +107,7 @@ def test_every_number_declares_its_range_on_its_field():
     import dataclasses
     import typing
 
-    from common.config_fields import in_range
+    from common.core.fields import in_range
 
     undeclared, outside = [], []
     for section in dataclasses.fields(Config):
@@ -124,7 +124,7 @@ def test_every_number_declares_its_range_on_its_field():
 
 
 def test_ranges_are_read_as_written():
-    from common.config_fields import in_range, within
+    from common.core.fields import in_range, within
 
     assert in_range(0, "[0, 1)") and not in_range(1, "[0, 1)") and not in_range(0, "(0, 1]") and in_range(1, "(0, 1]")
     assert in_range(float("inf"), "[0, inf)") and in_range(-5, "(-inf, inf)") and not in_range(-2, "[-1, inf)")
@@ -134,7 +134,7 @@ def test_ranges_are_read_as_written():
 
 
 def test_task_choices_are_the_tasks_known_when_the_value_is_set(monkeypatch):
-    from common.tasks import TASKS
+    from common.tasks.types import TASKS
 
     with pytest.raises(ConfigError, match=r"config key 'data.task' must be one of \['multiclass', 'binary', "
                                           r"'multilabel', 'regression'\], got 'ordinal'"):

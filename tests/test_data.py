@@ -1,8 +1,8 @@
-from common.config import load_config
-from common.data import augment, decode_image, make_eval_dataset, make_image_file_dataset, make_train_dataset
-from common.errors import DataError
-from common.strategy import get_strategy
-from common.tfrecords import RecordSchema, serialize_example, shard_paths, split_files
+from common.core.config import load_config
+from common.core.errors import DataError
+from common.core.strategy import get_strategy
+from common.data.pipeline import augment, decode_image, make_eval_dataset, make_image_file_dataset, make_train_dataset
+from common.data.records import RecordSchema, serialize_example, shard_paths, split_files
 
 import numpy as np
 import pytest
@@ -116,7 +116,7 @@ def test_no_files_and_no_images_are_user_errors_that_name_the_fix():
 def test_foreign_records_are_counted_and_their_labels_checked_before_training(tmp_path):
     """Flowers-schema records named like `train-00000-of-00002.tfrecord`: the name says 2 (or 0), the files hold 7
     and 3. A label outside data.class_names and a misnamed feature are named before any training."""
-    from common.tfrecords import SCAN_CACHE, record_set
+    from common.data.records import SCAN_CACHE, record_set
 
     schema = RecordSchema(image="image", label="class", id="id")
     for split, labels in (("train", [0, 1, 2, 3, 0, 1, 2]), ("val", [3, 2, 1])):

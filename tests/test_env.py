@@ -2,8 +2,8 @@ import os
 import subprocess
 import sys
 
-from common.env import detect_platform, environment_report, tpu_hardware_signals
-from common.strategy import get_strategy
+from common.core.platform import detect_platform, environment_report, tpu_hardware_signals
+from common.core.strategy import get_strategy
 
 
 def test_legacy_keras_is_set_before_tensorflow():

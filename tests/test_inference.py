@@ -4,12 +4,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from common.card import ExportError, read_card
-from common.data import make_image_file_dataset
-from common.errors import DataError
-from common.export import load_export
-from common.inference import ensemble_probabilities
-from common.submission import find_test_images, read_template
+from common.core.errors import DataError
+from common.data.pipeline import make_image_file_dataset
+from common.data.sources import find_test_images
+from common.export.card import ExportError, read_card
+from common.export.loader import load_export
+from common.inference.ensemble import ensemble_probabilities
+from common.inference.submission import read_template
 
 import numpy as np
 import pytest
@@ -23,9 +24,8 @@ from helpers import read_csv, write_csv
 REPO = Path(__file__).resolve().parents[1]
 # What the inference kernel must run without: Keras 2 and TF Hub (the GPU image may lack them), scikit-learn (folds
 # and metrics are training's), and every training module.
-TRAINING_ONLY = ("tf_keras", "tensorflow_hub", "sklearn", "common.plan", "common.fold", "common.folds",
-                 "common.fold_export", "common.backend_tf", "common.custom_loop", "common.model", "common.conversion",
-                 "common.conversion_images", "common.budget", "train_tpu", "tpu2gpu")
+TRAINING_ONLY = ("tf_keras", "tensorflow_hub", "sklearn", "common.training", "common.data.conversion",
+                 "common.data.images", "train_tpu", "tpu2gpu")  # common.training: the package and all below it
 BLOCK_TRAINING = f"import sys; sys.modules.update(dict.fromkeys({TRAINING_ONLY!r})); "
 
 
@@ -82,7 +82,7 @@ def test_tta_and_ensemble_arithmetic(trained_export, demo_dir):
 
 
 def _mirrored():
-    from common.strategy import get_strategy
+    from common.core.strategy import get_strategy
 
     return get_strategy("mirrored")
 
@@ -157,7 +157,7 @@ def test_a_test_id_missing_from_the_records(tmp_path, trained_export, competitio
 
 def test_the_inference_kernel_and_its_config_load_with_every_training_dependency_blocked():
     code = BLOCK_TRAINING + (
-        "import infer_gpu.infer; from common.config import parse_kernel_args; "
+        "import infer_gpu.infer; from common.core.config import parse_kernel_args; "
         "cfg = parse_kernel_args('', ['--set', 'infer.tta=[flip_left_right]', '--set', 'infer.cut_folds=exclude', "
         "'--set', 'data.task=multilabel', '--set', 'train.epochs=3']); "
         "print(cfg.infer.tta, cfg.infer.cut_folds, cfg.data.task, cfg.train.epochs); "
@@ -167,16 +167,19 @@ def test_the_inference_kernel_and_its_config_load_with_every_training_dependency
     assert run.returncode == 0, run.stderr[-3000:]
     values, modules = run.stdout.strip().splitlines()[-2:]
     assert values == "('flip_left_right',) exclude multilabel 3"
-    assert eval(modules) == ["common", "common.atomic", "common.card", "common.config", "common.config_fields",
-                             "common.env", "common.errors", "common.export", "common.inference", "common.kernel",
-                             "common.paths", "common.strategy", "common.submission", "common.task_parts",
-                             "common.tasks", "common.tpu_stack"]
+    # The loader, not the writer; the launcher and its route table, not the TPU installer.
+    assert eval(modules) == [
+        "common", "common.core", "common.core.config", "common.core.errors", "common.core.fields", "common.core.paths",
+        "common.core.platform", "common.core.strategy", "common.data", "common.data.sources", "common.export",
+        "common.export.card", "common.export.loader", "common.inference", "common.inference.ensemble",
+        "common.inference.submission", "common.launch", "common.launch.candidates", "common.launch.kernel",
+        "common.launch.routes", "common.tasks", "common.tasks.parts", "common.tasks.types"]
 
 
 def test_a_float16_signature_only_where_the_saved_graph_computes_in_float16(efficientnet_export, trained_export,
                                                                             demo_dir, tmp_path):
-    from common.export import saved_census
-    from common.inference import inference_precision
+    from common.export.census import saved_census
+    from common.inference.ensemble import inference_precision
 
     # The efficientnet package's backbone follows the policy: every convolution of serving_float16 is float16.
     export = efficientnet_export / "fold0"

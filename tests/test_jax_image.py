@@ -22,7 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from common.config import load_config
+from common.core.config import load_config
 
 import pytest
 
@@ -149,7 +149,7 @@ def tf_route_export(out: Path, demo_dir: Path) -> Path:
     backbone = save_tiny_backbone(out / "backbone")
     settings = [f"runtime.competition_dir={demo_dir}", f"runtime.tfrecords={out / 'records'}",
                 f"model.hub_handle={backbone}", f"runtime.output_dir={out / 'train'}", "train.batch_size=64"]
-    from common.conversion import convert_competition
+    from common.data.conversion import convert_competition
 
     convert_competition(demo_dir, out / "records", load_config(REPO / "configs" / "demo.yaml").data)
     run = subprocess.run([sys.executable, "-m", "train_tpu.train", "--config", str(REPO / "configs" / "demo.yaml"),

@@ -67,9 +67,9 @@ def test_each_task_trains_with_keras_on_jax_and_exports_the_same_contract(task, 
 
 
 def test_keras_jax_refuses_what_it_cannot_train(tmp_path, demo_records, tiny_backbone):
-    from common.config import load_config
-    from common.errors import ConfigError
-    from common.frameworks import start_backend
+    from common.core.config import load_config
+    from common.core.errors import ConfigError
+    from common.training.backends.registry import start_backend
 
     cfg = load_config(None, ["train.framework=keras_jax", "train.loop=custom"])
     with pytest.raises(ConfigError, match="train.loop='custom' is the tf_keras route's"):
@@ -83,9 +83,9 @@ def test_keras_jax_refuses_what_it_cannot_train(tmp_path, demo_records, tiny_bac
 
 
 def test_keras_applications_efficientnet_settings_are_checked_before_anything_is_built(tmp_path):
-    from common.config import load_config
-    from common.errors import ConfigError
-    from common.model_keras import build_keras_model
+    from common.core.config import load_config
+    from common.core.errors import ConfigError
+    from common.training.backends.keras_jax.model import build_keras_model
 
     def model(*settings):
         return build_keras_model(load_config(None, ["model.backbone=efficientnet", *settings]).model, 3, 32)
@@ -104,9 +104,9 @@ def test_keras_applications_efficientnet_settings_are_checked_before_anything_is
 def test_keras_applications_efficientnet_builds_under_jax_and_follows_the_policy(variant):
     """Slow (about 20-40 s each on 2 cores): keras.applications' EfficientNet as the keras_jax route builds it, with
     random weights; under mixed_bfloat16 the backbone computes in bfloat16 and the head's output stays float32."""
-    from common.config import load_config
-    from common.model import precision_by_part
-    from common.model_keras import build_keras_model
+    from common.core.config import load_config
+    from common.training.backends.keras_jax.model import build_keras_model
+    from common.training.backends.tf_keras.model import precision_by_part
 
     import numpy as np
 
@@ -122,9 +122,9 @@ def test_keras_applications_efficientnet_builds_under_jax_and_follows_the_policy
 def test_a_loaded_keras_backbone_is_reported_in_the_dtypes_its_layers_compute_in(tiny_keras_backbone):
     """A .keras backbone keeps its saved float32 layers under mixed_float16: the card and the float16 note say so
     (the Keras 3 wrapper around it reports the global policy, float16, which the op census contradicts)."""
-    from common.config import load_config
-    from common.model import precision_by_part
-    from common.model_keras import build_keras_model
+    from common.core.config import load_config
+    from common.training.backends.keras_jax.model import build_keras_model
+    from common.training.backends.tf_keras.model import precision_by_part
 
     cfg = load_config(None, ["model.backbone=keras", f"model.keras_backbone={tiny_keras_backbone}"])
     model = build_keras_model(cfg.model, 3, 16, policy="mixed_float16")
@@ -134,10 +134,10 @@ def test_a_loaded_keras_backbone_is_reported_in_the_dtypes_its_layers_compute_in
 def test_a_keras_jax_checkpoint_restores_model_optimiser_and_epochs(tmp_path, tiny_keras_backbone):
     """Resume on the keras_jax route: what save_checkpoint wrote, a fresh backend restores (weights, the optimiser's
     step count and moments, the epochs done); with no checkpoint it starts at 0."""
-    from common.backend_jax import JaxBackend
-    from common.config import load_config
-    from common.plan import plan_fold
-    from common.tasks import TASKS
+    from common.core.config import load_config
+    from common.tasks.types import TASKS
+    from common.training.backends.keras_jax.backend import JaxBackend
+    from common.training.plan import plan_fold
 
     import numpy as np
 

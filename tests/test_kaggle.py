@@ -3,8 +3,9 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
-from common.config import load_config
+from common.core.config import load_config
 
 import pytest
 
@@ -19,6 +20,8 @@ PROJECT = ["kaggle.owner=tester", "kaggle.competition=digit-comp", f"kaggle.mode
            "kaggle.tpu_wheels=tpu-wheels",
            "data.image_size=16", "train.fold=0", "train.epochs=2", "train.steps_per_epoch=4",
            "train.batch_size_per_replica=16", "train.learning_rate=0.05", "train.export_float16=false"]
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def flags(*overrides: str) -> list[str]:
@@ -387,17 +390,18 @@ def test_verify_export_before_publishing(trained_export, tmp_path, capsys):
     (broken / "fold0" / "model_card.json").write_text(json.dumps({**card, "complete": False}))
     assert main(["verify-export", "--export", str(broken)]) == 2
     assert "is not marked complete" in capsys.readouterr().err
-    from common.export import ExportError
+    from common.export.card import ExportError
 
     with pytest.raises(ExportError, match="not marked complete"):  # publish checks before it uploads anything
         workflow.publish_export(broken, tmp_path / "unused.json", "tester/tpu2gpu-model", "m")
 
 
 def test_the_export_check_runs_on_the_cpu_alone():
-    from common.export import cpu_only_environment
+    from common.core.children import bundle_root, cpu_only_environment
 
     tpu_vm = {"ISTPUVM": "1", "TPU_ACCELERATOR_TYPE": "v5litepod-8", "TPU_WORKER_ID": "0", "PATH": "/usr/bin",
               "CUDA_VISIBLE_DEVICES": "0,1", "PYTHONPATH": "/extra"}
-    env = cpu_only_environment(tpu_vm, "/bundle.zip")
+    env = cpu_only_environment(tpu_vm)
     assert env == {"PATH": "/usr/bin", "CUDA_VISIBLE_DEVICES": "-1", "TPU_LOAD_LIBRARY": "0",
-                   "TPU_SKIP_MDS_QUERY": "1", "PYTHONPATH": f"/bundle.zip{os.pathsep}/extra"}
+                   "TPU_SKIP_MDS_QUERY": "1", "PYTHONPATH": f"{bundle_root()}{os.pathsep}/extra"}
+    assert bundle_root() == str(REPO)  # the folder that holds `common`: here the repository, in a kernel its zip

@@ -1,10 +1,10 @@
-from common.config import load_config
-from common.data import make_train_dataset
-from common.errors import ConfigError
-from common.model import build_model, compile_model, learning_rate_schedule
-from common.strategy import get_strategy
-from common.tasks import TASKS
-from common.tfrecords import split_files
+from common.core.config import load_config
+from common.core.errors import ConfigError
+from common.core.strategy import get_strategy
+from common.data.pipeline import make_train_dataset
+from common.data.records import split_files
+from common.tasks.types import TASKS
+from common.training.backends.tf_keras.model import build_model, compile_model, learning_rate_schedule
 
 import numpy as np
 import pytest
@@ -87,9 +87,9 @@ def test_both_loops_train_under_mirrored_strategy(demo_records, tiny_backbone, t
     """fit and the custom loop, each for a few steps on two replicas, through train_fold."""
     import time
 
-    from common.backend_tf import TFBackend
-    from common.fold import train_fold
-    from common.tfrecords import record_set
+    from common.data.records import record_set
+    from common.training.backends.tf_keras.backend import TFBackend
+    from common.training.fold import train_fold
 
     records_dir, _ = demo_records
     strategy = get_strategy("mirrored")

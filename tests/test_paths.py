@@ -1,8 +1,8 @@
 import sys
 import types
 
-from common.errors import DataPathError
-from common.paths import KAGGLE_ROOT_ENV, kaggle_working_dir, resolve_data_path
+from common.core.errors import DataPathError
+from common.core.paths import KAGGLE_ROOT_ENV, kaggle_working_dir, resolve_data_path
 
 import pytest
 

@@ -1,10 +1,10 @@
-"""A fold's plan (common/plan.py) is arithmetic on the config and the record counts: tested without a model."""
+"""A fold's plan (common/training/plan.py) is arithmetic on the config and the record counts: tested without a model."""
 
 from types import SimpleNamespace
 
-from common.config import load_config
-from common.errors import ConfigError, StrategyError
-from common.plan import needs_train_labels, plan_fold, whole_executions
+from common.core.config import load_config
+from common.core.errors import ConfigError, StrategyError
+from common.training.plan import needs_train_labels, plan_fold, whole_executions
 
 import numpy as np
 import pytest
@@ -32,9 +32,9 @@ def test_batch_steps_and_schedule_follow_the_replicas():
 
 def test_the_pure_schedule_is_the_one_each_backend_builds():
     """plan.learning_rate (for the plot and any backend) equals Keras' CosineDecay with warm-up that
-    common.model.learning_rate_schedule builds from the same plan: tf_keras' (tf_keras route) and Keras 3's on JAX
-    (keras_jax route)."""
-    from common.model import learning_rate_schedule
+    common.training.backends.tf_keras.model.learning_rate_schedule builds from the same plan: tf_keras' (tf_keras route)
+    and Keras 3's on JAX (keras_jax route)."""
+    from common.training.backends.tf_keras.model import learning_rate_schedule
 
     import keras
 

@@ -54,7 +54,7 @@ def test_every_readme_command_runs_as_written():
 def test_config_reference_in_the_readme_is_current():
     import dataclasses
 
-    from common.config import Config, config_reference
+    from common.core.config import Config, config_reference
 
     table = README.split("<!-- config-reference:start -->\n", 1)[1].split("\n<!-- config-reference:end -->", 1)[0]
     assert table == config_reference()
@@ -66,8 +66,8 @@ def test_config_reference_in_the_readme_is_current():
 
 def test_task_type_configs_in_the_readme_are_valid():
     """Each competition's `section: {...}` snippets in the Task types section load as a config."""
-    from common.config import config_from_dict, load_config
-    from common.tasks import get_task
+    from common.core.config import config_from_dict, load_config
+    from common.tasks.types import get_task
 
     import yaml
 

@@ -8,10 +8,10 @@ endless training dataset, does not stop at an epoch's end: with 9 steps per epoc
 
 import time
 
-from common.config import load_config
-from common.fold import train_fold
-from common.frameworks import start_backend
-from common.tfrecords import record_set
+from common.core.config import load_config
+from common.data.records import record_set
+from common.training.backends.registry import start_backend
+from common.training.fold import train_fold
 
 import numpy as np
 import pytest
@@ -89,9 +89,9 @@ def test_a_loop_that_trains_more_than_planned_stops_the_fold_at_its_first_epoch(
                                                                                  monkeypatch, tmp_path):
     """The fold's own guard, against Keras 3 on JAX as it behaves without the divisor: 3 executions of 4 steps in a
     9-step epoch. The fold stops at epoch 1 with the counts, instead of training on at a rate of zero."""
-    import common.backend_jax
+    from common.training.backends.keras_jax import backend
 
-    monkeypatch.setattr(common.backend_jax, "whole_executions", lambda setting, steps_per_epoch: setting)
+    monkeypatch.setattr(backend, "whole_executions", lambda setting, steps_per_epoch: setting)
     records_dir, _ = demo_records
     with pytest.raises(RuntimeError, match=r"epoch 1 ended at optimiser step 12 where the plan ends it at 9 \(9 steps "
                                            r"per epoch\): the keras_jax training loop ran more steps"):

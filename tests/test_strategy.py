@@ -1,9 +1,9 @@
 import subprocess
 import sys
 
-from common.errors import StrategyError
-from common.plan import global_batch_size, scaled_learning_rate
-from common.strategy import get_strategy
+from common.core.errors import StrategyError
+from common.core.strategy import get_strategy
+from common.training.plan import global_batch_size, scaled_learning_rate
 
 import pytest
 import tensorflow as tf
@@ -17,7 +17,7 @@ def test_default_strategy_on_cpu():
 
 
 def test_auto_on_a_plain_cpu_is_the_default_strategy():
-    code = "import common; from common.strategy import get_strategy; s = get_strategy('auto'); " \
+    code = "import common; from common.core.strategy import get_strategy; s = get_strategy('auto'); " \
            "print(type(s).__name__, s.num_replicas_in_sync)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["_DefaultDistributionStrategy", "1"]
@@ -56,7 +56,7 @@ def test_tpu_hardware_that_tensorflow_cannot_see_is_an_error_not_a_cpu_fallback(
         in message
     assert "runtime.strategy=default" in message
     installed = {"tensorflow-tpu": "2.20.0", "libtpu": "0.0.17", "tf-keras": "2.20.1"}  # after the stack install
-    monkeypatch.setattr("common.tpu_stack.installed_versions", lambda: installed)
+    monkeypatch.setattr("common.launch.tpu_stack.installed_versions", lambda: installed)
     with pytest.raises(StrategyError, match=r"The TPU stack is installed \(tensorflow-tpu 2\.20\.0, libtpu 0\.0\.17, "
                        r"tf-keras 2\.20\.1\), but no TPU answered"):
         get_strategy("auto")

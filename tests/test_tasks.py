@@ -15,10 +15,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from common.config import load_config
-from common.conversion import convert_competition
-from common.errors import ConfigError, DataError
-from common.tasks import TASKS
+from common.core.config import load_config
+from common.core.errors import ConfigError, DataError
+from common.data.conversion import convert_competition
+from common.tasks.types import TASKS
 
 import numpy as np
 import pytest
@@ -163,8 +163,8 @@ def ordinal_task():
     number of outputs over 0.5, scored by quadratic weighted kappa. Everything else is multiclass's."""
     import dataclasses
 
-    from common import task_parts as parts
-    from common.tasks import MULTICLASS
+    from common.tasks import parts
+    from common.tasks.types import MULTICLASS
 
     def cumulative(labels, num_classes, scaling):  # grade 3 of 10 -> [1, 1, 1, 0, 0, 0, 0, 0, 0]
         tf = parts.tensorflow()
@@ -186,7 +186,7 @@ def ordinal_task():
 
 def test_a_fifth_task_defined_in_a_test_alone_trains_and_predicts_end_to_end(tmp_path, demo_dir, tiny_backbone,
                                                                             monkeypatch):
-    from common.tasks import TASKS as tasks
+    from common.tasks.types import TASKS as tasks
 
     from infer_gpu.infer import main as infer_main
 
@@ -279,7 +279,7 @@ def test_multilabel_from_one_column_per_class_and_an_unknown_template_label(tmp_
             counts[label] += 1
     totals = [sum(s["label_counts"][str(k)] for n, s in manifest["splits"].items() if n != "test") for k in range(4)]
     assert totals == [counts[n] for n in names]
-    from common.submission import check_template_classes, read_template
+    from common.inference.submission import check_template_classes, read_template
 
     write_csv(competition / "sample_submission.csv", ["image", "labels"], [["digit_0001", "even rust"]])
     with pytest.raises(DataError, match=r"uses labels \['rust'\] in column 'labels' that the model does not know"):
@@ -306,7 +306,7 @@ def test_balanced_class_weights_scale_each_examples_loss():
     targets, outputs = tf.constant([[1.0], [0.0], [0.5]]), tf.constant([[0.8], [0.8], [0.8]])
     expected = [2.0 * -np.log(0.8), 0.5 * -np.log(0.2), 1.25 * -(0.5 * np.log(0.8) + 0.5 * np.log(0.2))]
     np.testing.assert_allclose(loss(targets, outputs).numpy(), expected, rtol=1e-5)  # soft targets mix the weights
-    from common.task_parts import keras_ops  # the same loss written once, run as Keras 3 ops (keras_jax: JAX)
+    from common.tasks.parts import keras_ops  # the same loss written once, run as Keras 3 ops (keras_jax: JAX)
 
     on_jax = binary.loss(0.0, [0.5, 2.0], ops=keras_ops())(targets.numpy(), outputs.numpy())
     np.testing.assert_allclose(np.asarray(on_jax), expected, rtol=1e-5)

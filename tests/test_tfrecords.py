@@ -2,10 +2,17 @@ import json
 import math
 from pathlib import Path
 
-from common.config import Config, load_config
-from common.conversion import MB
-from common.errors import DataError
-from common.tfrecords import RecordSchema, record_set, schema_from_config, serialize_example, shard_paths, split_files
+from common.core.config import Config, load_config
+from common.core.errors import DataError
+from common.data.conversion import MB
+from common.data.records import (
+    RecordSchema,
+    record_set,
+    schema_from_config,
+    serialize_example,
+    shard_paths,
+    split_files,
+)
 
 import pytest
 
@@ -51,7 +58,7 @@ def test_demo_round_trip(demo_dir, demo_records):
 
 
 def test_shards_are_sized_to_the_target(demo_dir, tmp_path):
-    from common.conversion import convert_competition
+    from common.data.conversion import convert_competition
 
     cfg = load_config(None, ["data.shard_target_mb=0.08"])
     manifest = convert_competition(demo_dir, tmp_path / "small", cfg.data)
@@ -69,7 +76,7 @@ def test_holdout_split_integer_labels_and_resize(tmp_path):
     comp = write_competition(tmp_path / "comp", labels, size=20, fmt="PNG")
     cfg = load_config(None, ["data.folds=0", "data.val_fraction=0.2", "data.convert_size=12",
                              "data.reencode=jpeg"])
-    from common.conversion import convert_competition
+    from common.data.conversion import convert_competition
 
     manifest = convert_competition(comp, tmp_path / "rec", cfg.data)
     assert manifest["class_names"] == ["0", "1", "2"] and manifest["label_type"] == "int"
@@ -89,7 +96,7 @@ def _no_output_left(out: Path) -> bool:
 
 
 def _convert_fails(comp: Path, out: Path, *overrides: str) -> str:
-    from common.conversion import convert_competition
+    from common.data.conversion import convert_competition
 
     with pytest.raises(DataError) as err:
         convert_competition(comp, out, load_config(None, overrides).data)
@@ -157,7 +164,7 @@ def test_an_image_of_another_format_is_stored_only_when_reencoded(tmp_path):
     message = _convert_fails(comp, tmp_path / "out", "data.folds=2")
     assert "train.csv line 7 (id 'img005')" in message and "is a WEBP image" in message
     assert "--set data.reencode=jpeg" in message
-    from common.conversion import convert_competition
+    from common.data.conversion import convert_competition
 
     manifest = convert_competition(comp, tmp_path / "out", load_config(None, ["data.folds=2",
                                                                                "data.reencode=jpeg"]).data)
@@ -182,7 +189,7 @@ def test_empty_images_folder(tmp_path):
 
 
 def test_a_failed_rerun_keeps_the_previous_complete_output(tmp_path):
-    from common.conversion import convert_competition
+    from common.data.conversion import convert_competition
 
     comp = write_competition(tmp_path / "comp", ["a", "b"] * 6)
     out = tmp_path / "out"
@@ -232,7 +239,7 @@ def test_label_columns_and_empty_labels_are_for_tasks_whose_label_is_a_set(tmp_p
                               "multiclass. Fix: data.label_column")
     assert _convert_fails(comp, tmp_path / "out", "data.folds=2") == "train.csv line 3 (id 'img001'): empty label " \
         "in column 'label'"
-    from common.conversion import convert_competition
+    from common.data.conversion import convert_competition
 
     cfg = load_config(None, ["data.task=multilabel", "data.folds=2"])
     manifest = convert_competition(comp, tmp_path / "out", cfg.data)  # an empty set of labels is a label

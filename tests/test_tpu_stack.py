@@ -1,5 +1,5 @@
-"""The training kernel's runtime needs, checked before TensorFlow loads: the TPU stack install (common/tpu_stack.py)
-and the missing tf-keras error, run through real pip and the built kernel script.
+"""The training kernel's runtime needs, checked before TensorFlow loads: the TPU stack install
+(common/launch/tpu_stack.py) and the missing tf-keras error, run through real pip and the built kernel script.
 
 The install is exercised with small stand-in wheels (a `tensorflow` package per TensorFlow distribution, so the
 real file collision between tensorflow-cpu, tensorflow and tensorflow-tpu happens in a throwaway venv). The same code
@@ -14,8 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from common.config import load_config
-from common.tpu_stack import TpuStackError, check_wheels, parse_pins, pin_mismatches
+from common.core.config import load_config
+from common.launch.tpu_stack import TpuStackError, check_wheels, parse_pins, pin_mismatches
 
 import pytest
 
@@ -69,7 +69,8 @@ def run_in(python: Path, code: str, env: dict | None = None) -> subprocess.Compl
 
 
 def distributions(python: Path) -> dict[str, str]:
-    out = run_in(python, "from common.tpu_stack import installed_versions as v; import json; print(json.dumps(v()))")
+    out = run_in(python, "from common.launch.tpu_stack import installed_versions as v; import json; "
+                         "print(json.dumps(v()))")
     assert out.returncode == 0, out.stderr
     import json
 
@@ -122,7 +123,7 @@ def test_install_replaces_every_tensorflow_with_the_tpu_build(image_venv, tmp_pa
     assert distributions(python) == {"tensorflow": "2.21.0", "tensorflow-cpu": "2.20.0", "tf-keras": "2.21.0"}
     wheels = tmp_path / "wheels"
     tpu_wheels(wheels / "nested" / "deeper")  # a dataset made from a zip may hold its files in sub-folders
-    out = run_in(python, f"from common.tpu_stack import install_from, parse_pins; "
+    out = run_in(python, f"from common.launch.tpu_stack import install_from, parse_pins; "
                          f"print(install_from({str(wheels)!r}, parse_pins({list(PINS)!r})))")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "['tensorflow 2.21.0', 'tensorflow-cpu 2.20.0', 'tf-keras 2.21.0']"
@@ -148,7 +149,7 @@ def test_a_bad_wheels_folder_leaves_the_image_untouched(image_venv, tmp_path, da
         fake_wheel(wheels, "tf-keras", "2.20.1", {"tf_keras/__init__.py": ""}, tag="cp399-cp399-manylinux_2_17_x86_64")
         expected = r"checking the wheels .* failed .*no wheel of tf-keras==2\.20\.1 fits Python"
     before = distributions(python)
-    out = run_in(python, f"from common.tpu_stack import install_from, parse_pins; "
+    out = run_in(python, f"from common.launch.tpu_stack import install_from, parse_pins; "
                          f"install_from({str(wheels)!r}, parse_pins({list(PINS)!r}))")
     assert out.returncode == 1 and "TpuStackError" in out.stderr
     import re
@@ -165,11 +166,11 @@ def test_the_kernel_installs_from_the_attached_wheels_and_runs_once_more(image_v
     code = f"""
 import json, subprocess, sys
 from types import SimpleNamespace
-from common.tpu_negotiation import ensure_tpu_stack
+from common.launch.negotiation import ensure_tpu_stack
 cfg = SimpleNamespace(tpu_packages={list(PINS)!r}, tpu_wheels="tpu-wheels", train_internet=False, tpu_find_links="",
                       owner="tester", tpu_probe_seconds=60)
 def rerun(env):
-    check = "from common.tpu_negotiation import ensure_tpu_stack as e; import sys, json; " \\
+    check = "from common.launch.negotiation import ensure_tpu_stack as e; import sys, json; " \\
             "cfg = json.loads(sys.argv[1]); from types import SimpleNamespace as N; " \\
             "print('rerun:', e(N(**cfg), None))"
     return subprocess.run([sys.executable, "-c", check, json.dumps(vars(cfg))], env={{**__import__('os').environ,
@@ -208,7 +209,7 @@ def test_the_online_route_downloads_the_pins_and_names_one_the_index_lacks(image
     index = tpu_wheels(tmp_path / "index")
     code = f"""
 from types import SimpleNamespace
-from common.tpu_negotiation import ensure_tpu_stack
+from common.launch.negotiation import ensure_tpu_stack
 cfg = SimpleNamespace(tpu_packages={list(PINS)!r}, tpu_wheels="", train_internet=True, tpu_find_links="",
                       owner="tester", tpu_probe_seconds=60)
 print("exit", ensure_tpu_stack(cfg, lambda env: 0))
@@ -393,9 +394,9 @@ def candidate_wheels(folder: Path) -> list[str]:
 
 def test_the_kernel_runs_on_the_first_tpu_stack_that_answers_and_names_every_try(image_venv, tmp_path):
     """The built train.py on a simulated TPU VM (ISTPUVM=1, no network): each candidate is installed from the attached
-    wheels by real pip and probed in a child interpreter by the real probe (common/tpu_probe.py). Only the stand-in
-    TensorFlow's answer is simulated, by its libtpu: 0.0.10 fails as a libtpu that finds no TPU does, 0.0.14 hangs
-    past the time limit (killed), 0.0.17 answers. The kernel then runs on the third with its PJRT environment."""
+    wheels by real pip and probed in a child interpreter by the real probe (common/launch/probe_child.py). Only the
+    stand-in TensorFlow's answer is simulated, by its libtpu: 0.0.10 fails as a libtpu that finds no TPU does, 0.0.14
+    hangs past the time limit (killed), 0.0.17 answers. The kernel then runs on the third with its PJRT environment."""
     import json
 
     python = fresh_copy(image_venv, tmp_path)
@@ -442,7 +443,7 @@ def test_the_kernel_runs_on_the_first_tpu_stack_that_answers_and_names_every_try
 
 
 def test_a_failed_probe_is_named_by_its_exception_not_by_tensorflows_node_noise():
-    from common.tpu_negotiation import failure_reason
+    from common.launch.negotiation import failure_reason
 
     # The end of a real probe's stderr here: tensorflow-tpu 2.19.1 + libtpu 0.0.10 under PJRT on a machine with no TPU.
     stderr = """I0000 pjrt_api.cc:145] The PJRT plugin has PJRT API version 0.67.
@@ -464,7 +465,7 @@ TPU initialization failed: No ba16c7433 device found.
 
 
 def test_candidates_parse_in_order_and_the_older_form_is_one_stack():
-    from common.tpu_negotiation import FIRST_IMPORTED, PJRT, STREAM_EXECUTOR, every_pin, parse_candidates
+    from common.launch.negotiation import FIRST_IMPORTED, PJRT, STREAM_EXECUTOR, every_pin, parse_candidates
 
     candidates = parse_candidates(load_config().kaggle.tpu_packages)
     assert [c.label() for c in candidates] == [
@@ -481,11 +482,11 @@ def test_candidates_parse_in_order_and_the_older_form_is_one_stack():
 
 
 def test_the_pjrt_environment_points_at_the_installed_libtpu_and_a_stale_lock_is_removed(tmp_path):
-    from common.tpu_negotiation import clear_stale_lock
+    from common.launch.negotiation import clear_stale_lock
 
     (tmp_path / "libtpu").mkdir()
     (tmp_path / "libtpu" / "__init__.py").write_text("")
-    out = subprocess.run([sys.executable, "-c", "from common.tpu_negotiation import pjrt_environment as p; "
+    out = subprocess.run([sys.executable, "-c", "from common.launch.negotiation import pjrt_environment as p; "
                           "import json; print(json.dumps(p()))"], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])})
     import json
@@ -510,7 +511,7 @@ def test_the_jax_route_gets_the_images_libtpu_back_after_the_tensorflow_tries(im
     assert distributions(python)["libtpu"] == "0.0.10"  # what a TensorFlow try left
     code = """
 from types import SimpleNamespace
-from common.tpu_route import restore_image_package
+from common.launch.fallback import restore_image_package
 cfg = SimpleNamespace(tpu_wheels="tpu-wheels", owner="tester", train_internet=False, tpu_find_links="")
 restore_image_package("libtpu", "0.0.17", cfg)
 restore_image_package("libtpu", "0.0.17", cfg)  # already the image's: nothing to do

@@ -7,16 +7,17 @@ import sys
 import time
 from pathlib import Path
 
-from common.backend_tf import TFBackend
-from common.card import CARD_NAME, ExportError, ModelCard, read_card
-from common.config import load_config
-from common.custom_loop import CustomLoop
-from common.errors import ConfigError, StrategyError
-from common.export import load_export, write_export
-from common.fold import PROGRESS_NAME
-from common.model import build_model
-from common.strategy import get_strategy
-from common.tasks import TASKS
+from common.core.config import load_config
+from common.core.errors import ConfigError, StrategyError
+from common.core.strategy import get_strategy
+from common.export.card import CARD_NAME, ExportError, ModelCard, read_card
+from common.export.loader import load_export
+from common.export.writer import write_export
+from common.tasks.types import TASKS
+from common.training.backends.tf_keras.backend import TFBackend
+from common.training.backends.tf_keras.custom_loop import CustomLoop
+from common.training.backends.tf_keras.model import build_model
+from common.training.fold import PROGRESS_NAME
 
 import numpy as np
 import pytest
@@ -60,7 +61,8 @@ def test_custom_loop_step_on_two_replicas_equals_the_single_device_step(plain_ba
 
 
 def test_train_export_reload_in_a_fresh_process(train_argv, tmp_path, monkeypatch):
-    # As on a Kaggle TPU after the stack negotiation (common/tpu_negotiation.py): the stack that answered is recorded.
+    # As on a Kaggle TPU after the stack negotiation (common/launch/negotiation.py): the stack that answered is
+    # recorded.
     stack = {"stack": "tensorflow-tpu 2.20.0 + libtpu 0.0.17 (PJRT)", "runtime": "pjrt", "pins": {"libtpu": "0.0.17"}}
     monkeypatch.setenv("TPU2GPU_TPU_STACK", json.dumps(stack))
     assert train_main(train_argv()) == 0
@@ -72,7 +74,7 @@ def test_train_export_reload_in_a_fresh_process(train_argv, tmp_path, monkeypatc
     assert card.config["data"]["image_size"] == 16 and card.metrics["count"] == 288
     assert card.task == "multiclass" and card.metric["name"] == "macro_f1" and card.metrics["epochs"] == 2
     # The card's score is the one scikit-learn gives on the exported oof.csv (the fold's validation predictions).
-    from common.fold_export import read_oof
+    from common.training.finish import read_oof
 
     _, oof_labels, oof_predictions = read_oof(export / "oof.csv", TASKS["multiclass"], card.class_names)
     assert card.metric["value"] == pytest.approx(TASKS["multiclass"].score("macro_f1", oof_labels, oof_predictions),
@@ -86,7 +88,7 @@ def test_train_export_reload_in_a_fresh_process(train_argv, tmp_path, monkeypatc
 
     # A new process that cannot import tf_keras or tensorflow_hub reproduces the probabilities.
     batch = np.load(export / "verify_batch.npz")
-    code = (BLOCK_KERAS_AND_HUB + "import numpy as np; from common.export import load_export; "
+    code = (BLOCK_KERAS_AND_HUB + "import numpy as np; from common.export.loader import load_export; "
             f"card, predict = load_export({str(export)!r}); b = np.load({str(export / 'verify_batch.npz')!r}); "
             "p = predict(b['images']).numpy(); print(p.dtype, np.abs(p - b['predictions']).max())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
@@ -98,7 +100,7 @@ def test_train_export_reload_in_a_fresh_process(train_argv, tmp_path, monkeypatc
 
 def test_bfloat16_training_exports_a_float32_signature_and_says_which_part_ran_in_what(train_argv, tmp_path,
                                                                                        capsys):
-    from common.export import saved_census
+    from common.export.census import saved_census
 
     assert train_main(train_argv("train.precision=mixed_bfloat16", "train.epochs=1")) == 0
     assert tf.keras.mixed_precision.global_policy().name == "mixed_bfloat16"
@@ -152,7 +154,7 @@ def test_a_killed_run_resumes_at_the_next_epoch(train_argv, tmp_path):
 
 
 def test_fold_estimates_come_from_the_last_fold_scaled_to_the_schedule():
-    from common.budget import FoldTiming, estimate_fold_seconds, export_reserve_seconds, should_start
+    from common.training.budget import FoldTiming, estimate_fold_seconds, export_reserve_seconds, should_start
 
     timing = FoldTiming(setup=40.0, epochs=[95.0, 61.0, 60.0], export=50.0)  # first epoch compiles; cut after 3
     assert estimate_fold_seconds(timing, 10, unmeasured_minutes=0) == 40 + 95 + 9 * 60.5 + 50
@@ -167,7 +169,7 @@ def test_fold_estimates_come_from_the_last_fold_scaled_to_the_schedule():
 
 
 def test_the_budget_cuts_only_an_epoch_that_has_a_next_one():
-    from common.budget import cut_message, cuts_after
+    from common.training.budget import cut_message, cuts_after
 
     now = 1000.0  # time.monotonic() seconds; 2 epochs planned, the longest so far took 60 s
     assert cuts_after(1, 2, now, 60.0, deadline=now + 59)  # one more epoch would end past the deadline
@@ -227,7 +229,7 @@ def test_an_interrupted_export_never_looks_complete(tiny_backbone, tmp_path, mon
     def crash(folder):
         raise KeyboardInterrupt  # e.g. the session ends while checking
 
-    monkeypatch.setattr("common.export.verify_in_fresh_process", crash)
+    monkeypatch.setattr("common.export.writer.verify_in_fresh_process", crash)
     with pytest.raises(KeyboardInterrupt):
         write_export(export, model, dataclasses.replace(card, fold=1), images)
     assert read_card(export) == first  # the earlier complete export is untouched
@@ -254,7 +256,7 @@ def test_bad_inputs_name_the_value_and_the_fix(train_argv):
 
 
 def test_all_folds_in_turn_give_out_of_fold_scores(tmp_path, tiny_backbone):
-    from common.conversion import convert_competition
+    from common.data.conversion import convert_competition
 
     from helpers import write_competition
 
@@ -281,8 +283,8 @@ def test_the_best_epoch_is_exported_not_the_last(tmp_path, tiny_backbone):
     weights, not the last epoch's."""
     import io
 
-    from common.fold_export import read_oof
-    from common.tfrecords import RecordSchema, serialize_example
+    from common.data.records import RecordSchema, serialize_example
+    from common.training.finish import read_oof
 
     from PIL import Image
 
@@ -318,8 +320,8 @@ def test_the_best_epoch_is_exported_not_the_last(tmp_path, tiny_backbone):
 
 
 def test_ema_exports_the_optimisers_averaged_weights(demo_records, tiny_backbone, tmp_path):
-    from common.fold import train_fold
-    from common.tfrecords import record_set
+    from common.data.records import record_set
+    from common.training.fold import train_fold
 
     records_dir, _ = demo_records
     cfg = load_config(None, [f"model.hub_handle={tiny_backbone}", "data.image_size=16", "train.epochs=2",

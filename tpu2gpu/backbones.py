@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import common  # noqa: F401  (tf_keras as tf.keras)
-from common.atomic import staged_dir
+from common.core.atomic import staged_dir
 
 import tensorflow as tf
 

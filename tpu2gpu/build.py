@@ -23,10 +23,10 @@ import re
 import zipfile
 from pathlib import Path
 
-from common.atomic import staged_dir
-from common.config import Config, config_to_dict
-from common.errors import UserError
-from common.tpu_stack import wheels_ref
+from common.core.atomic import staged_dir
+from common.core.config import Config, config_to_dict
+from common.core.errors import UserError
+from common.launch.tpu_stack import wheels_ref
 
 from slugify import slugify
 
@@ -173,7 +173,7 @@ def bundle_zip(packages: list[str]) -> bytes:
 SCRIPT = '''"""tpu2gpu {kernel} kernel, built by `tpu2gpu build` (bundle sha256 {sha}).
 Do not edit: change the repository and rebuild. Carries the packages {packages} as a zip and the run config;
 needs no internet (on a TPU image without a TPU build of TensorFlow it installs the TPU stack first: see
-common/tpu_stack.py in the bundle)."""
+common/launch/tpu_stack.py in the bundle)."""
 
 import base64
 import json
@@ -201,7 +201,7 @@ def _unpack() -> str:
 BUNDLE_PATH = _unpack()
 sys.path.insert(0, BUNDLE_PATH)  # ahead of anything installed: the bundled code is the code that runs
 import common  # noqa: E402  (sets TF_USE_LEGACY_KERAS before tensorflow is imported)
-from common.kernel import run_kernel  # noqa: E402  (standard library only: TensorFlow is not loaded yet)
+from common.launch.kernel import run_kernel  # noqa: E402  (standard library only: TensorFlow is not loaded yet)
 
 print("[bundle] " + BUNDLE_SHA256[:16] + ": common from " + os.path.dirname(os.path.dirname(common.__file__)),
       flush=True)

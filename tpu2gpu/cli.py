@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import common  # noqa: F401  (environment bootstrap first)
-from common.config import add_config_flags, config_from_args, format_config
-from common.tpu_stack import IMAGE_PYTHON
+from common.core.config import add_config_flags, config_from_args, format_config
+from common.launch.tpu_stack import IMAGE_PYTHON
 
 from tpu2gpu.wheels import cmd_publish_wheels, cmd_wheels
 
@@ -20,7 +20,7 @@ DEFAULT_DEMO_DIR = Path("runs/demo/competition")
 
 def cmd_config(args) -> int:
     if args.reference:
-        from common.config import config_reference
+        from common.core.config import config_reference
 
         print(config_reference())
         return 0
@@ -29,8 +29,8 @@ def cmd_config(args) -> int:
 
 
 def cmd_env(args) -> int:
-    from common.env import environment_report
-    from common.strategy import get_strategy, split_cpu
+    from common.core.platform import environment_report
+    from common.core.strategy import get_strategy, split_cpu
 
     cfg = config_from_args(args)
     split_cpu(cfg.runtime.cpu_devices)
@@ -47,7 +47,7 @@ def cmd_demo_data(args) -> int:
 
 
 def cmd_tfrecords(args) -> int:
-    from common.conversion import convert_competition
+    from common.data.conversion import convert_competition
 
     cfg = config_from_args(args)
     competition = args.competition or cfg.runtime.competition_dir
@@ -276,7 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from common.kernel import guarded
+    from common.launch.kernel import guarded
 
     args = build_parser().parse_args(argv)
     try:

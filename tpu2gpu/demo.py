@@ -33,8 +33,9 @@ import time
 from pathlib import Path
 
 import common  # noqa: F401  (environment bootstrap first)
-from common.config import load_config
-from common.errors import UserError
+from common.core.config import load_config
+from common.core.errors import UserError
+from common.launch.routes import ROUTES
 
 CONFIG = Path("configs/demo.yaml")
 DEMO_ROOT = Path("runs/demo")
@@ -60,7 +61,7 @@ def score(submission: Path, solution: Path) -> float:
 
 
 def run(root: Path, framework: str = "tf_keras") -> float:
-    from common.conversion import convert_competition
+    from common.data.conversion import convert_competition
 
     from tpu2gpu.backbones import save_tiny_backbone, save_tiny_keras_backbone
     from tpu2gpu.build import build
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", type=Path, default=DEMO_ROOT, help="where the demo writes (default: %(default)s)")
     parser.add_argument("--fresh", action="store_true", help="delete the previous demo's outputs first")
-    parser.add_argument("--framework", choices=("tf_keras", "keras_jax"), default="tf_keras",
+    parser.add_argument("--framework", choices=tuple(ROUTES), default="tf_keras",
                         help="tf_keras (default), or Keras 3 on JAX (written to runs/demo-keras_jax)")
     args = parser.parse_args(argv)
     if args.framework == "keras_jax":

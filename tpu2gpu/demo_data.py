@@ -12,7 +12,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from common.atomic import staged_dir
+from common.core.atomic import staged_dir
 
 import numpy as np
 

@@ -12,11 +12,11 @@ def augment_preview(cfg, out_png: str | Path, rows: int = 4, cols: int = 6) -> l
     import matplotlib
 
     matplotlib.use("Agg")
-    from common.data import make_train_dataset, read_ids_and_labels
-    from common.errors import ConfigError
-    from common.paths import resolve_data_path
-    from common.tasks import get_task
-    from common.tfrecords import record_set
+    from common.core.errors import ConfigError
+    from common.core.paths import resolve_data_path
+    from common.data.pipeline import make_train_dataset, read_ids_and_labels
+    from common.data.records import record_set
+    from common.tasks.types import get_task
 
     import matplotlib.pyplot as plt
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from common.config import Config
-from common.frameworks import KERAS_3_BACKBONES
-from common.tpu_negotiation import parse_candidates
-from common.tpu_stack import TpuStackError
+from common.core.config import Config
+from common.launch.negotiation import parse_candidates
+from common.launch.routes import KERAS_3_BACKBONES
+from common.launch.tpu_stack import TpuStackError
 
 TPU_SHAPES = ("TpuV38", "Tpu1VmV38", "TpuV5E8", "TpuV6E8")
 KAGGLE_MODELS_URL = "https://www.kaggle.com/models/"

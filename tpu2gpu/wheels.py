@@ -1,5 +1,5 @@
 """`tpu2gpu wheels` and `tpu2gpu publish-wheels`: every candidate TPU stack's wheels (kaggle.tpu_packages,
-common/tpu_negotiation.py) for Kaggle's TPU image, in one dataset the training kernel installs from offline."""
+common/launch/negotiation.py) for Kaggle's TPU image, in one dataset the training kernel installs from offline."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import json
 import shlex
 from pathlib import Path
 
-from common.config import config_from_args
-from common.errors import UserError
+from common.core.config import config_from_args
+from common.core.errors import UserError
 
 
 def _wheels_dataset(cfg) -> str:
-    from common.tpu_stack import wheels_ref
+    from common.launch.tpu_stack import wheels_ref
 
     ref = wheels_ref(cfg.kaggle.tpu_wheels, cfg.kaggle.owner)
     if not ref:
@@ -22,9 +22,9 @@ def _wheels_dataset(cfg) -> str:
 
 
 def cmd_wheels(args) -> int:
-    from common.atomic import staged_dir
-    from common.tpu_negotiation import every_pin, parse_candidates
-    from common.tpu_stack import IMAGE_PLATFORMS, download_args, download_wheels
+    from common.core.atomic import staged_dir
+    from common.launch.negotiation import every_pin, parse_candidates
+    from common.launch.tpu_stack import IMAGE_PLATFORMS, download_args, download_wheels
 
     from tpu2gpu.build import validate_dataset_metadata
 
@@ -55,8 +55,8 @@ def cmd_wheels(args) -> int:
 
 
 def cmd_publish_wheels(args) -> int:
-    from common.tpu_negotiation import every_pin, parse_candidates
-    from common.tpu_stack import check_wheels
+    from common.launch.negotiation import every_pin, parse_candidates
+    from common.launch.tpu_stack import check_wheels
 
     from tpu2gpu import workflow
 

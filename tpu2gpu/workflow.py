@@ -21,8 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-from common.card import read_card
-from common.errors import UserError
+from common.core.errors import UserError
+from common.export.card import read_card
 
 STATUSES = ("QUEUED", "RUNNING", "COMPLETE", "ERROR", "CANCEL_REQUESTED", "CANCEL_ACKNOWLEDGED")
 

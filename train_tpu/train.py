@@ -12,7 +12,8 @@ and to runtime.scratch_dir (/kaggle/temp on Kaggle, not kernel output; runtime.o
     tfrecords/                 runtime.competition_dir converted, when no runtime.tfrecords is given
     work/fold<k>/              checkpoints and history while a fold trains (checkpoints removed once it is exported)
 Started again with the same output folder, it skips exported folds and resumes a fold from its last checkpoint.
-Folds start only while train.time_budget_hours covers them (common/budget.py); a fold the budget cuts still exports.
+Folds start only while train.time_budget_hours covers them (common/training/budget.py); a fold the budget cuts still
+exports.
 """
 
 from __future__ import annotations
@@ -22,13 +23,13 @@ import time
 from pathlib import Path
 
 import common  # noqa: F401  (TF_USE_LEGACY_KERAS before tensorflow)
-from common.config import config_to_dict, format_config, parse_kernel_args
-from common.conversion import convert_competition
-from common.env import detect_platform
-from common.errors import UserError
-from common.kernel import guarded
-from common.paths import output_dir, resolve_data_path, scratch_dir
-from common.tfrecords import has_manifest, read_manifest
+from common.core.config import config_to_dict, format_config, parse_kernel_args
+from common.core.errors import UserError
+from common.core.paths import output_dir, resolve_data_path, scratch_dir
+from common.core.platform import detect_platform
+from common.data.conversion import convert_competition
+from common.data.records import has_manifest, read_manifest
+from common.launch.kernel import guarded
 
 
 def locate_tfrecords(cfg, scratch: Path) -> str:
@@ -65,20 +66,20 @@ def skipped_images(tfrecord_dir: str, export_root: Path) -> dict | None:
 def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()  # the time budget counts from here
 
-    # ---- config, framework and hardware (common/frameworks.py: tf_keras or Keras 3 on JAX)
+    # ---- config, framework and hardware (common/launch/routes.py: tf_keras or Keras 3 on JAX)
     cfg = parse_kernel_args(__doc__, argv)
     print(format_config(cfg), flush=True)
-    from common.frameworks import start_backend
+    from common.training.backends.registry import start_backend
 
     backend = start_backend(cfg)
-    from common.folds import train_folds, write_report
+    from common.training.run import train_folds, write_report
 
     # ---- data
     out = output_dir(cfg.runtime.output_dir, "runs/train")
     scratch = scratch_dir(cfg.runtime.scratch_dir, out)
     tfrecord_dir = locate_tfrecords(cfg, scratch)
 
-    # ---- train and export each fold, as far as the time budget goes (common/budget.py)
+    # ---- train and export each fold, as far as the time budget goes (common/training/budget.py)
     skipped = skipped_images(tfrecord_dir, out / "export")
     report = train_folds(cfg, backend, tfrecord_dir, out, scratch, start + cfg.train.time_budget_hours * 3600)
     write_report(out / "export", {"folds": report["folds"], "config": config_to_dict(cfg), "runtime": backend.runtime(),

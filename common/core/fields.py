@@ -1,0 +1,100 @@
+"""What a config key may hold, declared on its dataclass field, and the check of a value against it
+(common/core/config.py).
+
+    image_size: int = within(224, "[8, 4096]")             # a number and its range, as its error message shows it
+    task: str = one_of("multiclass", task_names)            # names: a tuple, or a function called at each check
+    tta: tuple[str, ...] = one_of((), TTA_NAMES, "views")   # a list of names ("views" in its error message)
+
+Every int and float field declares a range ("(-inf, inf)" where any number goes): tests/test_config.py names one that
+does not. A value is checked whenever it is set, so a run stops at its config, not hours later inside fit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import typing
+from dataclasses import field
+from typing import Any, Literal
+
+from common.core.errors import ConfigError
+
+# "[1, inf)": 1 and up; "(0, 1)": both ends left out. inf and -inf are no bound at all (an infinite value passes).
+INTERVAL = re.compile(r"([\[(])(-inf|-?[\d.]+), (inf|-?[\d.]+)([\])])")
+
+
+def within(default: float, interval: str) -> Any:
+    """A number field whose values must lie in `interval`."""
+    if not INTERVAL.fullmatch(interval):
+        raise ValueError(f"interval {interval!r} must look like [0, 1] or (0, inf)")
+    return field(default=default, metadata={"range": interval})
+
+
+def one_of(default: Any, choices: Any, items: str = "values") -> Any:
+    """A str field, or a tuple of str (its `items`), whose values must be among `choices`."""
+    return field(default=default, metadata={"choices": choices, "items": items})
+
+
+def choices_of(f: dataclasses.Field, annotation: Any) -> tuple:
+    """The names a field takes: a Literal's, or one_of's (asked now, if a function); () when any value goes."""
+    if typing.get_origin(annotation) is Literal:
+        return typing.get_args(annotation)
+    choices = f.metadata.get("choices", ())
+    return tuple(choices() if callable(choices) else choices)
+
+
+def in_range(value: float, interval: str) -> bool:
+    low_open, low, high, high_open = INTERVAL.fullmatch(interval).groups()
+    below = low != "-inf" and (value <= float(low) if low_open == "(" else value < float(low))
+    above = high != "inf" and (value >= float(high) if high_open == ")" else value > float(high))
+    return not (below or above)
+
+
+def field_value(key: str, value: Any, f: dataclasses.Field, annotation: Any) -> Any:
+    """`value` as the field `f` of type `annotation` holds it, or ConfigError naming `key` and what it takes."""
+    choices = choices_of(f, annotation)
+    if choices and typing.get_origin(annotation) is not tuple:
+        if value not in choices:
+            raise ConfigError(f"config key '{key}' must be one of {list(choices)}, got {value!r}")
+        return value
+    value = coerce(value, annotation, key)
+    if "range" in f.metadata and not in_range(value, f.metadata["range"]):
+        raise ConfigError(f"config key '{key}' is {value}, outside its range {f.metadata['range']}")
+    unknown = [item for item in value if item not in choices] if choices else []
+    if unknown:
+        raise ConfigError(f"config key '{key}' names unknown {f.metadata['items']} {unknown}; "
+                          f"choose from {list(choices)}")
+    return value
+
+
+def coerce(value: Any, annotation: Any, key: str) -> Any:
+    """Return `value` as the field type, or raise ConfigError naming `key`."""
+    if typing.get_origin(annotation) is tuple:
+        (item_type, _) = typing.get_args(annotation)
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"config key '{key}' must be a list, got {value!r}")
+        if item_type is str:  # YAML reads class names 0, 1, 2 as integers: their meaning is plain
+            value = [str(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in value]
+        return tuple(coerce(v, item_type, f"{key}[{i}]") for i, v in enumerate(value))
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+    elif annotation is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif annotation is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads "1e-3" as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif annotation is str:
+        if isinstance(value, str):
+            return value
+    else:
+        raise TypeError(f"unsupported config type {annotation} for '{key}'")
+    raise ConfigError(f"config key '{key}' must be {annotation.__name__}, got {value!r} ({type(value).__name__})")

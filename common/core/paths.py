@@ -1,0 +1,181 @@
+"""From a dataset name or a path to a location TensorFlow can read, and private-dataset credentials.
+
+    resolve_data_path("gs://bucket/tfrec")       -> unchanged
+    resolve_data_path("./data/tfrec")            -> the absolute local path
+    resolve_data_path("owner/flowers-tfrec")     -> /kaggle/input/flowers-tfrec, or
+                                                    /kaggle/input/datasets/owner/flowers-tfrec (newer mount layout)
+    resolve_data_path("flowers", needs_gcs=True) -> KaggleDatasets().get_gcs_path("flowers")   (old TPU Node)
+
+TPU2GPU_KAGGLE_ROOT moves /kaggle (input/ and working/ below it), so tests and local runs simulate a kernel.
+Credentials are handed from kaggle_secrets to TensorFlow and never printed, logged or written anywhere.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from common.core.errors import DataPathError
+
+KAGGLE_ROOT_ENV = "TPU2GPU_KAGGLE_ROOT"
+_MOUNT_KINDS = ("datasets", "competitions", "models")
+_MAX_MOUNT_DEPTH = 6  # models/<owner>/<model>/<framework>/<variation>/<version>
+
+
+def kaggle_root() -> Path:
+    return Path(os.environ.get(KAGGLE_ROOT_ENV, "/kaggle"))
+
+
+def kaggle_input_dir() -> Path:
+    return kaggle_root() / "input"
+
+
+def kaggle_working_dir() -> Path:
+    return kaggle_root() / "working"
+
+
+def output_dir(configured: str, local_default: str) -> Path:
+    """runtime.output_dir, else /kaggle/working in a Kaggle kernel, else local_default (e.g. runs/train)."""
+    from common.core.platform import detect_platform
+
+    if configured:
+        return Path(configured)
+    return kaggle_working_dir() if detect_platform().on_kaggle else Path(local_default)
+
+
+def scratch_dir(configured: str, output: Path) -> Path:
+    """runtime.scratch_dir, else /kaggle/temp in a Kaggle kernel (kept out of the kernel's output, which is what
+    /kaggle/working becomes), else the output folder itself."""
+    from common.core.platform import detect_platform
+
+    if configured:
+        return Path(configured)
+    return kaggle_root() / "temp" if detect_platform().on_kaggle else Path(output)
+
+
+def _mounted(input_dir: Path) -> list[str]:
+    """What is attached, for error messages: 'slug' (old layout) or 'datasets/owner/slug' (new layout)."""
+    if not input_dir.is_dir():
+        return []
+    found = []
+    for child in sorted(input_dir.iterdir()):
+        if child.name in _MOUNT_KINDS:
+            pattern = "*" if child.name == "competitions" else "*/*"
+            found += [str(p.relative_to(input_dir)) for p in sorted(child.glob(pattern)) if p.is_dir()]
+        elif child.is_dir():
+            found.append(child.name)
+    return found
+
+
+def find_kaggle_mount(name: str) -> Path | None:
+    """Find an attached input by 'slug', 'owner/slug' or a model handle 'owner/model/framework/variation/version'.
+
+    Both mount layouts are searched: /kaggle/input/<slug> (models: <model>/<framework>/<variation>/<version>) and
+    /kaggle/input/{datasets,competitions,models}/<owner>/... Names compare case-insensitively (TensorFlow2 is
+    mounted as tensorflow2)."""
+    input_dir = kaggle_input_dir()
+    parts = tuple(p.lower() for p in name.strip("/").split("/") if p)
+    if not parts or not input_dir.is_dir():
+        return None
+    matches: list[Path] = []
+    for k in range(len(parts), 0, -1):  # old layout: the longest tail of the name that is mounted
+        legacy = input_dir.joinpath(*parts[len(parts) - k:])
+        if legacy.is_dir() and parts[len(parts) - k] not in _MOUNT_KINDS:
+            matches.append(legacy)
+            break
+    for kind in _MOUNT_KINDS:
+        base = input_dir / kind
+        if not base.is_dir():
+            continue
+        for dirpath, dirnames, _ in os.walk(base, followlinks=True):  # an input may be a symlink; depth is capped
+            relative = tuple(p.lower() for p in Path(dirpath).relative_to(base).parts)
+            if relative and relative[-len(parts):] == parts:
+                matches.append(Path(dirpath))
+                dirnames.clear()  # a match's own sub-folders are its content, not other mounts
+            elif len(relative) >= _MAX_MOUNT_DEPTH:
+                dirnames.clear()
+    if len(matches) > 1:
+        listing = ", ".join(str(m) for m in matches)
+        raise DataPathError(f"'{name}' matches several attached inputs ({listing}); name it as owner/slug or give "
+                            "the path")
+    return matches[0] if matches else None
+
+
+def resolve_hub_handle(handle: str) -> str:
+    """A local directory for a TF Hub / Kaggle Models handle when the model is attached, else the handle itself.
+
+    'https://www.kaggle.com/models/google/efficientnet-v2/TensorFlow2/<variation>/1' and the bare
+    'google/efficientnet-v2/tensorflow2/<variation>/1' both find an attached model, so a kernel with the internet off
+    loads it from /kaggle/input instead of trying to download it."""
+    if Path(handle).expanduser().exists():
+        return str(Path(handle).expanduser().resolve())
+    models_url = "https://www.kaggle.com/models/"
+    bare = handle[len(models_url):] if handle.startswith(models_url) else handle
+    if "://" not in bare and len(bare.strip("/").split("/")) == 5:
+        mount = find_kaggle_mount(bare)
+        if mount is not None:
+            return str(mount)
+    return handle
+
+
+def resolve_input_path(value: str) -> str:
+    """A file or folder the training kernel loads (a .keras backbone, a weights file, a KerasHub preset): a
+    '/kaggle/...' path under this kernel's Kaggle root, an attached Kaggle Models handle to its mount, else as given."""
+    if value.startswith("/kaggle/"):
+        return str(kaggle_root() / value[len("/kaggle/"):])
+    return resolve_hub_handle(value) if "/" in value else value
+
+
+def set_private_credentials() -> None:
+    """Let TensorFlow read a private dataset from GCS with the kernel's own gcloud credential.
+
+    Needs the kernel's Google Cloud SDK add-on (Add-ons > Google Cloud Services). The credential goes straight from
+    kaggle_secrets to TensorFlow: it is held in no variable that outlives this call and is never printed."""
+    try:
+        from kaggle_secrets import UserSecretsClient
+    except ImportError as err:
+        raise DataPathError(
+            "runtime.private_dataset=true needs kaggle_secrets, which exists only inside a Kaggle kernel. Fix: run it "
+            "on Kaggle, or download the data and pass a local path in runtime.tfrecords") from err
+    secrets = UserSecretsClient()
+    secrets.set_tensorflow_credential(secrets.get_gcloud_credential())
+    print("[paths] private dataset: gcloud credential handed to TensorFlow (not shown)")
+
+
+def gcs_path(name: str, private: bool = False) -> str:
+    """The gs:// location Kaggle serves an attached dataset from (KaggleDatasets needs the kernel's datasets)."""
+    try:
+        from kaggle_datasets import KaggleDatasets
+    except ImportError as err:
+        raise DataPathError(f"'{name}' needs a GCS path, and kaggle_datasets exists only inside a Kaggle kernel. "
+                            "Fix: pass a gs:// URL or a local path") from err
+    if private:
+        set_private_credentials()
+    slug = name.strip("/").split("/")[-1]
+    return KaggleDatasets().get_gcs_path(slug)
+
+
+def resolve_data_path(name_or_path: str, *, needs_gcs: bool = False, private: bool = False) -> str:
+    """A readable location for a dataset: gs:// URL, local path, or an attached Kaggle input (see module doc)."""
+    if not name_or_path:
+        raise DataPathError("no dataset given. Fix: set runtime.tfrecords (or runtime.competition_dir) to a path, "
+                            "a gs:// URL or the name of an attached Kaggle dataset")
+    if name_or_path.startswith("gs://"):
+        if private:
+            set_private_credentials()
+        return name_or_path
+    local = Path(name_or_path).expanduser()
+    if local.exists():
+        return str(local.resolve())
+    if needs_gcs:
+        return gcs_path(name_or_path, private=private)
+    mount = find_kaggle_mount(name_or_path)
+    if mount is not None:
+        return str(mount)
+    attached = _mounted(kaggle_input_dir())
+    raise DataPathError(
+        f"'{name_or_path}' is neither a local path nor an attached Kaggle input; {kaggle_input_dir()} holds "
+        f"{attached or 'nothing'}. Fix: attach it (dataset_sources / competition_sources in kernel-metadata.json, "
+        "or Add Input in the editor), or pass a path or gs:// URL")
+
+

@@ -1,0 +1,19 @@
+"""`python -m common.export.check_child EXPORT_DIR`: load an export where tf_keras and tensorflow_hub cannot be
+imported, and print each signature's max abs difference from the probabilities recorded at export time, its saved
+graph's op dtype census, and the accelerator settings it ran with (JSON; exit 1 if over tolerance or a float16 signature
+is not float16)."""
+
+import json
+import os
+import sys
+
+for _blocked in ("tf_keras", "tensorflow_hub"):  # set before tensorflow is imported: any import of them now fails
+    sys.modules[_blocked] = None
+
+from common.core.children import CPU_ONLY_ENV  # noqa: E402
+from common.export.verify import check_export  # noqa: E402
+
+if __name__ == "__main__":
+    diffs, census = check_export(sys.argv[1])
+    print(json.dumps({"max_abs_diff": diffs, "census": census,
+                      "environment": {k: os.environ.get(k) for k in CPU_ONLY_ENV}}))

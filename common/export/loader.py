@@ -1,0 +1,35 @@
+"""An export loaded for inference: TensorFlow alone (no tf_keras, no tensorflow_hub), any version the GPU image has.
+
+    card, predict = load_export(export_dir)       # predict(uint8 images [N, S, S, 3]) -> float32 [N, K]
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from common.export.card import OUTPUT_NAME, SAVED_MODEL_DIR, ExportError, ModelCard, read_card
+
+import tensorflow as tf
+
+
+def serving_function(export_dir: str | Path, card: ModelCard, precision: str = "float32"):
+    """predict(uint8 images [N, S, S, 3]) -> float32 predictions [N, K] of the export whose card is `card`,
+    computed in `precision` (float32, or float16 where the export offers it). TensorFlow only."""
+    if precision not in card.precisions:
+        raise ExportError(f"{export_dir} offers {sorted(card.precisions)} computation, not {precision}. Fix: "
+                          "infer.precision=auto or float32, or re-export with train.export_float16=true")
+    loaded = tf.saved_model.load(str(Path(export_dir) / SAVED_MODEL_DIR),
+                                 options=tf.saved_model.LoadOptions(experimental_io_device="/job:localhost"))
+    serve = loaded.signatures[card.precisions[precision]]
+
+    def predict(images) -> tf.Tensor:
+        return serve(images=tf.convert_to_tensor(images, tf.uint8))[OUTPUT_NAME]
+
+    predict.loaded = loaded  # keeps the variables alive as long as predict is
+    return predict
+
+
+def load_export(export_dir: str | Path, precision: str = "float32") -> tuple[ModelCard, object]:
+    """(card, predict) of a complete export: see serving_function."""
+    card = read_card(export_dir)
+    return card, serving_function(export_dir, card, precision)

@@ -1,0 +1,135 @@
+"""The train -> infer contract: an export folder that a GPU kernel with another TensorFlow version can load.
+
+    export/fold0/
+      saved_model/         serving_default: images uint8 [N, S, S, 3] (RGB 0..255) -> predictions float32 [N, K]
+                           (the card's task: class probabilities, P(1), a probability per label, or the value)
+      model_card.json      class names, image size, input/output schema, record schema, config, metrics, versions
+      verify_batch.npz     a few validation images and the predictions the exported model must give for them
+      history.csv, *.png   training curves and the confusion matrix
+
+    card = write_export(export_dir, float32_model, card, verify_images, extra_files)   # training kernel
+    card, predict = load_export(export_dir)          # inference kernel: common/export/loader.py
+
+The folder is written to a hidden temporary name, reloaded in a fresh Python process in which importing tf_keras or
+tensorflow_hub fails, its predictions compared with the in-memory model's (max abs difference < 1e-4), each
+signature's saved graph counted by op dtype (card precision.signatures; a serving_float16 that does not compute in
+float16 fails), and only then marked complete (card "complete": true) and renamed into place. Loading needs
+TensorFlow alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import platform
+import shutil
+import sys
+from pathlib import Path
+
+from common.core.atomic import staged_dir
+from common.export.card import OUTPUT_NAME, SAVED_MODEL_DIR, SIGNATURES, VERIFY_NAME, ModelCard, write_card
+from common.export.census import FLOAT16_MIN_SHARE, float16_share, traced_census
+from common.export.verify import BLOCKED_IN_CHECK, FLOAT16_TOLERANCE, VERIFY_TOLERANCE, verify_in_fresh_process
+
+import numpy as np
+import tensorflow as tf
+
+
+def library_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version(), "tensorflow": tf.__version__}
+    for name in (*BLOCKED_IN_CHECK, "keras", "jax"):
+        module = sys.modules.get(name)
+        versions[name] = getattr(module, "__version__", "not loaded") if module else "not loaded"
+    return versions
+
+
+def _serving_module(models: dict[str, tf.keras.Model], image_size: int,
+                    output_scaling: dict | None = None) -> tf.Module:
+    """One tf.function per precision, each taking uint8 images and returning float32 predictions; regression outputs
+    are de-standardised in the graph (output_scaling), so the export predicts the value itself."""
+    module = tf.Module()
+    module.models = models  # tracked: their variables are saved
+    spec = tf.TensorSpec([None, image_size, image_size, 3], tf.uint8, name="images")
+    def serving_function(model):
+        def serve(images):
+            outputs = tf.cast(model(images, training=False), tf.float32)
+            if output_scaling:
+                outputs = outputs * output_scaling["std"] + output_scaling["mean"]
+            return {OUTPUT_NAME: outputs}
+
+        return tf.function(serve, input_signature=[spec])
+
+    for precision, model in models.items():
+        setattr(module, SIGNATURES[precision], serving_function(model))
+    return module
+
+
+def float16_copy(build_copy, image_size: int):
+    """(the mixed_float16 copy for the serving_float16 signature or None, the card's reason): only where its graph
+    really computes in float16 (op census). A TF Hub backbone stays float32, and a signature that only rounds the
+    head would double the export for nothing. build_copy(policy) -> the trained weights in a model of that policy."""
+    from common.training.backends.tf_keras.model import precision_by_part
+
+    copy = build_copy("mixed_float16")
+    share = float16_share(traced_census(copy, image_size))
+    real = share >= FLOAT16_MIN_SHARE
+    note = (f"exported: its graph runs {share:.0%} of the compute ops in float16" if real else
+            f"not exported: its graph would run {share:.0%} of the compute ops in float16 (the backbone computes in "
+            f"{precision_by_part(copy)['backbone']}). On a tensor-core GPU, infer.precision=amp lets TensorFlow's "
+            "automatic mixed precision rewrite the float32 graph")
+    print(f"[train] float16 signature {note}", flush=True)
+    return (copy if real else None), note
+
+
+def export_models(export_dir: str | Path, build_copy, card: ModelCard, verify_images: np.ndarray,
+                  extra_files: dict[str, Path] | None, output_scaling: dict | None, export_float16: bool,
+                  expected: np.ndarray | None = None) -> ModelCard:
+    """The trained weights as an export: build_copy("float32") for serving_default, and build_copy("mixed_float16")
+    for serving_float16 where it computes in float16 (train.export_float16). The card records why or why not."""
+    float16, note = (float16_copy(build_copy, card.image_size) if export_float16 else
+                     (None, "not exported: train.export_float16=false"))
+    card = dataclasses.replace(card, precision={**card.precision, "float16_signature": note})
+    return write_export(export_dir, build_copy("float32"), card, verify_images, extra_files, float16_model=float16,
+                        output_scaling=output_scaling, expected=expected)
+
+
+def write_export(export_dir: str | Path, model: tf.keras.Model, card: ModelCard, verify_images: np.ndarray,
+                 extra_files: dict[str, Path] | None = None, float16_model: tf.keras.Model | None = None,
+                 output_scaling: dict | None = None, expected: np.ndarray | None = None) -> ModelCard:
+    """Save, reload in a fresh process, compare, then publish export_dir (replacing an older one). Returns the card
+    as written: `card` with its versions, signatures and verification.
+
+    `model` must compute in float32 (see inference_copy): the export has to run on GPUs without bfloat16.
+    `float16_model`, the same weights built under mixed_float16, adds the signature serving_float16 for GPUs with
+    tensor cores; it is checked against the float32 probabilities within FLOAT16_TOLERANCE. `expected`: the raw
+    outputs the trained model itself gives for verify_images, when `model` is a rebuild of it (the keras_jax route's
+    TensorFlow copy of a JAX model); by default `model`'s own."""
+    export_dir = Path(export_dir)
+    image_size = card.image_size
+    if expected is None:
+        expected = model(tf.constant(verify_images), training=False)
+    expected = np.asarray(expected).astype(np.float32)
+    if output_scaling:
+        expected = expected * np.float32(output_scaling["std"]) + np.float32(output_scaling["mean"])
+    with staged_dir(export_dir, overwrite=True) as tmp:
+        models = {"float32": model, **({"float16": float16_model} if float16_model is not None else {})}
+        module = _serving_module(models, image_size, output_scaling)
+        tf.saved_model.save(module, str(tmp / SAVED_MODEL_DIR),
+                            signatures={SIGNATURES[p]: getattr(module, SIGNATURES[p]) for p in models},
+                            options=tf.saved_model.SaveOptions(experimental_io_device="/job:localhost"))
+        np.savez(tmp / VERIFY_NAME, images=verify_images, predictions=expected)
+        for name, source in (extra_files or {}).items():
+            if Path(source).is_file():
+                shutil.copyfile(source, tmp / name)
+        card = dataclasses.replace(card, complete=False, versions=library_versions(),
+                                   precisions={p: SIGNATURES[p] for p in models})
+        write_card(tmp, card)
+        check = verify_in_fresh_process(tmp)
+        card = dataclasses.replace(
+            card, complete=True, precision={**card.precision, "signatures": check["census"]}, verification={
+                "max_abs_diff": check["max_abs_diff"], "environment": check["environment"],
+                "tolerance": {"float32": VERIFY_TOLERANCE, "float16": FLOAT16_TOLERANCE},
+                "images": int(len(verify_images)), "loaded_without": list(BLOCKED_IN_CHECK)})
+        write_card(tmp, card)  # last: "complete" is only ever true in a verified folder
+    return card
+
+

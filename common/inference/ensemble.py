@@ -1,0 +1,212 @@
+"""Inference: find exports, load them once as an ensemble of members, predict with TTA and weights. TensorFlow only:
+no tf_keras, no tensorflow_hub, no training config, no scikit-learn.
+
+    members, precision = load_members(cfg.infer, strategy)      # every export/fold<k>, its card, predict and weight
+    ids, predictions = ensemble_predict(members, batches_for, cfg.infer.tta, strategy)   # batches_for(card)
+    rows = submission_rows(template, ids, predictions, task, class_names, thresholds)   # common/inference/submission.py
+
+A member's weight is 1, or less for a fold the training time budget cut (infer.cut_folds). Predictions are averaged
+over members (weighted) and TTA views before any threshold or argmax; members of one image size share one pass over
+the test data.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from common.core.config import TTA_NAMES
+from common.core.paths import kaggle_input_dir, resolve_data_path
+from common.export.card import CARD_NAME, ExportError, ModelCard, read_card
+from common.export.loader import serving_function
+
+import numpy as np
+import tensorflow as tf
+
+_MAX_SEARCH_DEPTH = 6
+
+# Test-time views of a uint8 batch [N, H, W, 3]. Each keeps the image square and the labels unchanged.
+TTA_TRANSFORMS = {
+    "identity": lambda x: x,
+    "flip_left_right": lambda x: tf.reverse(x, [2]),
+    "flip_up_down": lambda x: tf.reverse(x, [1]),
+    "rotate90": lambda x: tf.image.rot90(x, 1),
+    "rotate180": lambda x: tf.image.rot90(x, 2),
+    "rotate270": lambda x: tf.image.rot90(x, 3),
+    "transpose": lambda x: tf.transpose(x, [0, 2, 1, 3]),
+}
+assert tuple(TTA_TRANSFORMS) == TTA_NAMES  # the config checks names against TTA_NAMES without importing TensorFlow
+
+
+
+# ------------------------------------------------------------------------------------------------------------ exports
+def _exports_under(root: Path) -> list[Path]:
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        if CARD_NAME in filenames:
+            found.append(here)
+            dirnames.clear()
+        elif len(here.relative_to(root).parts) >= _MAX_SEARCH_DEPTH:
+            dirnames.clear()
+        dirnames.sort()
+    return found
+
+
+def find_exports(names_or_paths) -> list[Path]:
+    """Export folders (holding model_card.json) under each given path / attached dataset, or under /kaggle/input."""
+    roots = [Path(resolve_data_path(n)) for n in names_or_paths] or [kaggle_input_dir()]
+    exports = [e for root in roots for e in _exports_under(root)]
+    if not exports:
+        where = ", ".join(str(r) for r in roots)
+        raise ExportError(f"no export (a folder with {CARD_NAME}) found under {where}. Fix: attach the model dataset "
+                          "the training kernel's export became (dataset_sources), or set infer.exports to its path")
+    return exports
+
+
+@dataclass(frozen=True)
+class Member:
+    """One export in the ensemble."""
+
+    export: Path
+    card: ModelCard
+    predict: object  # uint8 images [N, S, S, 3] -> float32 predictions [N, K]
+    weight: float
+
+
+def cut_weight(card: ModelCard, export: Path, cut_folds: str) -> float:
+    """1, except for a fold the training time budget cut (card time_budget): its share of the planned epochs
+    (infer.cut_folds=weight), 0 (exclude) or 1 (include), printed either way."""
+    record = card.time_budget
+    if not record.get("cut"):
+        return 1.0
+    weight = {"weight": record["epochs_trained"] / record["epochs_planned"], "exclude": 0.0, "include": 1.0}[cut_folds]
+    print(f"[infer] {export}: the training time budget cut this fold after {record['epochs_trained']} of "
+          f"{record['epochs_planned']} epochs (exported: epoch {record['exported_epoch']}); infer.cut_folds="
+          f"{cut_folds}: weight {weight:.2f}", flush=True)
+    return weight
+
+
+def check_same_classes(members: list[Member]) -> None:
+    """Exports are averaged: they must be of one task and one class list."""
+    first = members[0]
+    for member in members[1:]:
+        if member.card.task != first.card.task:
+            raise ExportError(f"{member.export} is a {member.card.task} model but {first.export} a {first.card.task} "
+                              "one: they cannot be averaged")
+        if member.card.class_names != first.card.class_names:
+            raise ExportError(f"{member.export} predicts classes {member.card.class_names[:5]}... but {first.export} "
+                              f"predicts {first.card.class_names[:5]}...: exports of different class lists cannot "
+                              "be averaged")
+
+
+def load_members(infer_cfg, strategy: tf.distribute.Strategy) -> tuple[list[Member], str]:
+    """Every export under infer.exports (or /kaggle/input), weighed, checked and loaded once, with the precision
+    they compute in (infer.precision)."""
+    exports = find_exports(infer_cfg.exports)
+    cards = [read_card(e) for e in exports]
+    weights = [cut_weight(card, export, infer_cfg.cut_folds) for card, export in zip(cards, exports, strict=True)]
+    if not any(weights):
+        raise ExportError("the training time budget cut every export, and infer.cut_folds=exclude leaves them all "
+                          "out. Fix: infer.cut_folds=weight (by epochs trained) or include, or train the folds to "
+                          "the end")
+    kept = [(e, c, w) for e, c, w in zip(exports, cards, weights, strict=True) if w > 0]
+    precision = inference_precision(infer_cfg.precision, [card for _, card, _ in kept])
+    if precision == "amp":
+        enable_amp()
+    signature = "float16" if precision == "float16" else "float32"
+    with strategy.scope():  # variables mirrored onto every replica
+        members = [Member(e, c, serving_function(e, c, signature), w) for e, c, w in kept]
+    check_same_classes(members)
+    return members, precision
+
+
+def ensemble_thresholds(members: list[Member]) -> list[float] | None:
+    """Multilabel thresholds: each fold's were chosen on its own out-of-fold predictions; the ensemble uses their
+    mean, weighted as the folds' predictions are."""
+    chosen = [(m.card.thresholds, m.weight) for m in members if m.card.thresholds]
+    if not chosen:
+        return None
+    return [float(v) for v in np.average([t for t, _ in chosen], axis=0, weights=[w for _, w in chosen])]
+
+
+def inference_precision(setting: str, cards: list[ModelCard]) -> str:
+    """auto: float16 where every export offers it (a serving_float16 signature, only exported where its graph
+    computes in float16) and the GPUs have tensor cores (T4), else float32. amp: the float32 signature, which
+    TensorFlow's automatic mixed precision graph rewrite turns to float16 on tensor-core GPUs (enable_amp)."""
+    from common.core.strategy import gpu_compute_capability
+
+    offered = all("float16" in card.precisions for card in cards)
+    if setting == "float16" and not offered:
+        reasons = {card.precision.get("float16_signature", "an older export") for card in cards
+                   if "float16" not in card.precisions}
+        raise ExportError(f"infer.precision=float16 but not every export has a float16 signature ({'; '.join(reasons)})"
+                          ". Fix: infer.precision=auto or amp")
+    if setting != "auto":
+        return setting
+    capability = gpu_compute_capability()
+    return "float16" if offered and capability and capability >= (7, 0) else "float32"
+
+
+def enable_amp() -> None:
+    """TensorFlow's automatic mixed precision: a grappler rewrite of float32 graphs that runs the ops on its allow
+    list (convolutions, matmuls) in float16 where a GPU has tensor cores, keeping numerically sensitive ones (softmax,
+    reductions) in float32. It acts on NVIDIA GPUs of compute capability >= 7.0 only; elsewhere it changes nothing."""
+    tf.config.optimizer.set_experimental_options({"auto_mixed_precision": True})
+
+
+# ------------------------------------------------------------------------------------------------------- prediction
+def tta_view_names(tta) -> list[str]:
+    """The original image plus each configured view (identity is always there, once); names checked by the config."""
+    return ["identity", *dict.fromkeys(n for n in tta if n != "identity")]
+
+
+def make_predict_step(predicts, tta, xla: bool = False, weights=None):
+    """One function from a uint8 batch to the mean, over models (weighted) and TTA views, of their predictions."""
+    views = [TTA_TRANSFORMS[name] for name in tta_view_names(tta)]
+    weights = [float(w) for w in weights] if weights is not None else [1.0] * len(predicts)
+
+    def step(images):
+        total = None
+        for predict, weight in zip(predicts, weights, strict=True):
+            for view in views:
+                outputs = predict(view(images)) * weight
+                total = outputs if total is None else total + outputs
+        return total / (sum(weights) * len(views))
+
+    return tf.function(step, jit_compile=xla)
+
+
+def ensemble_probabilities(predicts, batches, tta=(), strategy: tf.distribute.Strategy | None = None,
+                           xla: bool = False, weights=None) -> tuple[list[str], np.ndarray]:
+    """(ids, predictions) over every batch of dicts {'image', 'id'}, averaged over `predicts` (weighted) and TTA
+    views, in the batches' order. With a multi-replica strategy each global batch is split over the replicas."""
+    step = make_predict_step(predicts, tta, xla, weights)
+    ids, outputs = [], []
+    if strategy is None or strategy.num_replicas_in_sync == 1:
+        for batch in batches:
+            outputs.append(step(batch["image"]).numpy())
+            ids += [i.decode() for i in batch["id"].numpy()]
+    else:
+        for batch in strategy.experimental_distribute_dataset(batches):
+            per_replica = strategy.run(step, args=(batch["image"],))
+            outputs += [t.numpy() for t in strategy.experimental_local_results(per_replica)]
+            ids += [i.decode() for t in strategy.experimental_local_results(batch["id"]) for i in t.numpy()]
+    return ids, np.concatenate(outputs)
+
+
+def ensemble_predict(members: list[Member], batches_for, tta=(), strategy: tf.distribute.Strategy | None = None,
+                     xla: bool = False) -> tuple[list[str], np.ndarray]:
+    """(ids, predictions) of the whole ensemble: members grouped by image size, each group's test batches
+    (batches_for(card)) read once for all its members and views, and the groups averaged by their total weight.
+    Every group yields the ids in the same (the test data's) order."""
+    total, weight, ids = None, 0.0, []
+    for size in sorted({m.card.image_size for m in members}):
+        group = [m for m in members if m.card.image_size == size]
+        ids, outputs = ensemble_probabilities([m.predict for m in group], batches_for(group[0].card), tta, strategy,
+                                              xla, [m.weight for m in group])
+        group_weight = sum(m.weight for m in group)
+        total = outputs * group_weight if total is None else total + outputs * group_weight
+        weight += group_weight
+    return ids, total / weight

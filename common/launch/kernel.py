@@ -1,0 +1,93 @@
+"""How a kernel starts: its runtime's needs are checked (and the TPU stack installed) before anything imports
+TensorFlow, then the entry point runs, and a UserError ends it as one line and exit code 2.
+
+    run_kernel("train", "train_tpu.train", config_path, bundle)   # what a built kernel script calls
+    sys.exit(guarded("train_tpu", main))                           # `python -m train_tpu.train`, the tpu2gpu CLI
+
+Standard library only at import time: TensorFlow must not be loaded before prepare_runtime has run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+import threading
+
+from common.core.errors import UserError
+from common.core.platform import detect_platform
+
+
+def guarded(prog: str, func, *args) -> int:
+    """func(*args)'s exit code; a UserError (the user's to fix) is printed as one line without a traceback: code 2."""
+    try:
+        return func(*args)
+    except UserError as err:
+        print(f"{prog}: error: {err}", file=sys.stderr, flush=True)
+        return 2
+
+
+def prepare_runtime(kernel: str, cfg, rerun) -> int | None:
+    """The kernel's runtime needs, before TensorFlow is imported. None: go on here; an int: the kernel already ran
+    again in a fresh interpreter (after the TPU stack install) and ended with that exit code."""
+    from common.launch.routes import chosen_framework, require_tf_keras, use_keras_jax
+
+    if kernel != "train":
+        return None  # inference needs TensorFlow alone, whichever build the GPU image holds
+    if chosen_framework(cfg) == "keras_jax":
+        use_keras_jax()  # the image as it is: nothing installed, TensorFlow kept off the TPU
+        return None
+    if detect_platform().kind == "kaggle-tpu-vm" and cfg.kaggle.tpu_runtime == "install":
+        from common.launch.fallback import negotiate
+
+        code = negotiate(cfg, rerun)  # under train.framework=auto it may take the keras_jax route instead
+        if code is not None or chosen_framework(cfg) == "keras_jax":
+            return code
+    require_tf_keras()
+    return None
+
+
+def _stream(source, sink) -> None:
+    for line in source:
+        print(line, end="", file=sink, flush=True)
+
+
+def run_again(kernel: str, entry: str, config_path: str, bundle: str, env: dict[str, str]) -> int:
+    """The kernel in a fresh interpreter (the same bundle and config), its output passed through line by line: this
+    works whether the kernel runs as `python script.py` or inside a notebook's ipykernel."""
+    code = (f"import sys; sys.path.insert(0, {bundle!r}); import common; from common.launch.kernel import run_kernel; "
+            f"sys.exit(run_kernel({kernel!r}, {entry!r}, {config_path!r}, {bundle!r}))")
+    child = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+    try:
+        err_thread = threading.Thread(target=_stream, args=(child.stderr, sys.stderr), daemon=True)
+        err_thread.start()
+        _stream(child.stdout, sys.stdout)
+        err_thread.join()
+        returncode = child.wait()
+    finally:
+        if child.poll() is None:  # interrupted (a notebook's stop button): the child must not keep the TPU
+            child.kill()
+    if returncode < 0:  # a signal, e.g. SIGABRT from a libtpu that does not fit this TensorFlow
+        print(f"{kernel}: error: the kernel's second interpreter (after the TPU stack install) was killed by signal "
+              f"{-returncode}. If it died at `import tensorflow`, libtpu and tensorflow-tpu do not fit: pin a libtpu "
+              "of 0.0.14-0.0.31 in kaggle.tpu_packages (0.0.32 and later abort with tensorflow-tpu 2.20)",
+              file=sys.stderr, flush=True)
+        return 2
+    return returncode
+
+
+def run_kernel(kernel: str, entry: str, config_path: str, bundle: str) -> int:
+    """A built kernel's whole run: config, runtime needs (maybe the TPU stack and a second interpreter), entry point."""
+    from common.core.config import load_config
+
+    def start() -> int:
+        cfg = load_config(config_path)
+        code = prepare_runtime(kernel, cfg, lambda env: run_again(kernel, entry, config_path, bundle, env))
+        if code is not None:
+            return code
+        main = importlib.import_module(entry).main  # imported only now: it may touch tf.keras at import time
+        return main(["--config", config_path])
+
+    return guarded(kernel, start)

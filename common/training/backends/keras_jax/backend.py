@@ -1,0 +1,262 @@
+"""The training backend for Keras 3 on JAX (train.framework=keras_jax): the route that needs no TensorFlow TPU build.
+On Kaggle's TPU image JAX owns the TPU as the image ships it; TensorFlow (tensorflow-cpu there) only reads the data,
+kept off the TPU by TPU_LOAD_LIBRARY=0 (common/launch/routes.py sets it before TensorFlow is imported).
+
+    backend = JaxBackend(cfg)        # keras.distribution.DataParallel over every JAX device (8 TPU cores on a v5e-8)
+    backend.build(plan); backend.fit(backend.distribute(make_dataset), plan, done, epoch_begin, epoch_end)
+    card = backend.export(export_dir, card, verify_images, extra_files, output_scaling)
+
+The same interface as common/training/backends/tf_keras/backend.py, so the fold (plan, data, tasks, budget, scoring,
+card) is shared. What differs: the model is common/training/backends/keras_jax/model.py's; fit takes global batches from
+the same tf.data pipeline and DataParallel splits each over the devices (one replicated copy of the weights: batch-norm
+statistics agree by construction); checkpoints are Keras 3 .weights.h5 files (model and optimiser); and the export is
+made in a child interpreter under Keras 3's TensorFlow backend on the CPU, which rebuilds the model from the trained
+weights and writes the same SavedModel contract, verified against this JAX model's own predictions
+(common/training/backends/keras_jax/export_child.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from common.core.children import cpu_only_environment
+from common.core.config import config_to_dict
+from common.core.errors import ConfigError
+from common.data.pipeline import make_padded_image_batches
+from common.data.records import RecordSchema
+from common.export.card import ExportError, read_card, write_card
+from common.tasks.parts import keras_ops
+from common.training.backends.keras_jax.model import build_keras_model, read_weight_arrays, save_weight_arrays
+from common.training.backends.tf_keras.model import learning_rate_schedule, precision_by_part
+from common.training.plan import whole_executions
+
+import jax
+import keras
+import numpy as np
+import tensorflow as tf
+
+CHECKPOINT = "checkpoint.weights.h5"  # model and optimiser variables (Keras 3 saves both for a compiled model)
+CHECKPOINT_STATE = "checkpoint.json"  # {"epochs_done": n}, written after the weights
+
+
+def choose_jax_precision(setting: str, platform: str) -> str:
+    """auto: mixed_bfloat16 on a TPU, mixed_float16 on a GPU, float32 on the CPU (as common.core.strategy decides it for
+    TensorFlow)."""
+    if setting != "auto":
+        return setting
+    return {"tpu": "mixed_bfloat16", "gpu": "mixed_float16"}.get(platform, "float32")
+
+
+class _EpochHooks(keras.callbacks.Callback):
+    """Keras fit's side of the fold's one epoch-end owner (common/training/fold.py): it decides, fit obeys."""
+
+    def __init__(self, epoch_begin, epoch_end):
+        super().__init__()
+        self.epoch_begin, self.epoch_end = epoch_begin, epoch_end
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch_begin(epoch)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.epoch_end(epoch, dict(logs or {})):
+            self.model.stop_training = True
+
+
+class JaxBackend:
+    name = "keras_jax"
+
+    def __init__(self, cfg):
+        if cfg.train.loop != "fit":
+            raise ConfigError(f"train.loop={cfg.train.loop!r} is the tf_keras route's hand-written loop; Keras 3 on "
+                              "JAX trains with fit. Fix: train.loop=fit, or train.framework=tf_keras")
+        if keras.backend.backend() != "jax":
+            raise ConfigError(f"Keras runs on its {keras.backend.backend()} backend in this process, not JAX: "
+                              "KERAS_BACKEND=jax must be set before keras is first imported")
+        self.cfg, self.ops = cfg, keras_ops()
+        # runtime.strategy=default: one device, as the default tf.distribute strategy is one replica.
+        self.devices = jax.devices()[:1] if cfg.runtime.strategy == "default" else jax.devices()
+        self.platform = self.devices[0].platform
+        self.policy = choose_jax_precision(cfg.train.precision, self.platform)
+        # One copy of the weights, each global batch split over every device (the TPU cores).
+        keras.distribution.set_distribution(keras.distribution.DataParallel(devices=self.devices)
+                                            if len(self.devices) > 1 else None)
+        self.model = None
+
+    @property
+    def replicas(self) -> int:
+        return len(self.devices)
+
+    def describe(self) -> str:
+        kind = self.devices[0].device_kind
+        return (f"framework     Keras {keras.__version__} on JAX {jax.__version__} (train.framework=keras_jax)\n"
+                f"devices       {len(self.devices)} x {kind} ({self.platform}); "
+                f"{'DataParallel' if len(self.devices) > 1 else 'one device'}\n"
+                f"tensorflow    {tf.__version__} (tf.data only; TPU_LOAD_LIBRARY={os.environ.get('TPU_LOAD_LIBRARY')})"
+                f"\nprecision     {self.policy}")
+
+    def build(self, plan) -> None:
+        """Model, optimiser (Adam on the plan's schedule; with train.ema its moving average), the task's loss and
+        running metric. The optimiser's variables exist before any restore."""
+        self.plan = plan
+        self.steps_per_execution = self._steps_per_execution(plan.steps_per_epoch)
+        self.model = self._build(self.policy)
+        schedule = learning_rate_schedule(plan.peak_lr, plan.total_steps, plan.warmup_steps,
+                                          keras.optimizers.schedules)
+        ema = self.cfg.train.ema
+        optimizer = keras.optimizers.Adam(schedule, **({"use_ema": True, "ema_momentum": ema} if ema > 0 else {}))
+        self.model.compile(optimizer=optimizer,
+                           loss=plan.task.loss(self.cfg.train.label_smoothing, plan.class_weights, ops=self.ops),
+                           metrics=[plan.task.running_metric(self.ops)],
+                           steps_per_execution=self.steps_per_execution)
+        optimizer.build(self.model.trainable_variables)
+
+    def _steps_per_execution(self, steps_per_epoch: int) -> int:
+        """train.steps_per_execution, or the largest divisor of the epoch below it: Keras 3's JAX trainer finishes
+        every execution it starts (keras/src/backend/jax/trainer.py), so an execution that crossed the epoch's end
+        would train steps the plan does not have and run the schedule down to zero early."""
+        setting = self.cfg.train.steps_per_execution
+        steps = whole_executions(setting, steps_per_epoch)
+        if steps != setting:
+            print(f"[train] steps per execution: {steps}, the largest divisor of {steps_per_epoch} steps per epoch "
+                  f"not above train.steps_per_execution={setting}, so that every epoch trains exactly "
+                  f"{steps_per_epoch} steps (Keras 3 on JAX finishes each execution it starts)", flush=True)
+        return steps
+
+    def optimizer_steps(self) -> int:
+        """Steps the optimiser has taken, by its own count (restored with a checkpoint)."""
+        return int(self.model.optimizer.iterations.numpy())
+
+    def _build(self, policy: str):
+        return build_keras_model(self.cfg.model, self.plan.outputs, self.cfg.data.image_size,
+                                 self.plan.task.activation, policy)
+
+    def runtime(self) -> dict:
+        """What trained: Keras on JAX, its devices, and on a Kaggle TPU every TensorFlow stack tried before it."""
+        from common.launch.fallback import fallback_record
+
+        return {"framework": self.name, "keras": keras.__version__, "jax": jax.__version__,
+                "devices": f"{len(self.devices)} x {self.devices[0].device_kind}", "platform": self.platform,
+                "distribution": "DataParallel" if len(self.devices) > 1 else "none",
+                "steps_per_execution": self.steps_per_execution,
+                "tensorflow": tf.__version__, "tpu_stack": fallback_record()}
+
+    def precision(self) -> dict[str, str]:
+        return {"policy": self.policy, **precision_by_part(self.model)}
+
+    # ------------------------------------------------------------------------------------------------ checkpoints
+    def restore(self, directory: Path) -> int:
+        """Model and optimiser from the checkpoint in directory: the epochs it holds (0: none)."""
+        self.checkpoints = Path(directory)
+        self.checkpoints.mkdir(parents=True, exist_ok=True)
+        state = self.checkpoints / CHECKPOINT_STATE
+        if not state.is_file():
+            return 0
+        self.model.load_weights(self.checkpoints / CHECKPOINT)
+        return int(json.loads(state.read_text())["epochs_done"])
+
+    def save_checkpoint(self, epochs_done: int) -> None:
+        """Written to a temporary name and renamed: a run killed while saving keeps its previous checkpoint."""
+        partial = self.checkpoints / f"partial-{CHECKPOINT}"
+        self.model.save_weights(partial)
+        partial.replace(self.checkpoints / CHECKPOINT)
+        state = self.checkpoints / CHECKPOINT_STATE
+        state.with_suffix(".tmp").write_text(json.dumps({"epochs_done": epochs_done}))
+        state.with_suffix(".tmp").replace(state)
+
+    def save_weights(self, path: Path) -> None:
+        """The model's weights alone (no optimiser), as arrays in the model's order: what the export rebuilds from."""
+        save_weight_arrays(Path(path).with_suffix(".npz"), self.model.get_weights())
+
+    def load_weights(self, path: Path) -> None:
+        self.model.set_weights(read_weight_arrays(Path(path).with_suffix(".npz")))
+
+    @contextlib.contextmanager
+    def averaged(self):
+        """With train.ema, the optimiser's moving average swapped into the model for what happens inside, the
+        trained weights put back after (Keras 3's optimiser keeps the average, as tf_keras' does)."""
+        optimizer = self.model.optimizer
+        if not getattr(optimizer, "use_ema", False):
+            yield
+            return
+        variables = self.model.trainable_variables
+        current = [np.asarray(v.value) for v in variables]
+        # Copies, not the average's own arrays: predict donates the model's buffers to XLA, which would delete the
+        # optimiser's averages with them.
+        for variable, average in zip(variables, optimizer._model_variables_moving_average, strict=True):
+            variable.assign(keras.ops.copy(average.value))
+        try:
+            yield
+        finally:
+            for variable, value in zip(variables, current, strict=True):
+                variable.assign(value)
+
+    # ---------------------------------------------------------------------------------------------------- train
+    def distribute(self, make_dataset):
+        """One input pipeline of global batches: DataParallel splits each batch over the devices."""
+        return make_dataset(None)
+
+    def fit(self, data, plan, initial_epoch: int, epoch_begin, epoch_end) -> None:
+        self.model.fit(data, epochs=plan.epochs, initial_epoch=initial_epoch, steps_per_epoch=plan.steps_per_epoch,
+                       callbacks=[_EpochHooks(epoch_begin, epoch_end)], verbose=2)
+
+    # -------------------------------------------------------------------------------------------------- predict
+    def predict(self, files, schema: RecordSchema, count: int) -> np.ndarray:
+        """Model outputs for the `count` records of `files`, in order; batches padded to the global batch (every
+        batch must split evenly over the devices) and the padding dropped after."""
+        batch = self.plan.global_batch
+        batches = make_padded_image_batches(files, schema, self.cfg.data.image_size, batch)
+        return self.model.predict(batches, steps=-(-count // batch), verbose=0)[:count]
+
+    # --------------------------------------------------------------------------------------------------- export
+    def export(self, export_dir: Path, card, verify_images: np.ndarray, extra_files: dict, output_scaling):
+        """The verified export, written by a child interpreter under Keras 3's TensorFlow backend on the CPU: it
+        rebuilds the model from these weights and saves the SavedModel contract; the check compares it with what
+        this JAX model, in float32, predicts for the verify images."""
+        copy = self._build("float32")  # what a T4 runs: the export's float32 signature is checked against it
+        copy.set_weights(self.model.get_weights())
+        expected = _predict_padded(copy, verify_images, self.replicas)
+        with tempfile.TemporaryDirectory(prefix="tpu2gpu-export-") as folder:
+            job = Path(folder)
+            self.save_weights(job / "weights")
+            np.savez(job / "verify.npz", images=verify_images, expected=expected)
+            write_card(job, card)
+            (job / "job.json").write_text(json.dumps({
+                "config": config_to_dict(self.cfg), "outputs": self.plan.outputs,
+                "activation": self.plan.task.activation, "export_dir": str(export_dir),
+                "extra_files": {name: str(path) for name, path in extra_files.items()},
+                "output_scaling": output_scaling, "export_float16": self.cfg.train.export_float16}))
+            _run_export_child(job)
+        return read_card(export_dir)
+
+
+
+def start(cfg) -> JaxBackend:
+    """The keras_jax backend, its devices and precision logged (KERAS_BACKEND=jax was set by the route's prepare)."""
+    backend = JaxBackend(cfg)
+    print(backend.describe(), flush=True)
+    return backend
+
+def _predict_padded(model, images: np.ndarray, replicas: int) -> np.ndarray:
+    """model's outputs for images, padded to a multiple of the device count (DataParallel splits every batch)."""
+    padded = -(-len(images) // replicas) * replicas
+    batch = np.concatenate([images, np.zeros((padded - len(images), *images.shape[1:]), images.dtype)])
+    return np.asarray(model.predict(batch, batch_size=padded, verbose=0))[:len(images)]
+
+
+def _run_export_child(job: Path) -> None:
+    env = cpu_only_environment(os.environ)
+    env["KERAS_BACKEND"] = "tensorflow"
+    env["JAX_PLATFORMS"] = "cpu"  # Keras may import JAX there too: it must never reach for the TPU this process holds
+    result = subprocess.run([sys.executable, "-m", "common.training.backends.keras_jax.export_child", str(job)],
+                            env=env, text=True, capture_output=True)
+    print(result.stdout, end="", flush=True)
+    if result.returncode != 0:
+        tail = "\n".join(result.stderr.strip().splitlines()[-10:])
+        raise ExportError(f"the keras_jax export (Keras 3 under TensorFlow, rebuilt from the trained weights) "
+                          f"failed:\n{tail}")

@@ -1,0 +1,129 @@
+"""The model under Keras 3: the keras_jax route trains it on JAX, and its export rebuilds it under Keras 3's TensorFlow
+backend from the same weights (common/training/backends/keras_jax/export_child.py). The contract is
+common/training/backends/tf_keras/model.py's: uint8 [B, S, S, 3] -> preprocessing in the graph -> backbone -> the task's
+head, float32 out.
+
+    model = build_keras_model(cfg.model, outputs=10, image_size=224, activation="softmax", policy="mixed_bfloat16")
+
+Backbones (model.backbone), all with a Keras 3 form (a TF Hub SavedModel has none: it cannot be fine-tuned under JAX):
+- efficientnet: keras.applications EfficientNetB0-B7 or EfficientNetV2 (V2B0-V2B3, V2S, V2M, V2L), which take
+  0..255 pixels and normalise inside; weights none, imagenet (downloaded: needs kaggle.train_internet) or the path of
+  keras.applications' weights file (efficientnetb0_notop.h5, attached as a dataset).
+- keras: model.keras_backbone, a .keras feature extractor taking float images in [0, 1] (the offline demo's), or a
+  KerasHub preset folder (an attached Kaggle Model such as keras/efficientnet/keras/efficientnet_b0_ra_imagenet),
+  loaded where keras_hub is importable.
+Imports Keras on call: the caller has chosen its backend (KERAS_BACKEND) first.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from common.core.errors import ConfigError
+
+KERAS_EFFICIENTNETS = {**{f"B{k}": f"EfficientNetB{k}" for k in range(8)},
+                       **{f"V2{v}": f"EfficientNetV2{v}" for v in ("B0", "B1", "B2", "B3", "S", "M", "L")}}
+
+
+def _weights(value: str) -> str | None:
+    weights = None if value.lower() in ("", "none") else value
+    if weights not in (None, "imagenet") and not Path(weights).is_file():
+        raise ConfigError(f"model.efficientnet_weights={value!r} is none, imagenet or the path of a keras.applications "
+                          "weights file (e.g. efficientnetb0_notop.h5); this file does not exist. Fix: attach it as a "
+                          "dataset and give its /kaggle/input path")
+    return weights
+
+
+def efficientnet_backbone(variant: str, weights: str, image_size: int):
+    """keras.applications' EfficientNet, global-average-pooled: 0..255 float pixels in, features out."""
+    import keras
+
+    name = KERAS_EFFICIENTNETS.get(variant.upper())
+    if name is None:
+        raise ConfigError(f"model.efficientnet_variant={variant!r} is not one of {list(KERAS_EFFICIENTNETS)} "
+                          "(keras.applications under Keras 3)")
+    weights_arg = _weights(weights)
+    try:
+        # Its own name kept: EfficientNetV2 looks its block layout up by it.
+        return getattr(keras.applications, name)(include_top=False, weights=weights_arg,
+                                                 input_shape=(image_size, image_size, 3), pooling="avg")
+    except (OSError, ValueError) as err:  # the download failed (internet off), or a file of another variant
+        raise ConfigError(
+            f"model.efficientnet_weights={weights!r} could not be loaded into {name} ({type(err).__name__}: "
+            f"{str(err)[:200]}). Fix: with the internet off, attach keras.applications' notop weights file of {name} "
+            "as a dataset and set model.efficientnet_weights to its path, or model.efficientnet_weights=none") from err
+
+
+def file_backbone(path: str, image_size: int):
+    """model.keras_backbone: a .keras feature extractor ([0, 1] images in), or a KerasHub preset folder."""
+    import keras
+
+    source = Path(path)
+    if source.is_file() and source.suffix == ".keras":
+        return keras.saving.load_model(source, compile=False)
+    if source.is_dir():
+        return _keras_hub_backbone(source, image_size)
+    raise ConfigError(f"model.keras_backbone={path!r} is neither a .keras file nor a KerasHub preset folder. Fix: "
+                      "attach it (a dataset or a Kaggle Model) and give its /kaggle/input path")
+
+
+def _keras_hub_backbone(folder: Path, image_size: int):
+    """A KerasHub image backbone and its image converter (its own scaling and normalisation), pooled to features."""
+    import keras
+
+    try:
+        import keras_hub
+    except ImportError as err:
+        raise ConfigError(f"model.keras_backbone={str(folder)!r} is a KerasHub preset, and keras_hub is not "
+                          "importable here. Fix: run where keras-hub is installed (Kaggle's TPU image has it)") from err
+    backbone = keras_hub.models.Backbone.from_preset(str(folder))
+    converter = keras_hub.layers.ImageConverter.from_preset(str(folder))
+    images = keras.Input((image_size, image_size, 3))
+    features = keras.layers.GlobalAveragePooling2D()(backbone(converter(images * 255.0)))
+    return keras.Model(images, features, name="backbone")
+
+
+def build_keras_model(model_cfg, outputs: int, image_size: int, activation: str = "softmax",
+                      policy: str = "float32"):
+    """uint8 [B, S, S, 3] -> float32 [B, outputs], its layers computing under `policy` (the head's activation in
+    float32). Build it once the distribution is set (keras.distribution), so its variables are placed by it."""
+    import keras
+
+    if activation == "softmax" and outputs < 2:
+        raise ConfigError(f"a classifier needs at least 2 classes, got {outputs}")
+    if model_cfg.backbone == "hub":
+        raise ConfigError("model.backbone=hub is a TF Hub SavedModel, which Keras 3 on JAX cannot fine-tune. Fix: "
+                          "train.framework=tf_keras, or model.backbone=efficientnet (keras.applications) or "
+                          "model.backbone=keras with model.keras_backbone")
+    trained = keras.config.dtype_policy().name
+    keras.config.set_dtype_policy(policy)
+    try:
+        images = keras.Input((image_size, image_size, 3), dtype="uint8", name="image")
+        if model_cfg.backbone == "efficientnet":
+            pixels = keras.layers.Rescaling(1.0, dtype="float32", name="to_float")(images)  # it normalises itself
+            base = efficientnet_backbone(model_cfg.efficientnet_variant, model_cfg.efficientnet_weights, image_size)
+        else:
+            pixels = keras.layers.Rescaling(1.0 / 255.0, dtype="float32", name="to_unit_range")(images)
+            base = file_backbone(model_cfg.keras_backbone, image_size)
+        base.trainable = model_cfg.trainable
+        x = keras.layers.Dropout(model_cfg.dropout, name="head_dropout")(base(pixels))
+        logits = keras.layers.Dense(outputs, name="head_logits")(x)
+        predictions = keras.layers.Activation(activation, dtype="float32", name="predictions")(logits)
+        return keras.Model(images, predictions, name=f"keras_{model_cfg.backbone}_{activation}")
+    finally:
+        keras.config.set_dtype_policy(trained)
+
+
+def save_weight_arrays(path: Path, weights: list) -> None:
+    """A model's weights as arrays in the model's order (.npz): what a rebuild of the same architecture, under any
+    Keras backend, takes back with set_weights."""
+    import numpy as np
+
+    np.savez(path, *weights)
+
+
+def read_weight_arrays(path: Path) -> list:
+    import numpy as np
+
+    with np.load(path) as saved:
+        return [saved[f"arr_{k}"] for k in range(len(saved.files))]

@@ -1,0 +1,139 @@
+"""The model: uint8 images -> preprocessing -> backbone (TF Hub or the efficientnet package) -> the task's head.
+
+    with strategy.scope():
+        model = build_model(cfg.model, task.outputs(num_classes), cfg.data.image_size, hub_handle=resolved_handle,
+                            activation=task.activation)
+        compile_model(model, cfg.train, task, lr_schedule)
+
+Preprocessing lives inside the graph (uint8 0..255 in, the backbone's own normalisation applied here), so the exported
+serving signature takes exactly what the test pipeline yields and inference never re-declares it.
+The head's activation (softmax, sigmoid, linear: common/tasks/types.py) is float32 under mixed precision: probabilities
+and the loss stay numerically safe.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from common.core.errors import ConfigError
+
+import tensorflow as tf
+
+# The efficientnet package's 'imagenet' / 'noisy-student' weights expect torch-style normalised input.
+_IMAGENET_MEAN = (0.485, 0.456, 0.406)
+_IMAGENET_STD = (0.229, 0.224, 0.225)
+EFFICIENTNET_VARIANTS = ("B0", "B1", "B2", "B3", "B4", "B5", "B6", "B7")
+
+
+def host_load_options() -> tf.saved_model.LoadOptions:
+    # On a TPU the SavedModel must be read by the host ('/job:localhost'): needed on TPU Nodes, harmless elsewhere.
+    return tf.saved_model.LoadOptions(experimental_io_device="/job:localhost")
+
+
+def hub_backbone(handle: str, trainable: bool):
+    """A TF Hub / Kaggle Models feature-vector model as a tf_keras layer: float32 images in [0, 1] -> features."""
+    import tensorflow_hub as hub
+
+    try:
+        return hub.KerasLayer(handle, trainable=trainable, load_options=host_load_options(), dtype="float32",
+                              name="backbone")
+    except (OSError, ValueError, tf.errors.OpError) as err:  # URLError is an OSError
+        raise ConfigError(
+            f"model.hub_handle={handle!r} could not be loaded ({type(err).__name__}: {str(err)[:200]}). Fix: with the "
+            "internet off, attach the model to the kernel (model_sources 'owner/model/framework/variation/version' "
+            "in kernel-metadata.json, or Add Input) and set model.hub_handle to that handle or its /kaggle/input "
+            "path; locally, give the path of a SavedModel directory") from err
+
+
+def efficientnet_backbone(variant: str, weights: str, image_size: int, trainable: bool):
+    """EfficientNet B0-B7 from the `efficientnet` package (tf_keras), global-average-pooled features."""
+    import efficientnet.tfkeras as efn
+
+    if variant.upper() not in EFFICIENTNET_VARIANTS:
+        raise ConfigError(f"model.efficientnet_variant={variant!r} is not one of {list(EFFICIENTNET_VARIANTS)}")
+    weights_arg = None if weights.lower() in ("", "none") else weights
+    if weights_arg not in (None, "imagenet", "noisy-student") and not Path(weights_arg).is_file():
+        raise ConfigError(f"model.efficientnet_weights={weights!r} is none, imagenet, noisy-student or an existing "
+                          "weights file; this file does not exist")
+    builder = getattr(efn, f"EfficientNet{variant.upper()}")
+    try:
+        base = builder(include_top=False, weights=weights_arg, input_shape=(image_size, image_size, 3),
+                       pooling="avg")
+    except OSError as err:  # the weights download failed (internet off)
+        raise ConfigError(
+            f"model.efficientnet_weights={weights!r} must be downloaded, which failed ({err}). Fix: with the "
+            "internet off, attach the weights file as a dataset and set model.efficientnet_weights to its path, "
+            "or use model.efficientnet_weights=none") from err
+    base.trainable = trainable
+    return base
+
+
+def build_model(model_cfg, outputs: int, image_size: int, hub_handle: str | None = None,
+                activation: str = "softmax") -> tf.keras.Model:
+    """uint8 [B, S, S, 3] -> float32 [B, outputs] (class probabilities with softmax). Call inside strategy.scope()."""
+    if activation == "softmax" and outputs < 2:
+        raise ConfigError(f"a classifier needs at least 2 classes, got {outputs}")
+    images = tf.keras.Input((image_size, image_size, 3), dtype=tf.uint8, name="image")
+    x = tf.keras.layers.Rescaling(1.0 / 255.0, dtype="float32", name="to_unit_range")(images)
+    if model_cfg.backbone == "hub":
+        features = hub_backbone(hub_handle or model_cfg.hub_handle, model_cfg.trainable)(x)
+    else:
+        x = tf.keras.layers.Normalization(mean=_IMAGENET_MEAN, variance=[s * s for s in _IMAGENET_STD],
+                                          dtype="float32", name="imagenet_normalise")(x)
+        base = efficientnet_backbone(model_cfg.efficientnet_variant, model_cfg.efficientnet_weights, image_size,
+                                     model_cfg.trainable)
+        features = base(x)
+    x = tf.keras.layers.Dropout(model_cfg.dropout, name="head_dropout")(features)
+    logits = tf.keras.layers.Dense(outputs, name="head_logits")(x)
+    predictions = tf.keras.layers.Activation(activation, dtype="float32", name="predictions")(logits)
+    return tf.keras.Model(images, predictions, name=f"{model_cfg.backbone}_{activation}")
+
+
+def precision_by_part(model) -> dict[str, str]:
+    """The dtype each part computes in, for a tf_keras or a Keras 3 model of either builder: the backbone is the layer
+    the head's dropout reads. A TF Hub backbone (or a loaded .keras one) keeps its own saved dtypes (float32 for the
+    published EfficientNets), so a mixed policy changes only the head; EfficientNet's layers follow the policy."""
+    names = [layer.name for layer in model.layers]
+    backbone = model.layers[names.index("head_dropout") - 1]
+    return {"backbone": _computes_in(backbone), "head": model.get_layer("head_logits").compute_dtype}
+
+
+def _computes_in(layer) -> str:
+    """A nested model computes in what most of its weighted layers do: a loaded .keras backbone keeps its saved dtypes
+    while the Keras 3 wrapper around it reports the global policy."""
+    inner = [sub for sub in getattr(layer, "layers", []) if sub.weights]
+    if not inner:
+        return layer.compute_dtype
+    dtypes = [_computes_in(sub) for sub in inner]
+    return max(set(dtypes), key=dtypes.count)
+
+
+def learning_rate_schedule(peak_lr: float, total_steps: int, warmup_steps: int, schedules=None):
+    """Linear warm-up to peak_lr, then cosine decay to zero at total_steps (common.training.plan's
+    FoldPlan.learning_rate). schedules: the Keras whose CosineDecay to use (tf_keras' by default; Keras 3's on the
+    keras_jax route)."""
+    warmup_steps = max(0, min(warmup_steps, total_steps - 1))
+    schedules = schedules or tf.keras.optimizers.schedules
+    return schedules.CosineDecay(
+        initial_learning_rate=0.0 if warmup_steps else peak_lr, decay_steps=max(1, total_steps - warmup_steps),
+        alpha=0.0, warmup_target=peak_lr if warmup_steps else None, warmup_steps=warmup_steps)
+
+
+def make_optimizer(train_cfg, lr_schedule) -> tf.keras.optimizers.Optimizer:
+    """Adam; with train.ema > 0 it also keeps the moving average of the weights (tf_keras' own use_ema), which fit
+    swaps into the model when training ends."""
+    if train_cfg.ema > 0:
+        return tf.keras.optimizers.Adam(lr_schedule, use_ema=True, ema_momentum=train_cfg.ema)
+    return tf.keras.optimizers.Adam(lr_schedule)
+
+
+def compile_model(model: tf.keras.Model, train_cfg, task, lr_schedule, class_weights=None) -> None:
+    """Optimiser, the task's loss (class-weighted if given) and running metric for Keras fit; call inside
+    strategy.scope()."""
+    model.compile(
+        optimizer=make_optimizer(train_cfg, lr_schedule),
+        loss=task.loss(train_cfg.label_smoothing, class_weights),
+        metrics=[task.running_metric()],
+        # Several steps per host round trip: the TPU stays busy instead of waiting for Python.
+        steps_per_execution=train_cfg.steps_per_execution,
+    )

@@ -1,0 +1,237 @@
+"""Training one fold, whatever the backend: plan -> build -> fit -> finish.
+
+    result = train_fold(cfg, backend, records, work_dir=scratch / "work" / "fold0", deadline=deadline)
+
+plan: common/training/plan.py (batch, steps, schedule, scaling, class weights). build and fit: the backend
+(common/training/backends/tf_keras/backend.py: tf_keras under tf.distribute;
+common/training/backends/keras_jax/backend.py: Keras 3 on JAX). Each epoch ends in one place, EpochMonitor.epoch_end,
+which in this order scores the task's competition metric (train.metric, scikit-learn) on the validation fold (logged as
+val_<metric>, with val_loss), keeps the best epoch's weights (train.keep=best; with train.ema the averaged weights are
+scored and kept), writes the history row and the checkpoint, and then decides: early stopping first, then the time
+budget. finish: the best epoch's weights restored and checked against what that epoch predicted, and the validation
+predictions. Resume: a run killed and started again with the same work_dir restores the newest checkpoint and continues
+with the next epoch; the history keeps every epoch once.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from common.core.errors import DataError
+from common.data.pipeline import make_train_dataset, read_ids_and_labels
+from common.tasks.parts import is_better
+from common.training.budget import cut_message, cuts_after
+from common.training.plan import FoldPlan, needs_train_labels, plan_fold
+
+import numpy as np
+
+PROGRESS_NAME = "progress.json"  # {"epochs_done": n}, written after each checkpoint
+BEST_NAME = "best.json"  # {"epoch", "value"} of the best epoch so far
+
+
+@dataclass
+class Validation:
+    ids: list[str]
+    labels: np.ndarray  # in the task's label form
+    predictions: np.ndarray | None = None  # in value space: probabilities, or de-standardised values
+
+
+@dataclass
+class FoldResult:
+    plan: FoldPlan
+    backend: object  # holding the weights to export (the best epoch's with train.keep=best)
+    history_csv: Path
+    epochs_done: int
+    best_epoch: int  # 1-based epoch whose weights the backend holds
+    cut: bool  # the time budget cut the schedule
+    epoch_seconds: list[float]  # each epoch run in this session, with its score
+    validation: Validation
+
+
+def epochs_checkpointed(work_dir: Path) -> int:
+    """Epochs a fold's checkpoint already holds (its progress.json), so a resumed fold is planned for the rest."""
+    progress = Path(work_dir) / "checkpoints" / PROGRESS_NAME
+    return int(json.loads(progress.read_text())["epochs_done"]) if progress.is_file() else 0
+
+
+def _write_json(path: Path, value: dict) -> None:
+    path.with_suffix(".tmp").write_text(json.dumps(value))
+    path.with_suffix(".tmp").replace(path)
+
+
+class History:
+    """history.csv, one row per epoch (epoch, then the logs' keys sorted, as Keras' CSVLogger writes it). A resumed
+    fold drops rows of epochs its checkpoint does not hold, so every epoch appears once."""
+
+    def __init__(self, path: Path, initial_epoch: int):
+        self.path = Path(path)
+        rows = []
+        if initial_epoch and self.path.is_file():
+            with self.path.open(newline="") as f:
+                rows = [r for r in csv.DictReader(f) if int(r["epoch"]) < initial_epoch]
+        self.header = list(rows[0]) if rows else None
+        with self.path.open("w", newline="") as f:
+            if rows:
+                writer = csv.DictWriter(f, fieldnames=self.header)
+                writer.writeheader()
+                writer.writerows(rows)
+
+    def append(self, epoch: int, logs: dict) -> None:
+        row = {"epoch": epoch, **{k: logs[k] for k in sorted(logs)}}
+        first = self.header is None
+        self.header = self.header or list(row)
+        with self.path.open("a", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=self.header, extrasaction="ignore")
+            if first:
+                writer.writeheader()
+            writer.writerow(row)
+
+
+class EpochMonitor:
+    """The fold's one epoch-end owner (see the module docstring for the order of what it does)."""
+
+    def __init__(self, cfg, plan: FoldPlan, backend, work_dir: Path, validation: Validation, predict_val,
+                 deadline: float, initial_epoch: int):
+        import tensorflow as tf
+
+        self.plan, self.backend, self.work_dir, self.predict_val = plan, backend, Path(work_dir), predict_val
+        self.validation, self.deadline = validation, deadline
+        self.keep_best, self.patience = cfg.train.keep == "best", cfg.train.early_stopping
+        self.targets = plan.task.target(tf.constant(validation.labels), len(plan.class_names), plan.scaling).numpy()
+        self.loss = plan.task.loss(cfg.train.label_smoothing, ops=backend.ops)
+        state = self.work_dir / BEST_NAME
+        self.best = json.loads(state.read_text()) if state.is_file() else {"epoch": 0, "value": None}
+        self.history = History(self.work_dir / "history.csv", initial_epoch)
+        self.seconds: list[float] = []
+        self.cut = False
+        self.steps = backend.optimizer_steps()  # restored with the checkpoint
+
+    def epoch_begin(self, epoch: int) -> None:
+        self.started = time.monotonic()
+
+    def epoch_end(self, epoch: int, logs: dict) -> bool:
+        """Everything that follows an epoch; True when training stops here."""
+        trained = self.count_steps(epoch, time.monotonic() - self.started)
+        self.score(epoch, logs, trained)
+        self.history.append(epoch, logs)
+        self.backend.save_checkpoint(epoch + 1)
+        _write_json(self.work_dir / "checkpoints" / PROGRESS_NAME, {"epochs_done": epoch + 1})  # after the checkpoint
+        now = time.monotonic()
+        self.seconds.append(now - self.started)
+        if self.patience and epoch + 1 - self.best["epoch"] >= self.patience:
+            print(f"[train] early stopping: no better val_{self.plan.metric} for {self.patience} epochs", flush=True)
+            return True
+        if cuts_after(epoch + 1, self.plan.epochs, now, max(self.seconds), self.deadline):
+            print(cut_message(epoch + 1, self.deadline - now, max(self.seconds)), flush=True)
+            self.cut = True
+            return True
+        return False
+
+    def count_steps(self, epoch: int, seconds: float) -> str:
+        """The optimiser's own step count against the plan: a loop that trained more steps than planned would run the
+        learning-rate schedule down to zero early, so the fold stops at its first epoch instead of hours later."""
+        steps, planned = self.backend.optimizer_steps(), (epoch + 1) * self.plan.steps_per_epoch
+        if steps > planned:
+            raise RuntimeError(
+                f"epoch {epoch + 1} ended at optimiser step {steps} where the plan ends it at {planned} "
+                f"({self.plan.steps_per_epoch} steps per epoch): the {self.backend.name} training loop ran more "
+                "steps than it was asked for. Fix: --set train.steps_per_execution=1, and report the Keras version "
+                "in the log's environment block")
+        taken, self.steps = steps - self.steps, steps
+        return f"step {steps}, {1000 * seconds / max(1, taken):.0f} ms/step"
+
+    def score(self, epoch: int, logs: dict, trained: str) -> None:
+        """val_loss and val_<metric> into the logs; the best epoch's weights and outputs kept."""
+        metric, task = self.plan.metric, self.plan.task
+        with self.backend.averaged():
+            raw = self.predict_val()
+            try:
+                value = task.score(metric, self.validation.labels, self.plan.to_values(raw))
+            except ValueError as err:  # e.g. AUC on a validation fold that holds one class: no score, no best
+                print(f"[train] epoch {epoch + 1}: val_{metric} cannot be computed ({err})", flush=True)
+                value = math.nan
+            logs["val_loss"] = float(np.mean(np.asarray(self.loss(self.targets, raw))))
+            logs[f"val_{metric}"] = value
+            if is_better(metric, value, self.best["value"]):
+                self.best = {"epoch": epoch + 1, "value": value}
+                if self.keep_best:
+                    self.backend.save_weights(self.work_dir / "best" / "weights")
+                    np.save(self.work_dir / "best" / "predictions.npy", raw)  # what the restored weights must give
+                _write_json(self.work_dir / BEST_NAME, self.best)
+        best = "none yet" if self.best["value"] is None else f"{self.best['value']:.4f} at epoch {self.best['epoch']}"
+        print(f"[train] epoch {epoch + 1}: {trained}; val_{metric} {value:.4f} (best {best})", flush=True)
+
+
+def restore_best(backend, monitor: EpochMonitor, predict_val) -> tuple[int, np.ndarray]:
+    """With train.keep=best, the best epoch's weights put back and checked against the outputs that epoch gave:
+    (that epoch, the validation outputs now); (0, the last epoch's outputs) when none is kept."""
+    best_epoch, metric = monitor.best["epoch"], monitor.plan.metric
+    if not (monitor.keep_best and best_epoch):
+        if monitor.keep_best:
+            print(f"[train] no epoch gave a val_{metric}: exporting the last epoch's weights", flush=True)
+        return 0, predict_val()
+    backend.load_weights(monitor.work_dir / "best" / "weights")
+    expected, outputs = np.load(monitor.work_dir / "best" / "predictions.npy"), predict_val()
+    drift = float(np.max(np.abs(outputs - expected)))  # float reduction order aside, they must agree
+    if drift > 1e-3 * max(1.0, float(np.max(np.abs(expected)))):
+        raise RuntimeError(f"the restored weights of epoch {best_epoch} predict up to {drift:.2e} away from what "
+                           "that epoch predicted: the best-epoch checkpoint did not capture the model")
+    print(f"[train] exporting the weights of epoch {best_epoch} (val_{metric} {monitor.best['value']:.4f}; "
+          f"restored, max difference {drift:.1e})", flush=True)
+    return best_epoch, outputs
+
+
+def read_validation(records) -> Validation:
+    ids, labels = read_ids_and_labels(records.val_files, records.schema, True)
+    if len(ids) != records.val_count:
+        raise DataError(f"expected {records.val_count} validation records in {len(records.val_files)} files, read "
+                        f"{len(ids)}: the manifest and the files disagree; convert the data again")
+    return Validation(ids, labels)
+
+
+def describe_precision(backend, cfg) -> str:
+    parts = backend.precision()
+    return (f"[train] precision: backbone {parts['backbone']}, head {parts['head']} (policy {parts['policy']}"
+            + ("; a TF Hub backbone keeps its SavedModel's dtypes" if cfg.model.backbone == "hub" else "") + ")")
+
+
+def train_fold(cfg, backend, records, work_dir: Path, deadline: float) -> FoldResult:
+    """Plan, build (and resume), fit and finish one fold. Checkpoints live in work_dir."""
+    work_dir = Path(work_dir)
+    (work_dir / "best").mkdir(parents=True, exist_ok=True)
+    labels = read_ids_and_labels(records.train_files, records.schema, True)[1] if needs_train_labels(cfg) else None
+    plan = plan_fold(cfg, records, backend.replicas, labels)
+    print(plan.describe(records.train_count, records.val_count, cfg.train.keep), flush=True)
+    if plan.class_weights:
+        print("[train] class weights (balanced): " + ", ".join(
+            f"{name} {w:.3f}" for name, w in zip(plan.class_names, plan.class_weights, strict=True)), flush=True)
+
+    backend.build(plan)
+    initial_epoch = backend.restore(work_dir / "checkpoints")
+    print(describe_precision(backend, cfg), flush=True)
+    if initial_epoch:
+        print(f"[train] resuming from the checkpoint after epoch {initial_epoch}", flush=True)
+    validation = read_validation(records)
+
+    def predict_val() -> np.ndarray:
+        return backend.predict(records.val_files, records.schema, records.val_count)
+
+    def to_target(labels):
+        return plan.task.target(labels, len(plan.class_names), plan.scaling)
+
+    monitor = EpochMonitor(cfg, plan, backend, work_dir, validation, predict_val, deadline, initial_epoch)
+    if initial_epoch < plan.epochs:
+        data = backend.distribute(lambda ctx: make_train_dataset(
+            records.train_files, cfg.data, plan.global_batch, to_target, records.schema, input_context=ctx,
+            seed=cfg.train.seed))
+        backend.fit(data, plan, initial_epoch, monitor.epoch_begin, monitor.epoch_end)
+    best_epoch, outputs = restore_best(backend, monitor, predict_val)
+    validation.predictions = plan.to_values(outputs)
+    epochs_done = initial_epoch + len(monitor.seconds)
+    return FoldResult(plan, backend, monitor.history.path, epochs_done, best_epoch or epochs_done, monitor.cut,
+                      monitor.seconds, validation)

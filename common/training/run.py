@@ -1,0 +1,91 @@
+"""The training kernel's folds in turn, as far as the time budget goes (common/training/budget.py), and its report.
+
+    report = train_folds(cfg, backend, tfrecord_dir, out, scratch, deadline)    # export/fold<k>/ for each fold
+    write_report(out / "export", report)                                         # export/training_report.json
+
+A fold already exported (a complete card) is skipped and reported; a fold with a checkpoint resumes and is planned
+for the epochs it has left. A fold starts only if the time left covers its estimate (the last fold's measured
+setup, epochs and export); a fold the budget refuses is listed in not_started, and later folds are still looked at.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+from common.core.errors import UserError
+from common.data.records import has_manifest, read_manifest, record_set
+from common.export.card import read_card
+from common.training.budget import FoldTiming, estimate_fold_seconds, export_reserve_seconds, should_start
+from common.training.finish import export_fold, out_of_fold_scores
+from common.training.fold import epochs_checkpointed, train_fold
+
+
+def folds_to_train(cfg, tfrecord_dir: str) -> list[int]:
+    if cfg.train.fold >= 0:
+        return [cfg.train.fold]
+    split = read_manifest(tfrecord_dir)["split"] if has_manifest(tfrecord_dir) else {"kind": "none"}
+    return list(range(split["folds"])) if split["kind"] == "kfold" else [0]
+
+
+def exported_metrics(export_dir: Path) -> dict | None:
+    """The metrics of a fold that is already exported (a complete card), else None."""
+    try:
+        return read_card(export_dir).metrics
+    except UserError:
+        return None
+
+
+def train_and_export(cfg, backend, tfrecord_dir: str, fold: int, work: Path, export_dir: Path,
+                     deadline: float) -> tuple[dict, FoldTiming | None]:
+    """One fold trained and exported: (its card's metrics, where its time went; None when it ran no epoch)."""
+    started = time.monotonic()
+    records = record_set(tfrecord_dir, cfg.data, fold)
+    result = train_fold(cfg, backend, records, work, deadline)
+    trained = time.monotonic()
+    card = export_fold(cfg, result, records, fold, export_dir)
+    shutil.rmtree(work / "checkpoints", ignore_errors=True)  # exported: the checkpoints have served
+    if not result.epoch_seconds:  # resumed after its last epoch: nothing measured, the last estimate stands
+        return card.metrics, None
+    return card.metrics, FoldTiming(trained - started - sum(result.epoch_seconds), result.epoch_seconds,
+                                    time.monotonic() - trained)
+
+
+def train_folds(cfg, backend, tfrecord_dir: str, out: Path, scratch: Path, deadline: float) -> dict:
+    """Every fold to train, in turn: {"folds": {name: metrics}, "not_started": [fold, ...]}."""
+    report, last, why = {"folds": {}, "not_started": []}, None, ""
+    for fold in folds_to_train(cfg, tfrecord_dir):
+        export_dir, work = out / "export" / f"fold{fold}", scratch / "work" / f"fold{fold}"
+        metrics = exported_metrics(export_dir)
+        if metrics is not None:
+            report["folds"][f"fold{fold}"] = metrics
+            print(f"[train] fold {fold}: already exported in {export_dir}, skipped", flush=True)
+            continue
+        estimate = estimate_fold_seconds(last, cfg.train.epochs - epochs_checkpointed(work), cfg.train.fold_minutes)
+        start, why = should_start(fold, deadline - time.monotonic(), estimate)
+        if not start:  # later folds are still looked at: exported ones are reported, resumable ones may fit
+            print(why, flush=True)
+            report["not_started"].append(fold)
+            continue
+        print(f"\n=== fold {fold} ===", flush=True)
+        fold_deadline = deadline - export_reserve_seconds(last, cfg.train.export_minutes)
+        report["folds"][f"fold{fold}"], timing = train_and_export(cfg, backend, tfrecord_dir, fold, work, export_dir,
+                                                                  fold_deadline)
+        last = timing or last
+    if not report["folds"]:
+        raise UserError(f"the time budget (train.time_budget_hours={cfg.train.time_budget_hours}) ran out before any "
+                        f"fold could start ({why.removeprefix('[train] time budget: ')}). Fix: raise "
+                        "train.time_budget_hours, or lower train.fold_minutes")
+    return report
+
+
+def write_report(export_root: Path, report: dict) -> Path:
+    """training_report.json beside the exports, with the out-of-fold scores of every exported fold."""
+    report = {**report, "out_of_fold": out_of_fold_scores(export_root, report["folds"])}
+    path = export_root / "training_report.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\n[train] report: {path}", flush=True)
+    return path
