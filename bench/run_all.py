@@ -2,7 +2,7 @@
 
 Runs input_pipeline.py, train_step.py and inference.py as they are, each in its own process, one after the other,
 collects the RESULT lines each prints, and prints a markdown table: the figure, its baseline measured in the same run,
-their ratio, and the public anchor from ../shared/KAGGLE.md that the ratio should be read against. The machine is
+their ratio, and the public anchor from docs/kaggle-facts.md that the ratio should be read against. The machine is
 printed above it.
 
     .venv/bin/python bench/run_all.py --smoke

@@ -98,7 +98,7 @@ elif os.environ.get("FAKE_TENSORFLOW") == "exit":  # stands for the rest of the 
     raise SystemExit(BUILD + " imported by the kernel's second interpreter with PJRT_DEVICE="
                      + os.environ.get("PJRT_DEVICE", "unset") + " and "
                      + os.environ.get("TPU2GPU_TPU_STACK", "no stack record"))
-elif os.environ.get("FAKE_TENSORFLOW") == "abort":  # what a libtpu that does not fit tensorflow-tpu does (KAGGLE.md)
+elif os.environ.get("FAKE_TENSORFLOW") == "abort":  # a libtpu that does not fit tensorflow-tpu (docs/kaggle-facts.md)
     os.kill(os.getpid(), signal.SIGABRT)
 """
 # What a probed stand-in TensorFlow does is decided by the libtpu installed beside it (FAKE_TPU_PROBE maps libtpu

@@ -4,7 +4,8 @@ from common.core.strategy import get_strategy
 from common.data.pipeline import make_train_dataset
 from common.data.records import split_files
 from common.tasks.types import TASKS
-from common.training.backends.tf_keras.model import build_model, compile_model, learning_rate_schedule
+from common.training.backends.base import learning_rate_schedule
+from common.training.backends.tf_keras.model import build_model, compile_model
 
 import numpy as np
 import pytest
@@ -65,7 +66,7 @@ def test_missing_or_offline_hub_handles_are_clear_errors():
 
 
 def test_learning_rate_warms_up_then_decays():
-    schedule = learning_rate_schedule(0.1, total_steps=100, warmup_steps=10)
+    schedule = learning_rate_schedule(0.1, 100, 10, tf.keras.optimizers.schedules)
     rates = [float(schedule(step)) for step in (0, 5, 10, 55, 100)]
     assert rates[0] == pytest.approx(0.0) and rates[1] == pytest.approx(0.05)
     assert rates[2] == pytest.approx(0.1) and rates[3] == pytest.approx(0.05, abs=1e-3)

@@ -32,16 +32,17 @@ def test_batch_steps_and_schedule_follow_the_replicas():
 
 def test_the_pure_schedule_is_the_one_each_backend_builds():
     """plan.learning_rate (for the plot and any backend) equals Keras' CosineDecay with warm-up that
-    common.training.backends.tf_keras.model.learning_rate_schedule builds from the same plan: tf_keras' (tf_keras route)
+    common.training.backends.base.learning_rate_schedule builds from the same plan: tf_keras' (tf_keras route)
     and Keras 3's on JAX (keras_jax route)."""
-    from common.training.backends.tf_keras.model import learning_rate_schedule
+    from common.training.backends.base import learning_rate_schedule
 
     import keras
+    import tensorflow as tf
 
     for warmup in (0.0, 2.5):
         cfg = load_config(None, ["train.epochs=4", f"train.warmup_epochs={warmup}"])
         plan = plan_fold(cfg, records(320, list("ab")), replicas=2)
-        for schedules in (None, keras.optimizers.schedules):
+        for schedules in (tf.keras.optimizers.schedules, keras.optimizers.schedules):
             schedule = learning_rate_schedule(plan.peak_lr, plan.total_steps, plan.warmup_steps, schedules)
             for step in range(0, plan.total_steps + 1):
                 assert plan.learning_rate(step) == pytest.approx(float(schedule(step)), rel=1e-5, abs=1e-9), (

@@ -1,4 +1,5 @@
-"""The README's commands run as written, from the repository root, in the order a reader meets them.
+"""The README's and docs/' commands run as written, from the repository root, in the order a reader meets them; the
+README opens with the map of the code; the config reference in docs/ is the config's own.
 
 Three kinds are adapted, and each adaptation is checked for what it can show here: `./dev test` is this very suite
 (only its presence in `dev` is checked); the Kaggle steps (push, wait, fetch, publish, submit, workflow) talk to
@@ -15,6 +16,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
+DOCS = {path.name: path.read_text() for path in sorted((REPO / "docs").glob("*.md"))}
 KAGGLE_STEPS = {"push", "wait", "fetch", "publish", "submit", "workflow", "wheels", "publish-wheels"}
 
 
@@ -34,8 +36,20 @@ def test_quickstart_opens_with_the_demo_and_the_test_command():
     assert "test)" in (REPO / "dev").read_text()
 
 
+def test_the_readme_opens_with_the_tree_and_the_data_flow():
+    """Within its first 80 lines: every subpackage of common/ in the tree, each top-level folder, and the data flow
+    from the competition folder to submission.csv; about 250 lines in all."""
+    opening = "\n".join(README.splitlines()[:80])
+    subpackages = sorted(p.parent.name for p in (REPO / "common").glob("*/__init__.py"))
+    assert len(subpackages) >= 7, subpackages
+    for name in [*(f"  {s}/" for s in subpackages), "train_tpu/", "infer_gpu/", "tpu2gpu/", "kernel-metadata/"]:
+        assert f"\n{name}" in opening, f"{name.strip()} is not in the README's opening tree"
+    assert "competition folder (CSV + images)" in opening and "-> submission.csv" in opening
+    assert len(README.splitlines()) <= 260
+
+
 def test_every_readme_command_runs_as_written():
-    commands = bash_commands(README)
+    commands = [c for text in [README, *DOCS.values()] for c in bash_commands(text)]
     assert len(commands) >= 20
     for command in commands:
         argv = shlex.split(command, comments=True)
@@ -51,12 +65,13 @@ def test_every_readme_command_runs_as_written():
             assert re.search(r"macro-F1\s+0\.9\d+ on the held-out test set", run.stdout), run.stdout[-1500:]
 
 
-def test_config_reference_in_the_readme_is_current():
+def test_config_reference_in_the_docs_is_current():
     import dataclasses
 
     from common.core.config import Config, config_reference
 
-    table = README.split("<!-- config-reference:start -->\n", 1)[1].split("\n<!-- config-reference:end -->", 1)[0]
+    table = DOCS["config.md"].split("<!-- config-reference:start -->\n", 1)[1]
+    table = table.split("\n<!-- config-reference:end -->", 1)[0]
     assert table == config_reference()
     rows = table.splitlines()[2:]
     keys = sum(len(dataclasses.fields(section.default_factory)) for section in dataclasses.fields(Config))
@@ -64,14 +79,14 @@ def test_config_reference_in_the_readme_is_current():
     assert all(row.count(" | ") == 2 and row.rsplit(" | ", 1)[1].strip(" |") for row in rows)
 
 
-def test_task_type_configs_in_the_readme_are_valid():
-    """Each competition's `section: {...}` snippets in the Task types section load as a config."""
+def test_task_type_configs_in_the_docs_are_valid():
+    """Each competition's `section: {...}` snippets in docs/training.md's Task types section load as a config."""
     from common.core.config import config_from_dict, load_config
     from common.tasks.types import get_task
 
     import yaml
 
-    section = re.sub(r"\s*\n\s*", " ", README.split("## Task types", 1)[1].split("\n## ", 1)[0])
+    section = re.sub(r"\s*\n\s*", " ", DOCS["training.md"].split("## Task types", 1)[1].split("\n## ", 1)[0])
     items = re.findall(r"- \*\*(.+?)\*\*(.*?)(?= - \*\*|$)", section.split("does not fit the task", 1)[1].strip())
     assert [name for name, _ in items] == ["SIIM-ISIC Melanoma", "Plant Pathology 2021", "PetFinder Pawpularity",
                                            "Cassava Leaf Disease"]

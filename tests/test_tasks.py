@@ -158,9 +158,9 @@ def test_regression_submission_is_the_value_with_the_scaling_in_the_export(tmp_p
 
 
 def ordinal_task():
-    """A fifth task type, defined here alone (DESIGN contract 8): ordinal regression. K ordered grades are predicted
-    by K - 1 sigmoid outputs P(grade > k), trained on cumulative targets with binary cross-entropy; the grade is the
-    number of outputs over 0.5, scored by quadratic weighted kappa. Everything else is multiclass's."""
+    """A fifth task type, defined here alone (docs/design.md, contract 8): ordinal regression. K ordered grades are
+    predicted by K - 1 sigmoid outputs P(grade > k), trained on cumulative targets with binary cross-entropy; the grade
+    is the number of outputs over 0.5, scored by quadratic weighted kappa. Everything else is multiclass's."""
     import dataclasses
 
     from common.tasks import parts

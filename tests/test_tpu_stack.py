@@ -32,8 +32,8 @@ PROJECT = ["kaggle.owner=tester", "kaggle.competition=digit-comp", "kaggle.tpu_w
 
 @pytest.fixture(scope="module")
 def image_venv(tmp_path_factory):
-    """A throwaway venv in the state `pip install tensorflow-cpu==2.20.0 tensorflow_hub` leaves (KAGGLE.md): two
-    TensorFlow distributions writing one `tensorflow` package, and tf-keras 2.21."""
+    """A throwaway venv in the state `pip install tensorflow-cpu==2.20.0 tensorflow_hub` leaves (docs/kaggle-facts.md):
+    two TensorFlow distributions writing one `tensorflow` package, and tf-keras 2.21."""
     root = tmp_path_factory.mktemp("image")
     subprocess.run([sys.executable, "-m", "venv", str(root / "venv")], check=True)
     python = root / "venv" / "bin" / "python"

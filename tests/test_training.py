@@ -84,7 +84,8 @@ def test_train_export_reload_in_a_fresh_process(train_argv, tmp_path, monkeypatc
     assert not (tmp_path / "out" / "work" / "fold0" / "checkpoints").exists()  # removed once exported
     report = json.loads((tmp_path / "out" / "export" / "training_report.json").read_text())
     assert report["folds"]["fold0"]["macro_f1"] == card.metrics["macro_f1"]
-    assert card.runtime == report["runtime"] == {"framework": "tf_keras", "tpu_stack": stack}
+    assert card.runtime == report["runtime"] == {"framework": "tf_keras", "steps_per_execution": 2,
+                                                   "tpu_stack": stack}
 
     # A new process that cannot import tf_keras or tensorflow_hub reproduces the probabilities.
     batch = np.load(export / "verify_batch.npz")

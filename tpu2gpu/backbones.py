@@ -1,9 +1,9 @@
 """A small convolutional feature extractor saved as a TF2 SavedModel: the offline stand-in for a TF Hub EfficientNet.
 
 Nothing can be downloaded here, and an EfficientNet from random weights learns nothing on 32x32 digits in minutes
-(KAGGLE.md). This backbone has the Hub feature-vector contract -- float32 images in [0, 1], any size, -> [N, features]
--- and trainable variables, so the kernel loads it through exactly the hub.KerasLayer path it uses for an attached
-EfficientNet (model.hub_handle=<this folder>), and it learns the digits from scratch.
+(docs/kaggle-facts.md). This backbone has the Hub feature-vector contract -- float32 images in [0, 1], any size, -> [N,
+features] -- and trainable variables, so the kernel loads it through exactly the hub.KerasLayer path it uses for an
+attached EfficientNet (model.hub_handle=<this folder>), and it learns the digits from scratch.
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ def _check_source(field: str, value: str, kind: str) -> None:
 
 
 def validate_kernel_metadata(meta: dict, folder: Path, inference: bool, code_competition: bool) -> None:
-    """The kaggle CLI's push checks, plus the Kaggle facts it does not check (KAGGLE.md)."""
+    """The kaggle CLI's push checks, plus the Kaggle facts it does not check (docs/kaggle-facts.md)."""
     _check_id("id", meta.get("id", ""), (5, 50))
     title, slug = meta.get("title", ""), meta["id"].split("/")[1]
     if len(title) < 5:

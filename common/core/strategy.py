@@ -115,15 +115,25 @@ def gpu_compute_capability() -> tuple[int, int] | None:
     return min(tf.config.experimental.get_device_details(g).get("compute_capability", (0, 0)) for g in gpus)
 
 
+def precision_for(setting: str, platform: str, gpu_capability: tuple[int, int] | None = None) -> str:
+    """train.precision=auto: mixed_bfloat16 on a TPU, mixed_float16 on a GPU with tensor cores (compute capability
+    >= 7.0, e.g. T4; a JAX GPU counts as one), float32 on the CPU. Any other setting stands."""
+    if setting != "auto":
+        return setting
+    if platform == "tpu":
+        return "mixed_bfloat16"
+    if platform == "gpu" and (gpu_capability is None or gpu_capability >= (7, 0)):
+        return "mixed_float16"
+    return "float32"
+
+
 def choose_precision(setting: str, strategy: tf.distribute.Strategy) -> str:
     """auto: mixed_bfloat16 on TPU, mixed_float16 on GPUs with tensor cores (compute capability >= 7.0, e.g. T4),
     float32 on the CPU. bfloat16 on a GPU without it (T4 is 7.5) is refused: it would run emulated and slowly."""
     capability = gpu_compute_capability()
     on_tpu = isinstance(strategy, tf.distribute.TPUStrategy)
     if setting == "auto":
-        if on_tpu:
-            return "mixed_bfloat16"
-        return "mixed_float16" if capability and capability >= (7, 0) else "float32"
+        return precision_for(setting, "tpu" if on_tpu else "gpu" if capability else "cpu", capability)
     if setting == "mixed_bfloat16" and not on_tpu and capability and capability < (8, 0):
         raise StrategyError(f"train.precision=mixed_bfloat16 on a GPU of compute capability {capability}: "
                             "no bfloat16 there. Fix: train.precision=auto (float16 on this GPU) or float32")

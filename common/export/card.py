@@ -1,4 +1,4 @@
-"""The model card: what an export says about itself (DESIGN contract 5), written and read here only.
+"""The model card: what an export says about itself (docs/design.md, contract 5), written and read here only.
 
     card = ModelCard.create(task, class_names, image_size, fold=0, metric={...}, ...)   # training: the one constructor
     write_card(folder, card)                                                            # model_card.json

@@ -67,7 +67,7 @@ def float16_copy(build_copy, image_size: int):
     """(the mixed_float16 copy for the serving_float16 signature or None, the card's reason): only where its graph
     really computes in float16 (op census). A TF Hub backbone stays float32, and a signature that only rounds the
     head would double the export for nothing. build_copy(policy) -> the trained weights in a model of that policy."""
-    from common.training.backends.tf_keras.model import precision_by_part
+    from common.training.backends.base import precision_by_part
 
     copy = build_copy("mixed_float16")
     share = float16_share(traced_census(copy, image_size))

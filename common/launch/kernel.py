@@ -31,12 +31,12 @@ def guarded(prog: str, func, *args) -> int:
 def prepare_runtime(kernel: str, cfg, rerun) -> int | None:
     """The kernel's runtime needs, before TensorFlow is imported. None: go on here; an int: the kernel already ran
     again in a fresh interpreter (after the TPU stack install) and ended with that exit code."""
-    from common.launch.routes import chosen_framework, require_tf_keras, use_keras_jax
+    from common.launch.routes import ROUTES, chosen_framework, require_tf_keras
 
     if kernel != "train":
         return None  # inference needs TensorFlow alone, whichever build the GPU image holds
-    if chosen_framework(cfg) == "keras_jax":
-        use_keras_jax()  # the image as it is: nothing installed, TensorFlow kept off the TPU
+    if chosen_framework(cfg) != "tf_keras":
+        ROUTES[chosen_framework(cfg)].prepare()  # keras_jax: the image as it is, TensorFlow kept off the TPU
         return None
     if detect_platform().kind == "kaggle-tpu-vm" and cfg.kaggle.tpu_runtime == "install":
         from common.launch.fallback import negotiate

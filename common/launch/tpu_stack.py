@@ -1,4 +1,4 @@
-"""The TPU stack of the training kernel, installed before TensorFlow is imported (DESIGN contract 7).
+"""The TPU stack of the training kernel, installed before TensorFlow is imported (docs/design.md, contract 7).
 
 Kaggle's TPU VM image (docker-python tpu/, since 2025-10) ships tensorflow-cpu 2.20.0, which sees no TPU. On TPU
 hardware whose environment is not the pinned stack (kaggle.tpu_packages, compared through package metadata), the

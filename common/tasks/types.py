@@ -1,7 +1,8 @@
-"""What a task type is, in one place (DESIGN contract 8): one block per task, each a Task of plain functions for how
-labels are read and stored, the training target, the head and the loss, the metrics, the decision and thresholds,
-the submission's values, the folds' stratification, the plots and the preview. Model, data, training and inference
-call the task (task.loss(...), task.decide(...)) and never branch on its name; a new task type is one more block.
+"""What a task type is, in one place (docs/design.md, contract 8): one block per task, each a Task of plain functions
+for how labels are read and stored, the training target, the head and the loss, the metrics, the decision and
+thresholds, the submission's values, the folds' stratification, the plots and the preview. Model, data, training and
+inference call the task (task.loss(...), task.decide(...)) and never branch on its name; a new task type is one more
+block.
 
     task = get_task(cfg.data.task)                                   # multiclass | binary | multilabel | regression
     labels, class_names, label_type = task.encode(values, sources, label_order)    # conversion: CSV values -> labels

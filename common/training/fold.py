@@ -25,6 +25,7 @@ from pathlib import Path
 from common.core.errors import DataError
 from common.data.pipeline import make_train_dataset, read_ids_and_labels
 from common.tasks.parts import is_better
+from common.training.backends.base import Backend
 from common.training.budget import cut_message, cuts_after
 from common.training.plan import FoldPlan, needs_train_labels, plan_fold
 
@@ -44,7 +45,7 @@ class Validation:
 @dataclass
 class FoldResult:
     plan: FoldPlan
-    backend: object  # holding the weights to export (the best epoch's with train.keep=best)
+    backend: Backend  # holding the weights to export (the best epoch's with train.keep=best)
     history_csv: Path
     epochs_done: int
     best_epoch: int  # 1-based epoch whose weights the backend holds

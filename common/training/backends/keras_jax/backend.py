@@ -28,12 +28,13 @@ from pathlib import Path
 from common.core.children import cpu_only_environment
 from common.core.config import config_to_dict
 from common.core.errors import ConfigError
+from common.core.strategy import precision_for
 from common.data.pipeline import make_padded_image_batches
 from common.data.records import RecordSchema
 from common.export.card import ExportError, read_card, write_card
 from common.tasks.parts import keras_ops
+from common.training.backends.base import epoch_hooks, learning_rate_schedule, precision_by_part
 from common.training.backends.keras_jax.model import build_keras_model, read_weight_arrays, save_weight_arrays
-from common.training.backends.tf_keras.model import learning_rate_schedule, precision_by_part
 from common.training.plan import whole_executions
 
 import jax
@@ -43,29 +44,6 @@ import tensorflow as tf
 
 CHECKPOINT = "checkpoint.weights.h5"  # model and optimiser variables (Keras 3 saves both for a compiled model)
 CHECKPOINT_STATE = "checkpoint.json"  # {"epochs_done": n}, written after the weights
-
-
-def choose_jax_precision(setting: str, platform: str) -> str:
-    """auto: mixed_bfloat16 on a TPU, mixed_float16 on a GPU, float32 on the CPU (as common.core.strategy decides it for
-    TensorFlow)."""
-    if setting != "auto":
-        return setting
-    return {"tpu": "mixed_bfloat16", "gpu": "mixed_float16"}.get(platform, "float32")
-
-
-class _EpochHooks(keras.callbacks.Callback):
-    """Keras fit's side of the fold's one epoch-end owner (common/training/fold.py): it decides, fit obeys."""
-
-    def __init__(self, epoch_begin, epoch_end):
-        super().__init__()
-        self.epoch_begin, self.epoch_end = epoch_begin, epoch_end
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.epoch_begin(epoch)
-
-    def on_epoch_end(self, epoch, logs=None):
-        if self.epoch_end(epoch, dict(logs or {})):
-            self.model.stop_training = True
 
 
 class JaxBackend:
@@ -82,7 +60,7 @@ class JaxBackend:
         # runtime.strategy=default: one device, as the default tf.distribute strategy is one replica.
         self.devices = jax.devices()[:1] if cfg.runtime.strategy == "default" else jax.devices()
         self.platform = self.devices[0].platform
-        self.policy = choose_jax_precision(cfg.train.precision, self.platform)
+        self.policy = precision_for(cfg.train.precision, self.platform)
         # One copy of the weights, each global batch split over every device (the TPU cores).
         keras.distribution.set_distribution(keras.distribution.DataParallel(devices=self.devices)
                                             if len(self.devices) > 1 else None)
@@ -203,7 +181,7 @@ class JaxBackend:
 
     def fit(self, data, plan, initial_epoch: int, epoch_begin, epoch_end) -> None:
         self.model.fit(data, epochs=plan.epochs, initial_epoch=initial_epoch, steps_per_epoch=plan.steps_per_epoch,
-                       callbacks=[_EpochHooks(epoch_begin, epoch_end)], verbose=2)
+                       callbacks=[epoch_hooks(keras.callbacks.Callback, epoch_begin, epoch_end)], verbose=2)
 
     # -------------------------------------------------------------------------------------------------- predict
     def predict(self, files, schema: RecordSchema, count: int) -> np.ndarray:

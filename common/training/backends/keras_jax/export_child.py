@@ -29,7 +29,8 @@ import numpy as np
 def main(job_dir: str) -> int:
     job_path = Path(job_dir)
     job = json.loads((job_path / "job.json").read_text())
-    cfg = config_from_dict(job["config"])
+    # The model is rebuilt from the model and data sections alone: whichever Keras 3 route trained it.
+    cfg = config_from_dict({section: job["config"][section] for section in ("model", "data")})
     weights = read_weight_arrays(job_path / "weights.npz")
     with np.load(job_path / "verify.npz") as verify:
         images, expected = verify["images"], verify["expected"]

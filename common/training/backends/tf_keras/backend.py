@@ -1,5 +1,5 @@
 """The training backend for tf_keras under a tf.distribute strategy (TPUStrategy, MirroredStrategy, the default): what
-a backend does for a fold, and nothing else (DESIGN contract 9). The fold's plan, data, tasks, budget, scoring,
+a backend does for a fold, and nothing else (docs/design.md, contract 9). The fold's plan, data, tasks, budget, scoring,
 card and export contract live in common/ and never look at the backend.
 
     backend = TFBackend(cfg, strategy, hub_handle)
@@ -23,33 +23,17 @@ from common.data.pipeline import make_padded_image_batches
 from common.data.records import RecordSchema
 from common.export.writer import export_models
 from common.tasks.parts import tensorflow_ops
+from common.training.backends.base import epoch_hooks, learning_rate_schedule, precision_by_part
 from common.training.backends.tf_keras.custom_loop import CustomLoop
 from common.training.backends.tf_keras.model import (
     build_model,
     compile_model,
-    learning_rate_schedule,
-    precision_by_part,
 )
 
 import numpy as np
 import tensorflow as tf
 
 HOST = "/job:localhost"  # on a TPU, checkpoints and weights are written through the host
-
-
-class _EpochHooks(tf.keras.callbacks.Callback):
-    """Keras fit's side of the fold's one epoch-end owner (common/training/fold.py): it decides, fit obeys."""
-
-    def __init__(self, epoch_begin, epoch_end):
-        super().__init__()
-        self.epoch_begin, self.epoch_end = epoch_begin, epoch_end
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.epoch_begin(epoch)
-
-    def on_epoch_end(self, epoch, logs=None):
-        if self.epoch_end(epoch, logs if logs is not None else {}):
-            self.model.stop_training = True
 
 
 class TFBackend:
@@ -71,7 +55,8 @@ class TFBackend:
         self.plan = plan
         with self.strategy.scope():
             self.model = self._build(tf.keras.mixed_precision.global_policy().name)
-            schedule = learning_rate_schedule(plan.peak_lr, plan.total_steps, plan.warmup_steps)
+            schedule = learning_rate_schedule(plan.peak_lr, plan.total_steps, plan.warmup_steps,
+                                              tf.keras.optimizers.schedules)
             compile_model(self.model, self.cfg.train, plan.task, schedule, plan.class_weights)
             self.model.optimizer.build(self.model.trainable_variables)
             self.epochs_done = tf.Variable(0, dtype=tf.int64, trainable=False, name="epochs_done")
@@ -149,9 +134,9 @@ class TFBackend:
         """Epochs initial_epoch..plan.epochs with Keras fit or the custom loop (train.loop); epoch_end(epoch, logs)
         returns True to stop."""
         if self.cfg.train.loop == "fit":
+            hooks = epoch_hooks(tf.keras.callbacks.Callback, epoch_begin, epoch_end)
             self.model.fit(data, epochs=plan.epochs, initial_epoch=initial_epoch,
-                           steps_per_epoch=plan.steps_per_epoch, callbacks=[_EpochHooks(epoch_begin, epoch_end)],
-                           verbose=2)
+                           steps_per_epoch=plan.steps_per_epoch, callbacks=[hooks], verbose=2)
             return
         loop = CustomLoop(self.strategy, self.model, plan.task, self.cfg.train.label_smoothing, plan.global_batch,
                           plan.class_weights)

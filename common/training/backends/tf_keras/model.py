@@ -89,36 +89,6 @@ def build_model(model_cfg, outputs: int, image_size: int, hub_handle: str | None
     return tf.keras.Model(images, predictions, name=f"{model_cfg.backbone}_{activation}")
 
 
-def precision_by_part(model) -> dict[str, str]:
-    """The dtype each part computes in, for a tf_keras or a Keras 3 model of either builder: the backbone is the layer
-    the head's dropout reads. A TF Hub backbone (or a loaded .keras one) keeps its own saved dtypes (float32 for the
-    published EfficientNets), so a mixed policy changes only the head; EfficientNet's layers follow the policy."""
-    names = [layer.name for layer in model.layers]
-    backbone = model.layers[names.index("head_dropout") - 1]
-    return {"backbone": _computes_in(backbone), "head": model.get_layer("head_logits").compute_dtype}
-
-
-def _computes_in(layer) -> str:
-    """A nested model computes in what most of its weighted layers do: a loaded .keras backbone keeps its saved dtypes
-    while the Keras 3 wrapper around it reports the global policy."""
-    inner = [sub for sub in getattr(layer, "layers", []) if sub.weights]
-    if not inner:
-        return layer.compute_dtype
-    dtypes = [_computes_in(sub) for sub in inner]
-    return max(set(dtypes), key=dtypes.count)
-
-
-def learning_rate_schedule(peak_lr: float, total_steps: int, warmup_steps: int, schedules=None):
-    """Linear warm-up to peak_lr, then cosine decay to zero at total_steps (common.training.plan's
-    FoldPlan.learning_rate). schedules: the Keras whose CosineDecay to use (tf_keras' by default; Keras 3's on the
-    keras_jax route)."""
-    warmup_steps = max(0, min(warmup_steps, total_steps - 1))
-    schedules = schedules or tf.keras.optimizers.schedules
-    return schedules.CosineDecay(
-        initial_learning_rate=0.0 if warmup_steps else peak_lr, decay_steps=max(1, total_steps - warmup_steps),
-        alpha=0.0, warmup_target=peak_lr if warmup_steps else None, warmup_steps=warmup_steps)
-
-
 def make_optimizer(train_cfg, lr_schedule) -> tf.keras.optimizers.Optimizer:
     """Adam; with train.ema > 0 it also keeps the moving average of the weights (tf_keras' own use_ema), which fit
     swaps into the model when training ends."""

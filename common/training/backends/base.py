@@ -1,0 +1,111 @@
+"""What every training backend is, and what they share, written once.
+
+    class MyBackend:                  # meets Backend; common/launch/routes.py names where it starts
+        name = "my_route"; ...
+    schedule = learning_rate_schedule(plan.peak_lr, plan.total_steps, plan.warmup_steps, keras.optimizers.schedules)
+    callbacks = [epoch_hooks(keras.callbacks.Callback, epoch_begin, epoch_end)]
+
+The fold (common/training/fold.py) and its finish (common/training/finish.py) call only these members, so a backend
+never sees the plan's arithmetic, the task's scoring, the budget or the card's contents, and the export contract is
+the same whoever wrote it. No framework is imported here: each backend passes its own Keras in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A training backend: one per run (common/training/backends/registry.py starts it), built again for each fold."""
+
+    name: str  # the route's name, as train.framework and the card's runtime.framework say it
+    ops: Any  # the task ops its losses are written in (common.tasks.parts: tensorflow_ops or keras_ops)
+
+    @property
+    def replicas(self) -> int:
+        """Devices a global batch is split over."""
+
+    def build(self, plan) -> None:
+        """The model, optimiser (on the plan's schedule), loss and running metric; optimiser variables exist after."""
+
+    def runtime(self) -> dict:
+        """The card's runtime block: framework, devices, steps per execution, the TPU stack where there is one."""
+
+    def precision(self) -> dict[str, str]:
+        """{"policy", "backbone", "head"}: the dtype each part computes in."""
+
+    def restore(self, directory: Path) -> int:
+        """Model, optimiser and epochs from the checkpoint in directory (created if missing): epochs done, 0: none."""
+
+    def save_checkpoint(self, epochs_done: int) -> None:
+        """A checkpoint that a run killed while saving does not corrupt."""
+
+    def optimizer_steps(self) -> int:
+        """Steps the optimiser has taken, by its own count."""
+
+    def save_weights(self, path: Path) -> None:
+        """The model's weights alone: what the best epoch keeps."""
+
+    def load_weights(self, path: Path) -> None: ...
+
+    def averaged(self) -> contextlib.AbstractContextManager:
+        """With train.ema, the moving average swapped into the model inside the block, the weights put back after."""
+
+    def distribute(self, make_dataset):
+        """The training input from make_dataset(input_context or None) -> batches."""
+
+    def fit(self, data, plan, initial_epoch: int, epoch_begin, epoch_end) -> None:
+        """Epochs initial_epoch..plan.epochs of exactly plan.steps_per_epoch steps each; epoch_end(epoch, logs) is
+        called after each and returns True to stop."""
+
+    def predict(self, files, schema, count: int):
+        """Model outputs (NumPy) for the `count` records of `files`, in order."""
+
+    def export(self, export_dir: Path, card, verify_images, extra_files: dict, output_scaling):
+        """The verified export (common/export/writer.py's contract) of the weights it holds: returns its card."""
+
+
+def epoch_hooks(callback_class, epoch_begin, epoch_end):
+    """A Keras callback (of tf_keras or Keras 3: `callback_class` is its Callback) that hands fit's epochs to the
+    fold's one epoch-end owner: it decides, fit obeys."""
+
+    class EpochHooks(callback_class):
+        def on_epoch_begin(self, epoch, logs=None):
+            epoch_begin(epoch)
+
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch_end(epoch, dict(logs or {})):
+                self.model.stop_training = True
+
+    return EpochHooks()
+
+
+def learning_rate_schedule(peak_lr: float, total_steps: int, warmup_steps: int, schedules):
+    """Linear warm-up to peak_lr, then cosine decay to zero at total_steps (common.training.plan's
+    FoldPlan.learning_rate), as the CosineDecay of `schedules` (tf_keras' or Keras 3's optimizers.schedules)."""
+    warmup_steps = max(0, min(warmup_steps, total_steps - 1))
+    return schedules.CosineDecay(
+        initial_learning_rate=0.0 if warmup_steps else peak_lr, decay_steps=max(1, total_steps - warmup_steps),
+        alpha=0.0, warmup_target=peak_lr if warmup_steps else None, warmup_steps=warmup_steps)
+
+
+def precision_by_part(model) -> dict[str, str]:
+    """The dtype each part computes in, for a tf_keras or a Keras 3 model of either builder: the backbone is the layer
+    the head's dropout reads. A TF Hub backbone (or a loaded .keras one) keeps its own saved dtypes (float32 for the
+    published EfficientNets), so a mixed policy changes only the head; EfficientNet's layers follow the policy."""
+    names = [layer.name for layer in model.layers]
+    backbone = model.layers[names.index("head_dropout") - 1]
+    return {"backbone": _computes_in(backbone), "head": model.get_layer("head_logits").compute_dtype}
+
+
+def _computes_in(layer) -> str:
+    """A nested model computes in what most of its weighted layers do: a loaded .keras backbone keeps its saved dtypes
+    while the Keras 3 wrapper around it reports the global policy."""
+    inner = [sub for sub in getattr(layer, "layers", []) if sub.weights]
+    if not inner:
+        return layer.compute_dtype
+    return Counter(_computes_in(sub) for sub in inner).most_common(1)[0][0]

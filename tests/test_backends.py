@@ -1,0 +1,118 @@
+"""The backend seam holds: a third training backend, defined in this file alone, trains a fold through the real
+training kernel and exports the contract that the inference kernel loads, without a change to any product module.
+
+The third backend is Keras 3 on its TensorFlow backend (train.framework=keras_tf): the keras_jax backend's Keras 3
+code (model, .weights.h5 checkpoints, EMA swap, export child) with its own devices and runtime record. It is added to
+the route table at run time (common/launch/routes.py ROUTES) in a child interpreter, since Keras picks its backend
+once per process and this one runs Keras 3 on JAX.
+"""
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from common.launch.routes import ROUTES, Route, framework_choices
+from common.training.backends.base import Backend
+
+from helpers import read_csv
+
+REPO = Path(__file__).resolve().parents[1]
+
+THIRD_BACKEND = textwrap.dedent('''
+    import os
+    import sys
+
+    import common
+    from common.launch import routes
+
+
+    def prepare():
+        os.environ["KERAS_BACKEND"] = "tensorflow"  # before keras is first imported
+
+
+    def start(cfg):
+        import keras
+
+        from common.tasks.parts import keras_ops
+        from common.training.backends.base import Backend
+        from common.training.backends.keras_jax.backend import JaxBackend
+
+        class KerasOnTensorFlow(JaxBackend):
+            """Keras 3 on its TensorFlow backend, one device: the Keras 3 route's code, its own hardware."""
+
+            name = "keras_tf"
+
+            def __init__(self, cfg):
+                self.cfg, self.ops, self.model = cfg, keras_ops(), None
+                self.devices, self.platform, self.policy = ["cpu"], "cpu", "float32"
+
+            @property
+            def replicas(self):
+                return 1
+
+            def runtime(self):
+                return {"framework": self.name, "keras": keras.__version__, "keras_backend": keras.backend.backend(),
+                        "steps_per_execution": self.steps_per_execution}
+
+        backend = KerasOnTensorFlow(cfg)
+        assert isinstance(backend, Backend)
+        print(f"framework     Keras {keras.__version__} on {keras.backend.backend()} (train.framework=keras_tf)")
+        return backend
+
+
+    routes.ROUTES["keras_tf"] = routes.Route("keras_tf", prepare, "__main__:start", ("keras",))
+    from train_tpu.train import main
+
+    sys.exit(main(sys.argv[1:]))
+''')
+
+
+def test_the_route_table_gives_the_framework_choices_and_each_backend_meets_the_protocol():
+    assert framework_choices() == ("auto", "tf_keras", "keras_jax")
+    assert {name: route.backbones for name, route in ROUTES.items()} == {
+        "tf_keras": ("hub", "efficientnet"), "keras_jax": ("efficientnet", "keras")}
+    assert all(isinstance(route, Route) and route.start.endswith(":start") for route in ROUTES.values())
+    from common.training.backends.keras_jax.backend import JaxBackend
+    from common.training.backends.tf_keras.backend import TFBackend
+
+    members = sorted({name for name in dir(Backend) if not name.startswith("_")} | set(Backend.__annotations__))
+    assert len(members) == 16, members
+    for backend in (TFBackend, JaxBackend):  # ops is set per instance
+        assert [m for m in members if not hasattr(backend, m)] == ["ops"], backend
+
+
+def test_a_third_backend_defined_in_the_tests_trains_and_its_export_feeds_the_inference_kernel(
+        demo_dir, demo_records, tiny_keras_backbone, tmp_path):
+    from infer_gpu.infer import main as infer_main
+
+    records_dir, _ = demo_records
+    script = tmp_path / "third_backend.py"
+    script.write_text(THIRD_BACKEND)
+    settings = ["train.framework=keras_tf", "model.backbone=keras", f"model.keras_backbone={tiny_keras_backbone}",
+                "data.image_size=16", "data.flip_left_right=false", "train.fold=0", "train.epochs=4",
+                "train.batch_size_per_replica=64", "train.learning_rate=0.2", "train.export_float16=false",
+                f"runtime.tfrecords={records_dir}", f"runtime.output_dir={tmp_path / 'train'}"]
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("KERAS_BACKEND", "XLA_FLAGS")}
+    run = subprocess.run([sys.executable, str(script), *(a for s in settings for a in ("--set", s))], cwd=REPO,
+                         env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "framework     Keras 3.15.1 on tensorflow (train.framework=keras_tf)" in run.stdout
+    export = tmp_path / "train" / "export"
+    card = json.loads((export / "fold0" / "model_card.json").read_text())
+    print(f"keras_tf: validation macro_f1 {card['metrics']['macro_f1']:.4f}, export max abs difference "
+          f"{card['verification']['max_abs_diff']['float32']:.1e}, {card['metrics']['optimizer_steps']} steps")
+    assert card["runtime"] == {"framework": "keras_tf", "keras": "3.15.1", "keras_backend": "tensorflow",
+                               "steps_per_execution": card["runtime"]["steps_per_execution"]}
+    assert card["complete"] is True and card["verification"]["max_abs_diff"]["float32"] < 1e-5
+    assert card["metrics"]["optimizer_steps"] == 4 * card["metrics"]["steps_per_epoch"]
+    assert card["metrics"]["macro_f1"] >= 0.5  # 4 epochs from scratch on 16 px digits; chance is 0.1
+
+    assert infer_main(["--set", f"infer.exports=[{export}]", "--set", f"runtime.competition_dir={demo_dir}",
+                       "--set", f"runtime.output_dir={tmp_path / 'infer'}", "--set", "data.image_size=16"]) == 0
+    rows = read_csv(tmp_path / "infer" / "submission.csv")
+    solution = {r["id"]: r["label"] for r in read_csv(demo_dir / "solution.csv")}
+    accuracy = sum(r["label"] == solution[r["id"]] for r in rows) / len(rows)
+    print(f"keras_tf export through the inference kernel: accuracy {accuracy:.3f} on {len(rows)} test images")
+    assert len(rows) == len(solution) and accuracy >= 0.5
