@@ -37,7 +37,7 @@ from common.core.config import load_config  # noqa: E402
 from common.data.pipeline import make_image_file_dataset  # noqa: E402
 from common.export.card import ModelCard  # noqa: E402
 from common.export.loader import load_export  # noqa: E402
-from common.export.writer import write_export  # noqa: E402
+from common.export.writer import ExportContents, write_export  # noqa: E402
 from common.inference.ensemble import ensemble_probabilities  # noqa: E402
 from common.tasks.types import TASKS  # noqa: E402
 from common.training.backends.tf_keras.model import build_model  # noqa: E402
@@ -93,7 +93,7 @@ def measure(args: argparse.Namespace, tmp: Path) -> None:
     keras_model = build_model(cfg.model, 10, size)
     card = ModelCard.create(TASKS["multiclass"], [str(i) for i in range(10)], size)
     verify = np.stack([np.asarray(Image.open(p).convert("RGB").resize((size, size))) for p in paths[:4]])
-    write_export(tmp / "export", keras_model, card, verify)
+    write_export(tmp / "export", keras_model, ExportContents(card, verify))
     card, predict = load_export(tmp / "export")
     assert card.image_size == size, card
 

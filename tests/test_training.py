@@ -12,7 +12,7 @@ from common.core.errors import ConfigError, StrategyError
 from common.core.strategy import get_strategy
 from common.export.card import CARD_NAME, ExportError, ModelCard, read_card
 from common.export.loader import load_export
-from common.export.writer import write_export
+from common.export.writer import ExportContents, write_export
 from common.tasks.types import TASKS
 from common.training.backends.tf_keras.backend import TFBackend
 from common.training.backends.tf_keras.custom_loop import CustomLoop
@@ -224,7 +224,7 @@ def test_an_interrupted_export_never_looks_complete(tiny_backbone, tmp_path, mon
     images = np.zeros((2, 16, 16, 3), np.uint8)
     card = ModelCard.create(TASKS["multiclass"], ["a", "b", "c"], 16)
     export = tmp_path / "export" / "fold0"
-    first = write_export(export, model, card, images)
+    first = write_export(export, model, ExportContents(card, images))
     assert first.complete
 
     def crash(folder):
@@ -232,11 +232,11 @@ def test_an_interrupted_export_never_looks_complete(tiny_backbone, tmp_path, mon
 
     monkeypatch.setattr("common.export.writer.verify_in_fresh_process", crash)
     with pytest.raises(KeyboardInterrupt):
-        write_export(export, model, dataclasses.replace(card, fold=1), images)
+        write_export(export, model, ExportContents(dataclasses.replace(card, fold=1), images))
     assert read_card(export) == first  # the earlier complete export is untouched
     assert [p.name for p in export.parent.iterdir()] == ["fold0"]  # no half-written folder left beside it
     with pytest.raises(KeyboardInterrupt):
-        write_export(tmp_path / "export" / "fold1", model, card, images)
+        write_export(tmp_path / "export" / "fold1", model, ExportContents(card, images))
     assert not (tmp_path / "export" / "fold1").exists()
 
     # A folder whose card is not marked complete (a crash between saving and checking) is refused.

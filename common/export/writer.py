@@ -7,7 +7,7 @@
       verify_batch.npz     a few validation images and the predictions the exported model must give for them
       history.csv, *.png   training curves and the confusion matrix
 
-    card = write_export(export_dir, float32_model, card, verify_images, extra_files)   # training kernel
+    card = write_export(export_dir, float32_model, ExportContents(card, verify_images, extra_files))  # training
     card, predict = load_export(export_dir)          # inference kernel: common/export/loader.py
 
 The folder is written to a hidden temporary name, reloaded in a fresh Python process in which importing tf_keras or
@@ -23,6 +23,7 @@ import dataclasses
 import platform
 import shutil
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.core.atomic import staged_dir
@@ -80,31 +81,40 @@ def float16_copy(build_copy, image_size: int):
     return (copy if real else None), note
 
 
-def export_models(export_dir: str | Path, build_copy, card: ModelCard, verify_images: np.ndarray,
-                  extra_files: dict[str, Path] | None, output_scaling: dict | None, export_float16: bool,
-                  expected: np.ndarray | None = None) -> ModelCard:
+@dataclass(frozen=True)
+class ExportContents:
+    """What an export holds besides the model: its card, the verify images (with `expected`, the raw outputs the
+    trained model gives for them when the exported model is a rebuild of it: the keras_jax route's TensorFlow copy of
+    a JAX model), the files that travel beside it (history, plots, oof.csv) and the regression scaling the graph
+    undoes."""
+
+    card: ModelCard
+    verify_images: np.ndarray
+    extra_files: dict[str, Path] = field(default_factory=dict)
+    output_scaling: dict | None = None
+    expected: np.ndarray | None = None
+
+
+def export_models(export_dir: str | Path, build_copy, contents: ExportContents, export_float16: bool) -> ModelCard:
     """The trained weights as an export: build_copy("float32") for serving_default, and build_copy("mixed_float16")
     for serving_float16 where it computes in float16 (train.export_float16). The card records why or why not."""
+    card = contents.card
     float16, note = (float16_copy(build_copy, card.image_size) if export_float16 else
                      (None, "not exported: train.export_float16=false"))
     card = dataclasses.replace(card, precision={**card.precision, "float16_signature": note})
-    return write_export(export_dir, build_copy("float32"), card, verify_images, extra_files, float16_model=float16,
-                        output_scaling=output_scaling, expected=expected)
+    return write_export(export_dir, build_copy("float32"), dataclasses.replace(contents, card=card), float16)
 
 
-def write_export(export_dir: str | Path, model: tf.keras.Model, card: ModelCard, verify_images: np.ndarray,
-                 extra_files: dict[str, Path] | None = None, float16_model: tf.keras.Model | None = None,
-                 output_scaling: dict | None = None, expected: np.ndarray | None = None) -> ModelCard:
+def write_export(export_dir: str | Path, model: tf.keras.Model, contents: ExportContents,
+                 float16_model: tf.keras.Model | None = None) -> ModelCard:
     """Save, reload in a fresh process, compare, then publish export_dir (replacing an older one). Returns the card
-    as written: `card` with its versions, signatures and verification.
+    as written: the contents' card with its versions, signatures and verification.
 
     `model` must compute in float32 (see inference_copy): the export has to run on GPUs without bfloat16.
     `float16_model`, the same weights built under mixed_float16, adds the signature serving_float16 for GPUs with
-    tensor cores; it is checked against the float32 probabilities within FLOAT16_TOLERANCE. `expected`: the raw
-    outputs the trained model itself gives for verify_images, when `model` is a rebuild of it (the keras_jax route's
-    TensorFlow copy of a JAX model); by default `model`'s own."""
-    export_dir = Path(export_dir)
-    image_size = card.image_size
+    tensor cores; it is checked against the float32 probabilities within FLOAT16_TOLERANCE."""
+    export_dir, card, verify_images = Path(export_dir), contents.card, contents.verify_images
+    expected, output_scaling, image_size = contents.expected, contents.output_scaling, card.image_size
     if expected is None:
         expected = model(tf.constant(verify_images), training=False)
     expected = np.asarray(expected).astype(np.float32)
@@ -117,7 +127,7 @@ def write_export(export_dir: str | Path, model: tf.keras.Model, card: ModelCard,
                             signatures={SIGNATURES[p]: getattr(module, SIGNATURES[p]) for p in models},
                             options=tf.saved_model.SaveOptions(experimental_io_device="/job:localhost"))
         np.savez(tmp / VERIFY_NAME, images=verify_images, predictions=expected)
-        for name, source in (extra_files or {}).items():
+        for name, source in contents.extra_files.items():
             if Path(source).is_file():
                 shutil.copyfile(source, tmp / name)
         card = dataclasses.replace(card, complete=False, versions=library_versions(),

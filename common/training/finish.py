@@ -17,6 +17,7 @@ from pathlib import Path
 from common.core.config import config_to_dict
 from common.data.pipeline import make_eval_dataset
 from common.export.card import ModelCard, read_card
+from common.export.writer import ExportContents
 from common.tasks.reports import plot_confusion, plot_history
 from common.tasks.types import Task, get_task
 from common.training.budget import cut_record
@@ -96,7 +97,8 @@ def export_fold(cfg, result, records, fold: int, export_dir: Path) -> ModelCard:
                  "keep": cfg.train.keep, "ema": cfg.train.ema, **_class_report(classes)},
         config=config_to_dict(cfg))
     extra = fold_files(result, records.class_names, classes["confusion_matrix"] if classes else None)
-    card = backend.export(export_dir, card, golden_batch(records, cfg.data.image_size), extra, plan.scaling)
+    contents = ExportContents(card, golden_batch(records, cfg.data.image_size), extra, plan.scaling)
+    card = backend.export(export_dir, contents)
     print(f"[train] fold {fold}: export verified and complete in {export_dir}", flush=True)
     return card
 

@@ -65,8 +65,9 @@ class Backend(Protocol):
     def predict(self, files, schema, count: int):
         """Model outputs (NumPy) for the `count` records of `files`, in order."""
 
-    def export(self, export_dir: Path, card, verify_images, extra_files: dict, output_scaling):
-        """The verified export (common/export/writer.py's contract) of the weights it holds: returns its card."""
+    def export(self, export_dir: Path, contents):
+        """The verified export (common/export/writer.py's contract) of the weights it holds, with `contents` (an
+        ExportContents: card, verify images, files, scaling): returns the card as written."""
 
 
 def epoch_hooks(callback_class, epoch_begin, epoch_end):

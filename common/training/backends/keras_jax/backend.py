@@ -192,23 +192,24 @@ class JaxBackend:
         return self.model.predict(batches, steps=-(-count // batch), verbose=0)[:count]
 
     # --------------------------------------------------------------------------------------------------- export
-    def export(self, export_dir: Path, card, verify_images: np.ndarray, extra_files: dict, output_scaling):
+    def export(self, export_dir: Path, contents):
         """The verified export, written by a child interpreter under Keras 3's TensorFlow backend on the CPU: it
         rebuilds the model from these weights and saves the SavedModel contract; the check compares it with what
         this JAX model, in float32, predicts for the verify images."""
         copy = self._build("float32")  # what a T4 runs: the export's float32 signature is checked against it
         copy.set_weights(self.model.get_weights())
+        verify_images = contents.verify_images
         expected = _predict_padded(copy, verify_images, self.replicas)
         with tempfile.TemporaryDirectory(prefix="tpu2gpu-export-") as folder:
             job = Path(folder)
             self.save_weights(job / "weights")
             np.savez(job / "verify.npz", images=verify_images, expected=expected)
-            write_card(job, card)
+            write_card(job, contents.card)
             (job / "job.json").write_text(json.dumps({
                 "config": config_to_dict(self.cfg), "outputs": self.plan.outputs,
                 "activation": self.plan.task.activation, "export_dir": str(export_dir),
-                "extra_files": {name: str(path) for name, path in extra_files.items()},
-                "output_scaling": output_scaling, "export_float16": self.cfg.train.export_float16}))
+                "extra_files": {name: str(path) for name, path in contents.extra_files.items()},
+                "output_scaling": contents.output_scaling, "export_float16": self.cfg.train.export_float16}))
             _run_export_child(job)
         return read_card(export_dir)
 

@@ -20,7 +20,7 @@ import common  # noqa: F401
 from common.core.config import config_from_dict
 from common.core.errors import UserError
 from common.export.card import read_card
-from common.export.writer import export_models
+from common.export.writer import ExportContents, export_models
 from common.training.backends.keras_jax.model import build_keras_model, read_weight_arrays
 
 import numpy as np
@@ -40,9 +40,10 @@ def main(job_dir: str) -> int:
         model.set_weights(weights)
         return model
 
-    export_models(job["export_dir"], build_copy, read_card(job_path, require_complete=False), images,
-                  {name: Path(path) for name, path in job["extra_files"].items()}, job["output_scaling"],
-                  job["export_float16"], expected=expected)
+    contents = ExportContents(read_card(job_path, require_complete=False), images,
+                              {name: Path(path) for name, path in job["extra_files"].items()}, job["output_scaling"],
+                              expected)
+    export_models(job["export_dir"], build_copy, contents, job["export_float16"])
     return 0
 
 

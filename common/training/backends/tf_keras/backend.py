@@ -21,7 +21,7 @@ from pathlib import Path
 
 from common.data.pipeline import make_padded_image_batches
 from common.data.records import RecordSchema
-from common.export.writer import export_models
+from common.export.writer import ExportContents, export_models
 from common.tasks.parts import tensorflow_ops
 from common.training.backends.base import epoch_hooks, learning_rate_schedule, precision_by_part
 from common.training.backends.tf_keras.custom_loop import CustomLoop
@@ -173,10 +173,9 @@ class TFBackend:
         copy.set_weights(self.model.get_weights())
         return copy
 
-    def export(self, export_dir: Path, card, verify_images: np.ndarray, extra_files: dict, output_scaling):
+    def export(self, export_dir: Path, contents: ExportContents):
         """The verified export of the weights the model holds now (common/export/writer.py)."""
-        return export_models(export_dir, self.serving_model, card, verify_images, extra_files, output_scaling,
-                             self.cfg.train.export_float16)
+        return export_models(export_dir, self.serving_model, contents, self.cfg.train.export_float16)
 
 
 def start(cfg) -> TFBackend:
