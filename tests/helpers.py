@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import base64
 import csv
+import fcntl
 import hashlib
 import io
 import json
+import tempfile
 import threading
 import zipfile
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -197,6 +199,9 @@ class KaggleRecorder:
         self.fail: dict[str, int | tuple[int, str]] = {}
         self.fail_uploads = False  # answer every blob upload (PUT) with 500
         self._upload_names: dict[str, str] = {}  # upload token -> file name
+        # Port 80 is the one the CLI calls: a test on another xdist worker waits here until this one closes.
+        self._port_lock = open(Path(tempfile.gettempdir()) / "tpu2gpu-loopback-kaggle-80.lock", "w")  # noqa: SIM115
+        fcntl.flock(self._port_lock, fcntl.LOCK_EX)
         self.server = ThreadingHTTPServer(("127.0.0.1", 80), _KaggleHandler)
         self.server.recorder = self
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -205,6 +210,7 @@ class KaggleRecorder:
     def close(self):
         self.server.shutdown()
         self.server.server_close()
+        self._port_lock.close()  # releases the lock
 
     # ------------------------------------------------------------------------------------- what the handler asks
     def call(self, path: str, body: dict) -> tuple[int, dict | None]:

@@ -22,8 +22,6 @@ PROJECT = ["kaggle.owner=tester", "kaggle.competition=digit-comp", f"kaggle.mode
            "train.batch_size_per_replica=16", "train.learning_rate=0.05", "train.export_float16=false"]
 
 REPO = Path(__file__).resolve().parents[1]
-# Every test here on one xdist worker: the loopback Kaggle binds 127.0.0.1:80 (pyproject: --dist loadgroup).
-pytestmark = pytest.mark.xdist_group("loopback-kaggle-port-80")
 
 
 def flags(*overrides: str) -> list[str]:
