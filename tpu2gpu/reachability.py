@@ -9,7 +9,7 @@ from pathlib import Path
 
 from common.core.config import Config
 from common.launch.negotiation import parse_candidates
-from common.launch.routes import KERAS_3_BACKBONES
+from common.launch.routes import ROUTES
 from common.launch.tpu_stack import TpuStackError
 
 TPU_SHAPES = ("TpuV38", "Tpu1VmV38", "TpuV5E8", "TpuV6E8")
@@ -102,7 +102,7 @@ def _tpu_stack_problems(cfg: Config) -> list[str]:
         parse_candidates(k.tpu_packages)
     except TpuStackError as err:
         problems.append(str(err))
-    if not (k.tpu_wheels or k.train_internet or cfg.model.backbone in KERAS_3_BACKBONES):
+    if not (k.tpu_wheels or k.train_internet or cfg.model.backbone in ROUTES["keras_jax"].backbones):
         problems.append(
             "the training kernel runs on a TPU (kaggle.train_accelerator=" + k.train_accelerator + "), whose Kaggle "
             "image has no TPU build of TensorFlow, and has no way to install one. Fix: attach the TPU stack's wheels "
