@@ -5,7 +5,8 @@
 plan: common/training/plan.py (batch, steps, schedule, scaling, class weights). build and fit: the backend
 (common/training/backends/tf_keras/backend.py: tf_keras under tf.distribute;
 common/training/backends/keras_jax/backend.py: Keras 3 on JAX). Each epoch ends in one place, EpochMonitor.epoch_end,
-which in this order scores the task's competition metric (train.metric, scikit-learn) on the validation fold (logged as
+which in this order checks the optimiser's own step count against the plan (more steps than planned stop the fold
+there), scores the task's competition metric (train.metric, scikit-learn) on the validation fold (logged as
 val_<metric>, with val_loss), keeps the best epoch's weights (train.keep=best; with train.ema the averaged weights are
 scored and kept), writes the history row and the checkpoint, and then decides: early stopping first, then the time
 budget. finish: the best epoch's weights restored and checked against what that epoch predicted, and the validation
