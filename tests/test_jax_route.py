@@ -105,7 +105,7 @@ def test_keras_applications_efficientnet_builds_under_jax_and_follows_the_policy
     """Slow (about 20-40 s each on 2 cores): keras.applications' EfficientNet as the keras_jax route builds it, with
     random weights; under mixed_bfloat16 the backbone computes in bfloat16 and the head's output stays float32."""
     from common.core.config import load_config
-    from common.training.backends.base import precision_by_part
+    from common.export.census import precision_by_part
     from common.training.backends.keras_jax.model import build_keras_model
 
     import numpy as np
@@ -123,7 +123,7 @@ def test_a_loaded_keras_backbone_is_reported_in_the_dtypes_its_layers_compute_in
     """A .keras backbone keeps its saved float32 layers under mixed_float16: the card and the float16 note say so
     (the Keras 3 wrapper around it reports the global policy, float16, which the op census contradicts)."""
     from common.core.config import load_config
-    from common.training.backends.base import precision_by_part
+    from common.export.census import precision_by_part
     from common.training.backends.keras_jax.model import build_keras_model
 
     cfg = load_config(None, ["model.backbone=keras", f"model.keras_backbone={tiny_keras_backbone}"])

@@ -1,8 +1,10 @@
-"""The op dtype census: which dtype a graph's compute ops (convolutions, matmuls) run in, traced from a model or
-read from a saved signature. It decides whether a float16 signature is worth exporting and checks that it is one."""
+"""What a model computes in: the op dtype census (which dtype a graph's compute ops, convolutions and matmuls, run in,
+traced from a model or read from a saved signature), which decides whether a float16 signature is worth exporting and
+checks that it is one; and the dtype each part of a model computes in, for the card and the log."""
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import tensorflow as tf
@@ -65,3 +67,21 @@ def saved_census(saved_model_dir: str | Path, signature: str) -> dict[str, dict[
     meta = saved.meta_graphs[0]
     outputs = {t.name.split(":")[0] for t in meta.signature_def[signature].outputs.values()}
     return op_census(meta.graph_def, roots=outputs)
+
+
+def precision_by_part(model) -> dict[str, str]:
+    """The dtype each part computes in, for a tf_keras or a Keras 3 model of either builder: the backbone is the layer
+    the head's dropout reads. A TF Hub backbone (or a loaded .keras one) keeps its own saved dtypes (float32 for the
+    published EfficientNets), so a mixed policy changes only the head; EfficientNet's layers follow the policy."""
+    names = [layer.name for layer in model.layers]
+    backbone = model.layers[names.index("head_dropout") - 1]
+    return {"backbone": _computes_in(backbone), "head": model.get_layer("head_logits").compute_dtype}
+
+
+def _computes_in(layer) -> str:
+    """A nested model computes in what most of its weighted layers do: a loaded .keras backbone keeps its saved dtypes
+    while the Keras 3 wrapper around it reports the global policy."""
+    inner = [sub for sub in getattr(layer, "layers", []) if sub.weights]
+    if not inner:
+        return layer.compute_dtype
+    return Counter(_computes_in(sub) for sub in inner).most_common(1)[0][0]

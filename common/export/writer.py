@@ -28,7 +28,7 @@ from pathlib import Path
 
 from common.core.atomic import staged_dir
 from common.export.card import OUTPUT_NAME, SAVED_MODEL_DIR, SIGNATURES, VERIFY_NAME, ModelCard, write_card
-from common.export.census import FLOAT16_MIN_SHARE, float16_share, traced_census
+from common.export.census import FLOAT16_MIN_SHARE, float16_share, precision_by_part, traced_census
 from common.export.verify import BLOCKED_IN_CHECK, FLOAT16_TOLERANCE, VERIFY_TOLERANCE, verify_in_fresh_process
 
 import numpy as np
@@ -68,8 +68,6 @@ def float16_copy(build_copy, image_size: int):
     """(the mixed_float16 copy for the serving_float16 signature or None, the card's reason): only where its graph
     really computes in float16 (op census). A TF Hub backbone stays float32, and a signature that only rounds the
     head would double the export for nothing. build_copy(policy) -> the trained weights in a model of that policy."""
-    from common.training.backends.base import precision_by_part
-
     copy = build_copy("mixed_float16")
     share = float16_share(traced_census(copy, image_size))
     real = share >= FLOAT16_MIN_SHARE

@@ -4,6 +4,7 @@
         name = "my_route"; ...
     schedule = learning_rate_schedule(plan.peak_lr, plan.total_steps, plan.warmup_steps, keras.optimizers.schedules)
     callbacks = [epoch_hooks(keras.callbacks.Callback, epoch_begin, epoch_end)]
+    precision_by_part(model)          # the dtype each part computes in: common/export/census.py
 
 The fold (common/training/fold.py) and its finish (common/training/finish.py) call only these members, so a backend
 never sees the plan's arithmetic, the task's scoring, the budget or the card's contents, and the export contract is
@@ -13,7 +14,6 @@ the same whoever wrote it. No framework is imported here: each backend passes it
 from __future__ import annotations
 
 import contextlib
-from collections import Counter
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -94,19 +94,3 @@ def learning_rate_schedule(peak_lr: float, total_steps: int, warmup_steps: int, 
         alpha=0.0, warmup_target=peak_lr if warmup_steps else None, warmup_steps=warmup_steps)
 
 
-def precision_by_part(model) -> dict[str, str]:
-    """The dtype each part computes in, for a tf_keras or a Keras 3 model of either builder: the backbone is the layer
-    the head's dropout reads. A TF Hub backbone (or a loaded .keras one) keeps its own saved dtypes (float32 for the
-    published EfficientNets), so a mixed policy changes only the head; EfficientNet's layers follow the policy."""
-    names = [layer.name for layer in model.layers]
-    backbone = model.layers[names.index("head_dropout") - 1]
-    return {"backbone": _computes_in(backbone), "head": model.get_layer("head_logits").compute_dtype}
-
-
-def _computes_in(layer) -> str:
-    """A nested model computes in what most of its weighted layers do: a loaded .keras backbone keeps its saved dtypes
-    while the Keras 3 wrapper around it reports the global policy."""
-    inner = [sub for sub in getattr(layer, "layers", []) if sub.weights]
-    if not inner:
-        return layer.compute_dtype
-    return Counter(_computes_in(sub) for sub in inner).most_common(1)[0][0]

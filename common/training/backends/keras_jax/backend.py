@@ -32,8 +32,9 @@ from common.core.strategy import precision_for
 from common.data.pipeline import make_padded_image_batches
 from common.data.records import RecordSchema
 from common.export.card import ExportError, read_card, write_card
+from common.export.census import precision_by_part
 from common.tasks.parts import keras_ops
-from common.training.backends.base import epoch_hooks, learning_rate_schedule, precision_by_part
+from common.training.backends.base import epoch_hooks, learning_rate_schedule
 from common.training.backends.keras_jax.model import build_keras_model, read_weight_arrays, save_weight_arrays
 from common.training.plan import whole_executions
 

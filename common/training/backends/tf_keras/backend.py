@@ -21,9 +21,10 @@ from pathlib import Path
 
 from common.data.pipeline import make_padded_image_batches
 from common.data.records import RecordSchema
+from common.export.census import precision_by_part
 from common.export.writer import ExportContents, export_models
 from common.tasks.parts import tensorflow_ops
-from common.training.backends.base import epoch_hooks, learning_rate_schedule, precision_by_part
+from common.training.backends.base import epoch_hooks, learning_rate_schedule
 from common.training.backends.tf_keras.custom_loop import CustomLoop
 from common.training.backends.tf_keras.model import (
     build_model,
