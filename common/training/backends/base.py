@@ -85,6 +85,22 @@ def epoch_hooks(callback_class, epoch_begin, epoch_end):
     return EpochHooks()
 
 
+@contextlib.contextmanager
+def average_swapped_in(optimizer, variables, read, swap_in):
+    """With train.ema (the optimiser's use_ema), swap_in() puts the moving average into `variables` for the block and
+    their trained values, read(variable) before, go back after; without it, nothing changes."""
+    if not getattr(optimizer, "use_ema", False):
+        yield
+        return
+    current = [read(variable) for variable in variables]
+    swap_in()
+    try:
+        yield
+    finally:
+        for variable, value in zip(variables, current, strict=True):
+            variable.assign(value)
+
+
 def learning_rate_schedule(peak_lr: float, total_steps: int, warmup_steps: int, schedules):
     """Linear warm-up to peak_lr, then cosine decay to zero at total_steps (common.training.plan's
     FoldPlan.learning_rate), as the CosineDecay of `schedules` (tf_keras' or Keras 3's optimizers.schedules)."""

@@ -34,7 +34,7 @@ from common.data.records import RecordSchema
 from common.export.card import ExportError, read_card, write_card
 from common.export.census import precision_by_part
 from common.tasks.parts import keras_ops
-from common.training.backends.base import epoch_hooks, learning_rate_schedule
+from common.training.backends.base import average_swapped_in, epoch_hooks, learning_rate_schedule
 from common.training.backends.keras_jax.model import build_keras_model, read_weight_arrays, save_weight_arrays
 from common.training.plan import whole_executions
 
@@ -159,21 +159,16 @@ class JaxBackend:
     def averaged(self):
         """With train.ema, the optimiser's moving average swapped into the model for what happens inside, the
         trained weights put back after (Keras 3's optimiser keeps the average, as tf_keras' does)."""
-        optimizer = self.model.optimizer
-        if not getattr(optimizer, "use_ema", False):
+        optimizer, variables = self.model.optimizer, self.model.trainable_variables
+
+        def swap_in():
+            # Copies, not the average's own arrays: predict donates the model's buffers to XLA, which would delete
+            # the optimiser's averages with them.
+            for variable, average in zip(variables, optimizer._model_variables_moving_average, strict=True):
+                variable.assign(keras.ops.copy(average.value))
+
+        with average_swapped_in(optimizer, variables, lambda v: np.asarray(v.value), swap_in):
             yield
-            return
-        variables = self.model.trainable_variables
-        current = [np.asarray(v.value) for v in variables]
-        # Copies, not the average's own arrays: predict donates the model's buffers to XLA, which would delete the
-        # optimiser's averages with them.
-        for variable, average in zip(variables, optimizer._model_variables_moving_average, strict=True):
-            variable.assign(keras.ops.copy(average.value))
-        try:
-            yield
-        finally:
-            for variable, value in zip(variables, current, strict=True):
-                variable.assign(value)
 
     # ---------------------------------------------------------------------------------------------------- train
     def distribute(self, make_dataset):

@@ -24,7 +24,7 @@ from common.data.records import RecordSchema
 from common.export.census import precision_by_part
 from common.export.writer import ExportContents, export_models
 from common.tasks.parts import tensorflow_ops
-from common.training.backends.base import epoch_hooks, learning_rate_schedule
+from common.training.backends.base import average_swapped_in, epoch_hooks, learning_rate_schedule
 from common.training.backends.tf_keras.custom_loop import CustomLoop
 from common.training.backends.tf_keras.model import (
     build_model,
@@ -113,18 +113,13 @@ class TFBackend:
     def averaged(self):
         """With train.ema, the optimiser's moving average swapped into the model for what happens inside (scoring,
         keeping the best epoch), the trained weights put back after."""
-        optimizer = self.model.optimizer
-        if not getattr(optimizer, "use_ema", False):
+        optimizer, variables = self.model.optimizer, self.model.trainable_variables
+
+        def swap_in():
+            optimizer._overwrite_model_variables_with_average_value(variables)  # tf_keras' own EMA swap
+
+        with average_swapped_in(optimizer, variables, lambda v: v.numpy(), swap_in):
             yield
-            return
-        variables = self.model.trainable_variables
-        current = [v.numpy() for v in variables]
-        optimizer._overwrite_model_variables_with_average_value(variables)  # tf_keras' own EMA swap
-        try:
-            yield
-        finally:
-            for variable, value in zip(variables, current, strict=True):
-                variable.assign(value)
 
     # ---------------------------------------------------------------------------------------------------- train
     def distribute(self, make_dataset):
