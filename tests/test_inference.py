@@ -19,7 +19,7 @@ from PIL import Image
 
 from infer_gpu.infer import main as infer_main
 
-from helpers import read_csv, write_csv
+from builders import read_csv, write_csv
 
 REPO = Path(__file__).resolve().parents[1]
 # What the inference kernel must run without: Keras 2 and TF Hub (the GPU image may lack them), scikit-learn (folds
@@ -50,8 +50,11 @@ def test_trained_export_to_a_valid_submission_without_any_training_dependency(tr
     probabilities = read_csv(out / "probabilities.csv")
     sums = [sum(float(v) for k, v in row.items() if k != "id") for row in probabilities]
     np.testing.assert_allclose(sums, 1.0, atol=1e-4)
-    best = [max(card["class_names"], key=lambda c, row=row: float(row[c])) for row in probabilities]
-    assert best == [r["label"] for r in submission]  # labels are the argmax of the saved probabilities
+    # Each label is the argmax of its saved probabilities, up to the file's six decimals (two classes within 1e-6
+    # print alike, and CI saw one such near-tie after two epochs at learning rate 0.05).
+    chosen = np.array([float(row[r["label"]]) for row, r in zip(probabilities, submission)])
+    highest = np.array([max(float(row[c]) for c in card["class_names"]) for row in probabilities])
+    np.testing.assert_allclose(chosen, highest, rtol=0, atol=1e-6)
     assert not list(out.glob(".*partial*"))
 
 
