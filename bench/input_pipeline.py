@@ -81,7 +81,7 @@ def measure(cores: int, files: list[str], seconds: float, rounds: int, augmentat
     os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:cores]))
     import common  # noqa: F401
     from common.core.config import load_config
-    from common.data.pipeline import AUTOTUNE, make_train_dataset, parse_record
+    from common.data.pipeline import AUTOTUNE, InputShare, make_train_dataset, parse_record
     from common.data.records import RecordSchema
 
     import tensorflow as tf
@@ -95,7 +95,7 @@ def measure(cores: int, files: list[str], seconds: float, rounds: int, augmentat
     def pipeline(size: int, *settings: str) -> tf.data.Dataset:
         cfg = load_config(None, [f"data.image_size={size}", "data.shuffle_buffer=512", *settings]).data
         to_target = (lambda labels: tf.one_hot(labels, 5)) if settings else None  # float targets, as training has
-        return make_train_dataset(files, cfg, batch_size=64, to_target=to_target, seed=0)
+        return make_train_dataset(files, cfg, InputShare(64), to_target=to_target, seed=0)
 
     def rate(dataset: tf.data.Dataset) -> float:
         it = iter(dataset)

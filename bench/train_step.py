@@ -37,8 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import common  # noqa: F401,E402
 from common.core.config import Config, load_config  # noqa: E402
 from common.data.conversion import convert_competition  # noqa: E402
-from common.data.pipeline import make_train_dataset  # noqa: E402
+from common.data.pipeline import InputShare, make_train_dataset  # noqa: E402
 from common.data.records import record_set  # noqa: E402
+from common.training.backends.base import EpochLoop  # noqa: E402
 from common.training.backends.registry import start_backend  # noqa: E402
 from common.training.plan import plan_fold  # noqa: E402
 
@@ -71,8 +72,8 @@ def measure(framework: str, args: argparse.Namespace, tmp: Path) -> dict:
         return plan.task.target(labels, len(plan.class_names), plan.scaling)
 
     def make_dataset(ctx):
-        return make_train_dataset(records.train_files, cfg.data, plan.global_batch, to_target, records.schema,
-                                  input_context=ctx, seed=0)
+        return make_train_dataset(records.train_files, cfg.data, InputShare(plan.global_batch, ctx), to_target,
+                                  records.schema, seed=0)
 
     seconds, started = [], {}
 
@@ -84,7 +85,8 @@ def measure(framework: str, args: argparse.Namespace, tmp: Path) -> dict:
         seconds.append(time.perf_counter() - started[epoch])
         return False
 
-    backend.fit(backend.distribute(make_dataset), plan, 0, epoch_begin, epoch_end)
+    loop = EpochLoop(plan.epochs, 0, plan.steps_per_epoch, epoch_begin, epoch_end)
+    backend.fit(backend.distribute(make_dataset), loop)
     optimizer_steps = backend.optimizer_steps()
     images_per_epoch = plan.steps_per_epoch * plan.global_batch
     kernel = images_per_epoch / statistics.median(seconds[1:])

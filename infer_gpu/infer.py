@@ -24,12 +24,10 @@ from common.core.errors import UserError
 from common.core.paths import output_dir, resolve_data_path
 from common.core.platform import environment_report
 from common.core.strategy import get_strategy, split_cpu
-from common.data.sources import find_test_images
+from common.data.sources import open_source
 from common.inference.ensemble import ensemble_predict, ensemble_thresholds, load_members, tta_view_names
 from common.inference.submission import (
-    check_record_ids,
     check_template_classes,
-    check_test_images,
     read_template,
     submission_rows,
     write_csv_atomically,
@@ -45,30 +43,6 @@ def competition_template(cfg):
         raise UserError(f"no {cfg.data.test_csv} found: set runtime.competition_dir to the competition folder, which "
                         "gives the test ids and the submission's columns")
     return read_template(competition / cfg.data.test_csv, cfg.data.id_column)
-
-
-def test_batches(cfg, card, template, csv_name: str):
-    """Batches of {'image', 'id'} at the card's image size: from the competition's test images, or test records."""
-    from common.data.pipeline import make_eval_dataset, make_image_file_dataset, read_ids_and_labels
-    from common.data.records import RecordSchema, glob_files, has_manifest, read_manifest, shard_paths
-
-    size = card.image_size
-    if cfg.runtime.competition_dir and not cfg.runtime.tfrecords:
-        image_dir = Path(resolve_data_path(cfg.runtime.competition_dir)) / cfg.data.test_images
-        paths = find_test_images(image_dir, template.ids, csv_name)
-        if cfg.infer.check_images != "off":
-            unlike = check_test_images(paths, card, strict=cfg.infer.check_images == "strict")
-            if unlike:
-                print(f"[infer] warning: {sum(unlike.values())} of {len(paths)} test images differ from the training "
-                      f"images ({', '.join(f'{n} x {kind}' for kind, n in unlike.most_common(5))}); the pipeline "
-                      "resizes and converts them to RGB. infer.check_images=strict refuses them", flush=True)
-        return make_image_file_dataset(paths, template.ids, size, cfg.infer.batch_size)
-    root = resolve_data_path(cfg.runtime.tfrecords)
-    files = (shard_paths(read_manifest(root), root, ["test"]) if has_manifest(root)
-             else glob_files(root, cfg.data.test_files))
-    schema = RecordSchema(**card.record_schema)
-    check_record_ids(read_ids_and_labels(files, schema, labeled=False)[0], template.ids, csv_name)
-    return make_eval_dataset(files, schema, size, cfg.infer.batch_size, labeled=False)
 
 
 def describe_members(members, precision: str) -> str:
@@ -106,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     check_template_classes(template, task, card.class_names, cfg.data.test_csv)
 
     # ---- predict (averaged over exports and views, then thresholded) and write
-    ids, predictions = ensemble_predict(members, lambda c: test_batches(cfg, c, template, cfg.data.test_csv),
+    source = open_source(cfg)
+    ids, predictions = ensemble_predict(members, lambda c: source.test_batches(c, template, cfg.infer),
                                         cfg.infer.tta, strategy, cfg.infer.xla)
     rows = submission_rows(template, ids, predictions, task, card.class_names, thresholds)
     out = output_dir(cfg.runtime.output_dir, "runs/infer")

@@ -6,7 +6,16 @@ import time
 from common.core.config import load_config
 from common.core.errors import ConfigError
 from common.core.strategy import get_strategy
-from common.data.pipeline import affine_transform, augment, check_mixing, cutmix, cutout, make_train_dataset, mixup
+from common.data.pipeline import (
+    InputShare,
+    affine_transform,
+    augment,
+    check_mixing,
+    cutmix,
+    cutout,
+    make_train_dataset,
+    mixup,
+)
 from common.data.records import record_set, split_files
 from common.tasks.types import TASKS
 
@@ -84,7 +93,7 @@ def test_mixing_settings_that_cannot_work_are_named():
     with pytest.raises(ConfigError, match=r"data.mixup_alpha=0.0 must be > 0"):
         check_mixing(mixup_off)
     with pytest.raises(ConfigError, match=r"data.mixup_alpha=0.0 must be > 0"):
-        make_train_dataset(["unread.tfrec"], mixup_off, 4)
+        make_train_dataset(["unread.tfrec"], mixup_off, InputShare(4))
     with pytest.raises(ConfigError, match=r"data.cutmix_alpha=0.0 must be > 0"):
         check_mixing(load_config(None, ["data.cutmix_prob=0.5", "data.cutmix_alpha=0"]).data)
     with pytest.raises(ConfigError, match=r"config key 'data.cutmix_alpha' is -1.0, outside its range \[0, inf\)"):
@@ -102,8 +111,8 @@ def test_the_pipeline_yields_static_soft_targets(demo_records):
     train_files, _ = split_files(manifest, str(out), fold=0)
     data_cfg = load_config(None, ["data.image_size=16", "data.mixup_prob=0.5", "data.cutmix_prob=0.5",
                                   "data.rotation=15", "data.cutout=1"]).data
-    dataset = make_train_dataset(train_files, data_cfg, 16, lambda labels: TASKS["multiclass"].target(labels, 10, None),
-                                 seed=0)
+    dataset = make_train_dataset(train_files, data_cfg, InputShare(16),
+                                 lambda labels: TASKS["multiclass"].target(labels, 10, None), seed=0)
     images_spec, targets_spec = dataset.element_spec
     assert images_spec.shape == (16, 16, 16, 3) and targets_spec.shape == (16, 10)  # static for XLA
     _, targets = next(iter(dataset))
@@ -111,6 +120,7 @@ def test_the_pipeline_yields_static_soft_targets(demo_records):
     assert (targets.numpy().max(axis=1) < 0.999).any()  # every batch is mixed, so some targets are soft
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("loop", ["fit", "custom"])
 def test_mixing_trains_on_two_replicas(demo_records, tiny_backbone, tmp_path, loop):
     from common.training.backends.tf_keras.backend import TFBackend
@@ -129,6 +139,7 @@ def test_mixing_trains_on_two_replicas(demo_records, tiny_backbone, tmp_path, lo
     assert result.epochs_done == 2 and np.isfinite(history["loss"]).all()
 
 
+@pytest.mark.e2e
 def test_augment_preview_draws_the_pipelines_mixed_targets(demo_records, tmp_path, capsys):
     from tpu2gpu.cli import main
     from tpu2gpu.preview import augment_preview

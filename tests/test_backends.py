@@ -16,7 +16,9 @@ from pathlib import Path
 from common.launch.routes import ROUTES, Route, framework_choices
 from common.training.backends.base import Backend
 
-from helpers import read_csv
+import pytest
+
+from builders import read_csv
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -83,6 +85,7 @@ def test_the_route_table_gives_the_framework_choices_and_each_backend_meets_the_
         assert [m for m in members if not hasattr(backend, m)] == ["ops"], backend
 
 
+@pytest.mark.e2e
 def test_a_third_backend_defined_in_the_tests_trains_and_its_export_feeds_the_inference_kernel(
         demo_dir, demo_records, tiny_keras_backbone, tmp_path):
     from infer_gpu.infer import main as infer_main

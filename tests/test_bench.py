@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.e2e  # every benchmark run in a child interpreter
+
 REPO = Path(__file__).resolve().parents[1]
 
 # One row each, by the benchmark column; kernel+XLA is timed too where a GPU is present.

@@ -88,6 +88,7 @@ def test_integer_class_names_are_read_as_names():
         load_config(None, ["data.class_names=[true, false]"])
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(("entry", "override"), [
     ("train", "train.epochs=0"), ("train", "train.steps_per_execution=0"), ("train", "model.dropout=1"),
     ("infer", "infer.batch_size=0"),

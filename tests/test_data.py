@@ -1,21 +1,28 @@
 from common.core.config import load_config
 from common.core.errors import DataError
 from common.core.strategy import get_strategy
-from common.data.pipeline import augment, decode_image, make_eval_dataset, make_image_file_dataset, make_train_dataset
+from common.data.pipeline import (
+    InputShare,
+    augment,
+    decode_image,
+    make_eval_dataset,
+    make_image_file_dataset,
+    make_train_dataset,
+)
 from common.data.records import RecordSchema, serialize_example, shard_paths, split_files
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import image_bytes, read_csv
+from builders import image_bytes, read_csv
 
 
 def test_train_batches_are_static_uint8(demo_records):
     out, manifest = demo_records
     train_files, _ = split_files(manifest, str(out), fold=0)
     cfg = load_config(None, ["data.image_size=48", "data.rotate90=true", "data.brightness=0.1"])
-    dataset = make_train_dataset(train_files, cfg.data, batch_size=32, seed=1)
+    dataset = make_train_dataset(train_files, cfg.data, InputShare(32), seed=1)
     assert dataset.element_spec[0].shape.as_list() == [32, 48, 48, 3]  # static: XLA-ready
     assert dataset.element_spec[0].dtype == tf.uint8
     assert dataset.element_spec[1] == tf.TensorSpec([32], tf.int32)
@@ -81,7 +88,7 @@ def test_flowers_schema(tmp_path):
     assert set(tf.train.Example.FromString(raw.numpy()).features.feature) == {"image", "id"}
 
     cfg = load_config(None, ["data.label_feature=class", "data.image_size=24", "data.augment=false"])
-    images, labels = next(iter(make_train_dataset([tmp_path / "train00-4.tfrec"], cfg.data, batch_size=4)))
+    images, labels = next(iter(make_train_dataset([tmp_path / "train00-4.tfrec"], cfg.data, InputShare(4))))
     assert sorted(labels.numpy().tolist()) == [100, 101, 102, 103] and images.shape == (4, 24, 24, 3)
     test = next(iter(make_eval_dataset([tmp_path / "test00-3.tfrec"], schema, 24, batch_size=8, labeled=False)))
     assert [i.decode() for i in test["id"].numpy()] == ["t0", "t1", "t2"]
@@ -95,7 +102,7 @@ def test_per_replica_datasets_under_mirrored_strategy(demo_records):
     strategy = get_strategy("mirrored")
     data_cfg = load_config(None, ["data.image_size=32"]).data
     dist = strategy.distribute_datasets_from_function(
-        lambda ctx: make_train_dataset(train_files, data_cfg, batch_size=16, input_context=ctx))
+        lambda ctx: make_train_dataset(train_files, data_cfg, InputShare(16, ctx)))
     images, labels = next(iter(dist))
     local = strategy.experimental_local_results(images)
     assert len(local) == 2 and all(t.shape == (8, 32, 32, 3) for t in local)  # global 16 = 2 replicas x 8
@@ -104,7 +111,7 @@ def test_per_replica_datasets_under_mirrored_strategy(demo_records):
 
 def test_no_files_and_no_images_are_user_errors_that_name_the_fix():
     with pytest.raises(DataError, match=r"no TFRecord files given. Fix: set runtime.tfrecords"):
-        make_train_dataset([], load_config().data, batch_size=4)
+        make_train_dataset([], load_config().data, InputShare(4))
     with pytest.raises(DataError, match=r"no TFRecord files given"):
         make_eval_dataset([], RecordSchema(), 32, 4, labeled=False)
     with pytest.raises(DataError, match=r"got 0 paths, 0 ids. Fix: data.test_csv must list the test ids"):

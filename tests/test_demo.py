@@ -6,6 +6,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.e2e  # tpu2gpu.demo run in child interpreters
+
 REPO = Path(__file__).resolve().parents[1]
 
 

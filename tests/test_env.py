@@ -5,7 +5,10 @@ import sys
 from common.core.platform import detect_platform, environment_report, tpu_hardware_signals
 from common.core.strategy import get_strategy
 
+import pytest
 
+
+@pytest.mark.e2e
 def test_legacy_keras_is_set_before_tensorflow():
     assert os.environ["TF_USE_LEGACY_KERAS"] == "1"
     code = ("import common, tensorflow as tf, tensorflow_hub as hub, tf_keras; "

@@ -10,6 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("common", "train_tpu", "infer_gpu", "tpu2gpu")
 
@@ -109,12 +111,14 @@ def test_the_cycle_check_finds_a_cycle_hidden_in_a_function(tmp_path):
     assert find_cycle(import_graph(tmp_path, ["pkg"])) is None
 
 
+@pytest.mark.e2e
 def test_the_code_before_tensorflow_imports_the_standard_library_only():
     modules = launch_modules(REPO)
     assert "common.launch.kernel" in modules and "common.launch.negotiation" in modules
     assert non_stdlib_imports(REPO, modules) == []
 
 
+@pytest.mark.e2e
 def test_the_standard_library_check_finds_a_third_party_import(tmp_path):
     (tmp_path / "common" / "launch").mkdir(parents=True)
     (tmp_path / "common" / "__init__.py").write_text("import os\n")

@@ -4,9 +4,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from common.core.config import Config
 from common.core.errors import DataError
 from common.data.pipeline import make_image_file_dataset
-from common.data.sources import find_test_images
+from common.data.samples import CompetitionFolder
 from common.export.card import ExportError, read_card
 from common.export.loader import load_export
 from common.inference.ensemble import ensemble_probabilities
@@ -20,6 +21,8 @@ from PIL import Image
 from infer_gpu.infer import main as infer_main
 
 from builders import read_csv, write_csv
+
+pytestmark = pytest.mark.e2e  # the inference kernel, on the trained_export fixture's model
 
 REPO = Path(__file__).resolve().parents[1]
 # What the inference kernel must run without: Keras 2 and TF Hub (the GPU image may lack them), scikit-learn (folds
@@ -52,7 +55,7 @@ def test_trained_export_to_a_valid_submission_without_any_training_dependency(tr
     np.testing.assert_allclose(sums, 1.0, atol=1e-4)
     # Each label is the argmax of its saved probabilities, up to the file's six decimals (two classes within 1e-6
     # print alike, and CI saw one such near-tie after two epochs at learning rate 0.05).
-    chosen = np.array([float(row[r["label"]]) for row, r in zip(probabilities, submission)])
+    chosen = np.array([float(row[r["label"]]) for row, r in zip(probabilities, submission, strict=True)])
     highest = np.array([max(float(row[c]) for c in card["class_names"]) for row in probabilities])
     np.testing.assert_allclose(chosen, highest, rtol=0, atol=1e-6)
     assert not list(out.glob(".*partial*"))
@@ -61,7 +64,7 @@ def test_trained_export_to_a_valid_submission_without_any_training_dependency(tr
 def test_tta_and_ensemble_arithmetic(trained_export, demo_dir):
     card, predict = load_export(trained_export / "fold0")
     template = read_template(demo_dir / "sample_submission.csv", "id")
-    paths = find_test_images(demo_dir / "test", template.ids[:37], "sample_submission.csv")
+    paths = CompetitionFolder(demo_dir, Config().data).test_images(template.ids[:37], "sample_submission.csv")
     batches = make_image_file_dataset(paths, template.ids[:37], card.image_size, 16)
     ids, single = ensemble_probabilities([predict], batches)
     assert ids == template.ids[:37] and single.shape == (37, 10)
@@ -173,8 +176,8 @@ def test_the_inference_kernel_and_its_config_load_with_every_training_dependency
     # The loader, not the writer; the launcher and its route table, not the TPU installer.
     assert eval(modules) == [
         "common", "common.core", "common.core.config", "common.core.errors", "common.core.fields", "common.core.paths",
-        "common.core.platform", "common.core.strategy", "common.data", "common.data.sources", "common.export",
-        "common.export.card", "common.export.loader", "common.inference", "common.inference.ensemble",
+        "common.core.platform", "common.core.strategy", "common.data", "common.data.samples", "common.data.sources",
+        "common.export", "common.export.card", "common.export.loader", "common.inference", "common.inference.ensemble",
         "common.inference.submission", "common.launch", "common.launch.candidates", "common.launch.kernel",
         "common.launch.routes", "common.tasks", "common.tasks.parts", "common.tasks.types"]
 

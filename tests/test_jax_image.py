@@ -28,7 +28,10 @@ import pytest
 
 from tpu2gpu.build import build
 
-from helpers import offline, read_csv, verify_batch_difference
+from builders import read_csv, verify_batch_difference
+from fake_kaggle import offline
+
+pytestmark = pytest.mark.e2e  # the built kernels, in child interpreters
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("TPU2GPU_ENV_CACHE") or Path.home() / ".cache" / "tpu2gpu-envs")

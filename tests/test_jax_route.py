@@ -14,8 +14,7 @@ import pytest
 
 from train_tpu.train import main as train_main
 
-from helpers import verify_batch_difference
-from test_tasks import SHAPES, task_competition
+from builders import SHAPES, task_competition, verify_batch_difference
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,6 +33,7 @@ def jax_settings(backbone: Path, *extra: str) -> list[str]:
     return [a for s in settings for a in ("--set", s)]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("task", ["multiclass", "binary", "multilabel", "regression"])
 def test_each_task_trains_with_keras_on_jax_and_exports_the_same_contract(task, tmp_path, demo_dir,
                                                                            tiny_keras_backbone):
@@ -66,6 +66,7 @@ def test_each_task_trains_with_keras_on_jax_and_exports_the_same_contract(task, 
         assert verify_batch_difference(sys.executable, tmp_path / "train" / "export" / "fold0") < 1e-5
 
 
+@pytest.mark.e2e
 def test_keras_jax_refuses_what_it_cannot_train(tmp_path, demo_records, tiny_backbone):
     from common.core.config import load_config
     from common.core.errors import ConfigError

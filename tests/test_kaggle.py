@@ -12,7 +12,9 @@ import pytest
 from tpu2gpu import workflow
 from tpu2gpu.build import MetadataError, build
 
-from helpers import FAKE_TPU_PINS, KaggleRecorder, offline, read_csv, tpu_wheels
+from builders import read_csv
+from fake_kaggle import KaggleRecorder, offline
+from fake_tpu import FAKE_TPU_PINS, tpu_wheels
 
 MODEL_HANDLE = "tpu2gpu/tiny-backbone/tensorflow2/demo/1"
 PROJECT = ["kaggle.owner=tester", "kaggle.competition=digit-comp", f"kaggle.model_sources=[{MODEL_HANDLE}]",
@@ -50,6 +52,7 @@ def recorder(monkeypatch, tmp_path):
     server.close()
 
 
+@pytest.mark.e2e
 def test_the_real_kaggle_cli_accepts_both_built_kernels(tmp_path, recorder, capsys):
     folders = build(load_config(None, PROJECT), tmp_path / "build")
     for kernel in ("train", "infer"):
@@ -71,6 +74,7 @@ def test_the_real_kaggle_cli_accepts_both_built_kernels(tmp_path, recorder, caps
     assert "$ kaggle kernels push -p" in out and "not-a-real-key" not in out
 
 
+@pytest.mark.e2e
 def test_wait_polls_until_complete_and_stops_on_error(recorder, capsys):
     recorder.statuses = [("QUEUED", ""), ("RUNNING", ""), ("COMPLETE", "")]
     assert workflow.wait("tester/tpu2gpu-train", interval=0) == "COMPLETE"
@@ -81,6 +85,7 @@ def test_wait_polls_until_complete_and_stops_on_error(recorder, capsys):
         workflow.wait("tester/tpu2gpu-train", interval=0)
 
 
+@pytest.mark.e2e
 def test_a_failing_cli_call_stops_with_its_message(tmp_path, monkeypatch):
     monkeypatch.setenv("KAGGLE_API_ENVIRONMENT", "LOCALHOST")  # nothing listens: the CLI fails
     monkeypatch.setenv("KAGGLE_USERNAME", "tester")
@@ -92,6 +97,7 @@ def test_a_failing_cli_call_stops_with_its_message(tmp_path, monkeypatch):
     assert "not-a-real-key" not in str(err.value)
 
 
+@pytest.mark.e2e
 def test_submit_sends_the_version_the_push_recorded(tmp_path, recorder, capsys):
     from tpu2gpu.cli import main
 
@@ -114,6 +120,7 @@ def test_submit_sends_the_version_the_push_recorded(tmp_path, recorder, capsys):
     assert "no push of " in capsys.readouterr().err
 
 
+@pytest.mark.e2e
 def test_file_competition_uploads_the_fetched_submission(tmp_path, recorder, capsys):
     from tpu2gpu.cli import main
 
@@ -136,6 +143,7 @@ def _served_export(trained_export) -> dict[str, bytes]:
             if p.is_file()}
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("code_competition", [True, False])
 def test_workflow_submit_runs_every_step_through_the_real_cli(tmp_path, recorder, trained_export, code_competition):
     from tpu2gpu.cli import main
@@ -162,6 +170,7 @@ def test_workflow_submit_runs_every_step_through_the_real_cli(tmp_path, recorder
         assert ("submission.csv", b"id,label\nt000,3\n") in recorder.uploads
 
 
+@pytest.mark.e2e
 def test_every_dry_run_command_is_one_the_real_cli_accepts(tmp_path, recorder, trained_export, capsys):
     """The dry run's commands, run for real against the recorder in the state the real run would have reached."""
     import shlex
@@ -195,6 +204,7 @@ def test_every_dry_run_command_is_one_the_real_cli_accepts(tmp_path, recorder, t
         assert run.returncode == 0 and "error" not in run.stdout.lower(), (command, run.stdout, run.stderr)
 
 
+@pytest.mark.e2e
 def test_failures_the_cli_exits_0_on_still_stop_the_workflow(tmp_path, recorder):
     build(load_config(None, PROJECT), tmp_path / "build")
     recorder.save_kernel_extra = {"error": "Notebook slug is already in use"}
@@ -206,6 +216,7 @@ def test_failures_the_cli_exits_0_on_still_stop_the_workflow(tmp_path, recorder)
     assert not (tmp_path / "build" / "train" / workflow.PUSHED_NAME).exists()
 
 
+@pytest.mark.e2e
 def test_a_failed_upload_stops_the_publish_and_the_submission(tmp_path, recorder, trained_export):
     """The CLI prints "Upload unsuccessful" and "Could not submit to competition" and exits 0 (kaggle 2.2.4)."""
     export = tmp_path / "export"
@@ -220,6 +231,7 @@ def test_a_failed_upload_stops_the_publish_and_the_submission(tmp_path, recorder
         workflow.submit(cfg, tmp_path / "build", 0, "m", tmp_path / "submission.csv")
 
 
+@pytest.mark.e2e
 def test_publish_wheels_creates_then_versions_the_wheels_dataset(tmp_path, recorder, capsys):
     from tpu2gpu.cli import main
 
@@ -242,6 +254,7 @@ def test_publish_wheels_creates_then_versions_the_wheels_dataset(tmp_path, recor
     assert "corrupt wheel" in capsys.readouterr().err
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(("override", "message"), [
     ("kaggle.train_title=abc", "title: 'abc' is under 5 characters"),
     ("kaggle.train_title=My Training Run", "title: 'My Training Run' slugifies to 'my-training-run', not the slug"),
@@ -303,6 +316,7 @@ def test_build_refuses_what_the_training_kernel_could_not_reach(tmp_path, overri
     assert problem in str(err.value) and str(err.value).count("\n- ") == 1
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("overrides", [
     ["kaggle.tpu_wheels=", "kaggle.train_internet=true", "model.backbone=efficientnet"],  # pip and weights online
     ["kaggle.tpu_wheels=", "kaggle.tpu_runtime=image"],  # an image that has its TPU build
@@ -314,6 +328,7 @@ def test_build_accepts_what_kaggle_can_reach(tmp_path, overrides):
     build(load_config(None, [*PROJECT, *overrides]), tmp_path / "build")
 
 
+@pytest.mark.e2e
 def test_flowers_config_builds_and_the_demo_build_says_what_it_is(tmp_path, capsys):
     folders = build(load_config("configs/flowers.yaml", ["kaggle.owner=tester"]), tmp_path / "flowers")
     meta = json.loads((folders["train"] / "kernel-metadata.json").read_text())
@@ -327,6 +342,7 @@ def test_flowers_config_builds_and_the_demo_build_says_what_it_is(tmp_path, caps
         build(load_config("configs/demo.yaml"), tmp_path / "demo2")
 
 
+@pytest.mark.e2e
 def test_two_builds_are_byte_identical(tmp_path):
     cfg = load_config(None, PROJECT)
     first, second = build(cfg, tmp_path / "one"), build(cfg, tmp_path / "two")
@@ -338,6 +354,7 @@ def test_two_builds_are_byte_identical(tmp_path):
     assert first["train"] != second["train"]
 
 
+@pytest.mark.e2e
 def test_simulated_kaggle_run_of_both_built_kernels(tmp_path, demo_dir, tiny_backbone):
     folders = build(load_config(None, PROJECT), tmp_path / "build")
     kaggle = tmp_path / "kaggle"
@@ -379,6 +396,7 @@ def test_simulated_kaggle_run_of_both_built_kernels(tmp_path, demo_dir, tiny_bac
     assert {r["label"] for r in submission} <= set(card["class_names"])
 
 
+@pytest.mark.e2e
 def test_verify_export_before_publishing(trained_export, tmp_path, capsys):
     from tpu2gpu.cli import main
 

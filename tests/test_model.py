@@ -1,7 +1,7 @@
 from common.core.config import load_config
 from common.core.errors import ConfigError
 from common.core.strategy import get_strategy
-from common.data.pipeline import make_train_dataset
+from common.data.pipeline import InputShare, make_train_dataset
 from common.data.records import split_files
 from common.tasks.types import TASKS
 from common.training.backends.base import learning_rate_schedule
@@ -17,9 +17,10 @@ def _batches(demo_records, image_size, batch=32, n=1):
     train_files, _ = split_files(manifest, str(out), fold=0)
     data_cfg = load_config(None, [f"data.image_size={image_size}", "data.augment=false"]).data
     one_hot = lambda labels: TASKS["multiclass"].target(labels, 10, None)  # noqa: E731
-    return list(make_train_dataset(train_files, data_cfg, batch, one_hot, seed=0).take(n))
+    return list(make_train_dataset(train_files, data_cfg, InputShare(batch), one_hot, seed=0).take(n))
 
 
+@pytest.mark.e2e
 def test_hub_backbone_fine_tunes_and_the_loss_falls(demo_records, tiny_backbone):
     cfg = load_config(None, [f"model.hub_handle={tiny_backbone}", "model.dropout=0", "train.steps_per_execution=1"])
     tf.keras.utils.set_random_seed(0)
@@ -36,6 +37,7 @@ def test_hub_backbone_fine_tunes_and_the_loss_falls(demo_records, tiny_backbone)
     assert all(not np.allclose(b, a.numpy()) for b, a in zip(before, backbone.trainable_weights, strict=True))
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_efficientnet_package_builds_b0_and_trains_a_step(demo_records):
     """Opt-in (-m slow): the default suite builds and trains B0 through the training kernel (the efficientnet_export
@@ -84,6 +86,7 @@ def test_mixed_precision_keeps_float32_probabilities(tiny_backbone):
     assert model.output.dtype == tf.float32
 
 
+@pytest.mark.e2e
 def test_both_loops_train_under_mirrored_strategy(demo_records, tiny_backbone, tmp_path):
     """fit and the custom loop, each for a few steps on two replicas, through train_fold."""
     import time

@@ -14,6 +14,8 @@ import shlex
 import subprocess
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
 DOCS = {path.name: path.read_text() for path in sorted((REPO / "docs").glob("*.md"))}
@@ -48,6 +50,7 @@ def test_the_readme_opens_with_the_tree_and_the_data_flow():
     assert len(README.splitlines()) <= 260
 
 
+@pytest.mark.e2e
 def test_every_readme_command_runs_as_written():
     commands = [c for text in [README, *DOCS.values()] for c in bash_commands(text)]
     assert len(commands) >= 20

@@ -16,6 +16,8 @@ from common.training.fold import train_fold
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.e2e  # folds trained on both routes
+
 STEPS, EPOCHS = 9, 2  # 9 steps an epoch: neither 32 nor 4 divides it
 
 

@@ -16,6 +16,7 @@ def test_default_strategy_on_cpu():
     assert global_batch_size(16, strategy.num_replicas_in_sync) == 16
 
 
+@pytest.mark.e2e
 def test_auto_on_a_plain_cpu_is_the_default_strategy():
     code = "import common; from common.core.strategy import get_strategy; s = get_strategy('auto'); " \
            "print(type(s).__name__, s.num_replicas_in_sync)"

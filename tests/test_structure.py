@@ -1,6 +1,7 @@
 """The code stays easy to change: small functions and files, and task behaviour in one place (common/tasks/).
 
-Limits (tests/ are exempt): no function over 50 lines, no file over 350 lines in the shipped packages.
+Limits (tests/ are exempt): no function over 50 lines, no file over 350 lines, no function taking more than six
+parameters (self and cls aside: more go into a small parameter object) in the shipped packages.
 """
 
 import ast
@@ -9,7 +10,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("common", "train_tpu", "infer_gpu", "tpu2gpu")
-MAX_FUNCTION_LINES, MAX_FILE_LINES = 50, 350
+MAX_FUNCTION_LINES, MAX_FILE_LINES, MAX_PARAMETERS = 50, 350, 6
+FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 # A branch on what a task is called: `task.name == ...`, `task.name in (...)`, `cfg.data.task != "regression"`.
 TASK_BRANCH = re.compile(r"\btask\.name\s*(==|!=|\bin\b|\bnot in\b)|\.task\s*(==|!=|\bin\b)\s*[\"'(\[]")
 
@@ -31,6 +33,39 @@ def test_no_long_function_and_no_long_file():
                 if length > MAX_FUNCTION_LINES:
                     offenders.append(f"{name}:{node.lineno} {node.name}: {length} lines")
     assert not offenders, "over the limits:\n" + "\n".join(offenders)
+
+
+def too_many_parameters(tree: ast.AST) -> list[tuple[int, str, int]]:
+    """(line, name, parameters) of every def taking more than MAX_PARAMETERS: positional-only, positional and
+    keyword-only parameters, not a method's self or cls, nor *args and **kwargs."""
+    methods = {id(f) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) for f in c.body if isinstance(f, FUNCTIONS)
+               and "staticmethod" not in {getattr(d, "id", None) for d in f.decorator_list}}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, FUNCTIONS):
+            named = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
+            count = len(named) - (id(node) in methods and bool(named) and named[0].arg in ("self", "cls"))
+            if count > MAX_PARAMETERS:
+                found.append((node.lineno, node.name, count))
+    return found
+
+
+def test_no_function_takes_more_than_six_parameters():
+    offenders = [f"{path.relative_to(REPO)}:{line} {name}: {count} parameters"
+                 for path in sources() for line, name, count in too_many_parameters(ast.parse(path.read_text()))]
+    assert not offenders, "more than six parameters (group them in a parameter object):\n" + "\n".join(offenders)
+
+
+def test_the_parameter_count_finds_what_it_is_for():
+    source = ("def seven(a, b, c, d, e, f, *, g): pass\n"
+              "def six(a, b, /, c, d, *args, e, f, **kwargs): pass\n"
+              "class Holder:\n"
+              "    def six(self, a, b, /, c, d, *args, e, f, **kwargs): pass\n"
+              "    @classmethod\n"
+              "    def also_six(cls, a, b, c, d, e, f): pass\n"
+              "    @staticmethod\n"
+              "    def seven(self, a, b, c, d, e, f): pass\n")
+    assert too_many_parameters(ast.parse(source)) == [(1, "seven", 7), (8, "seven", 7)]
 
 
 def test_only_the_tasks_module_branches_on_a_task_type():

@@ -9,7 +9,6 @@ submission.csv in the template's columns and order, scored against the held-out 
 
 import csv
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -25,48 +24,9 @@ import pytest
 
 from train_tpu.train import main as train_main
 
-from helpers import read_csv, write_csv
+from builders import SHAPES, read_csv, task_competition, write_csv
 
 REPO = Path(__file__).resolve().parents[1]
-DIGITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
-
-
-def digit_labels(value: int) -> str:
-    """Plant-Pathology-like label sets: parity always, 'big' from 5, 'loop' for digits drawn with a closed loop."""
-    labels = ["even" if value % 2 == 0 else "odd"]
-    if value >= 5:
-        labels.append("big")
-    if value in (0, 6, 8, 9):
-        labels.append("loop")
-    return " ".join(sorted(labels))
-
-
-SHAPES = {
-    # task: (id column, target column, target from the digit, template placeholder, extra columns)
-    "binary": ("image_name", "target", lambda d: str(int(d % 2 == 0)), "0.0"),
-    "multilabel": ("image", "labels", digit_labels, "even"),
-    "regression": ("Id", "Pawpularity", lambda d: str(10 * d), "0"),
-    "ordinal": ("id", "grade", str, "0"),  # the test-only fifth task below: digits as ordered grades 0..9
-}
-
-
-def task_competition(demo_dir: Path, root: Path, task: str) -> tuple[Path, list[dict]]:
-    """The demo's images under another competition's columns; returns (folder, held-out answers)."""
-    id_col, target_col, target, placeholder = SHAPES[task]
-    root.mkdir(parents=True)
-    for split in ("train", "test"):
-        os.symlink(demo_dir / split, root / split)
-    train = read_csv(demo_dir / "train.csv")
-    header = [id_col, "patient_id", target_col] if task == "binary" else [id_col, target_col]
-    rows = []
-    for k, row in enumerate(train):
-        value = target(DIGITS.index(row["label"]))
-        rows.append([row["id"], f"patient_{k // 3:04d}", value] if task == "binary" else [row["id"], value])
-    write_csv(root / "train.csv", header, rows)
-    solution = read_csv(demo_dir / "solution.csv")
-    write_csv(root / "sample_submission.csv", [id_col, target_col], [[r["id"], placeholder] for r in solution])
-    answers = [{"id": r["id"], "target": target(DIGITS.index(r["label"]))} for r in solution]
-    return root, answers
 
 
 def run_task(tmp_path: Path, demo_dir: Path, tiny_backbone: Path, task: str, *extra: str):
@@ -100,6 +60,7 @@ def run_task(tmp_path: Path, demo_dir: Path, tiny_backbone: Path, task: str, *ex
     return [r[target_col] for r in submission], answers, card
 
 
+@pytest.mark.e2e
 def test_binary_submission_is_a_probability_per_row_with_patients_kept_whole(tmp_path, demo_dir, tiny_backbone):
     from sklearn.metrics import roc_auc_score
 
@@ -115,7 +76,7 @@ def test_binary_submission_is_a_probability_per_row_with_patients_kept_whole(tmp
     manifest = json.loads((tmp_path / "records" / "manifest.json").read_text())
     assert manifest["split"]["grouped"] is True
     fold_of = {}  # every patient's images in one fold
-    from helpers import read_records
+    from builders import read_records
 
     for name in manifest["splits"]:
         if name.startswith("fold"):
@@ -128,6 +89,7 @@ def test_binary_submission_is_a_probability_per_row_with_patients_kept_whole(tmp
     assert all(len(folds) == 1 for folds in patients.values())
 
 
+@pytest.mark.e2e
 def test_multilabel_submission_is_known_labels_over_fold_thresholds(tmp_path, demo_dir, tiny_backbone):
     from sklearn.metrics import f1_score
     from sklearn.preprocessing import MultiLabelBinarizer
@@ -144,6 +106,7 @@ def test_multilabel_submission_is_known_labels_over_fold_thresholds(tmp_path, de
     assert samples_f1 >= 0.8, samples_f1
 
 
+@pytest.mark.e2e
 def test_regression_submission_is_the_value_with_the_scaling_in_the_export(tmp_path, demo_dir, tiny_backbone):
     values, answers, card = run_task(tmp_path, demo_dir, tiny_backbone, "regression", "train.epochs=20")
     predicted = np.array([float(v) for v in values])
@@ -184,6 +147,7 @@ def ordinal_task():
         weighted_classes=None, class_scores=parts.nothing)
 
 
+@pytest.mark.e2e
 def test_a_fifth_task_defined_in_a_test_alone_trains_and_predicts_end_to_end(tmp_path, demo_dir, tiny_backbone,
                                                                             monkeypatch):
     from common.tasks.types import TASKS as tasks

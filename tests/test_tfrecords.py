@@ -19,7 +19,7 @@ import pytest
 from tpu2gpu.cli import main
 from tpu2gpu.demo_data import CLASS_NAMES
 
-from helpers import image_bytes, read_csv, read_records, write_competition
+from builders import image_bytes, read_csv, read_records, write_competition
 
 
 def test_demo_round_trip(demo_dir, demo_records):
@@ -126,6 +126,7 @@ def test_every_bad_image_is_named_in_one_pass(tmp_path):
     assert _no_output_left(tmp_path / "out")
 
 
+@pytest.mark.e2e
 def test_skip_converts_the_rest_and_lists_the_bad_images(tmp_path, capsys):
     comp = write_competition(tmp_path / "comp", ["a", "b"] * 6)
     _break_three_images(comp)
@@ -209,6 +210,7 @@ def test_too_few_samples_for_the_folds(tmp_path):
     assert "data.folds=5 but the rarest class has 2 samples" in message
 
 
+@pytest.mark.e2e
 def test_cli_errors_are_one_line_and_exit_2(tmp_path, capsys):
     comp = write_competition(tmp_path / "comp", ["a", "b"] * 6)
     code = main(["tfrecords", "--competition", str(comp), "--out", str(tmp_path / "o"), "--set", "data.fold=2"])

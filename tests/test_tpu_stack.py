@@ -21,8 +21,9 @@ import pytest
 
 from tpu2gpu.build import build
 
-from helpers import FAKE_TPU_PINS as PINS
-from helpers import fake_wheel, offline, tensorflow_wheel, tpu_wheels
+from fake_kaggle import offline
+from fake_tpu import FAKE_TPU_PINS as PINS
+from fake_tpu import fake_wheel, tensorflow_wheel, tpu_wheels
 
 REPO = Path(__file__).resolve().parents[1]
 PROJECT = ["kaggle.owner=tester", "kaggle.competition=digit-comp", "kaggle.tpu_wheels=tpu-wheels",
@@ -118,6 +119,7 @@ def test_wheel_folder_checks_name_the_missing_and_the_corrupt(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------- real pip, fake wheels
+@pytest.mark.e2e
 def test_install_replaces_every_tensorflow_with_the_tpu_build(image_venv, tmp_path):
     python = fresh_copy(image_venv, tmp_path)
     assert distributions(python) == {"tensorflow": "2.21.0", "tensorflow-cpu": "2.20.0", "tf-keras": "2.21.0"}
@@ -133,6 +135,7 @@ def test_install_replaces_every_tensorflow_with_the_tpu_build(image_venv, tmp_pa
     assert built.stdout.strip() == "tensorflow-tpu"  # the TPU build's files survived the removal of the others
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("damage", ["missing", "corrupt", "other-python"])
 def test_a_bad_wheels_folder_leaves_the_image_untouched(image_venv, tmp_path, damage):
     python = fresh_copy(image_venv, tmp_path)
@@ -158,6 +161,7 @@ def test_a_bad_wheels_folder_leaves_the_image_untouched(image_venv, tmp_path, da
     assert distributions(python) == before
 
 
+@pytest.mark.e2e
 def test_the_kernel_installs_from_the_attached_wheels_and_runs_once_more(image_venv, tmp_path):
     """ensure_tpu_stack as the built kernel calls it: wheels found in the simulated /kaggle/input, installed, then
     the re-run interpreter (marked by the environment) checks the pins instead of installing again."""
@@ -202,6 +206,7 @@ print("exit", ensure_tpu_stack(cfg, rerun))
         "`tensorflow` package; must go)" in again.stderr
 
 
+@pytest.mark.e2e
 def test_the_online_route_downloads_the_pins_and_names_one_the_index_lacks(image_venv, tmp_path):
     """kaggle.train_internet=true and nothing attached: pip downloads exactly the pins (here from a local index,
     PIP_NO_INDEX + PIP_FIND_LINKS, the same pip code path as the package index), then installs as offline."""
@@ -244,6 +249,7 @@ def simulated_kaggle(tmp_path: Path, script: Path) -> tuple[Path, dict]:
     return kaggle, env
 
 
+@pytest.mark.e2e
 def test_tpu_kernel_without_a_route_names_both_before_reading_data(tmp_path):
     cfg = load_config(None, [*PROJECT, "kaggle.tpu_runtime=image"])  # builds; the kernel then finds no TPU build
     folders = build(cfg, tmp_path / "build")
@@ -263,6 +269,7 @@ def test_tpu_kernel_without_a_route_names_both_before_reading_data(tmp_path):
     assert "Traceback" not in run.stderr and "=== environment ===" not in run.stdout  # before TensorFlow and data
 
 
+@pytest.mark.e2e
 def test_missing_tf_keras_is_named_by_the_built_kernel(tmp_path):
     """A real environment with TensorFlow (and Keras 3) but no tf-keras: this project's packages minus tf_keras,
     seen by a bare venv through a .pth file."""
@@ -298,6 +305,7 @@ PYTHON_312 = os.environ.get("TPU2GPU_PYTHON312") or next(
     (str(p) for p in sorted(Path.home().glob(".pyenv/versions/3.12*/bin/python3.12"))), shutil.which("python3.12"))
 
 
+@pytest.mark.e2e
 @pytest.mark.tpu_image
 def test_the_real_tpu_stack_replaces_the_images_tensorflow_and_the_kernel_runs_again(tmp_path, demo_dir):
     """Kaggle's TPU image as far as it can exist here: Python 3.12 with tensorflow-cpu 2.20.0 (docker-python
@@ -351,6 +359,7 @@ def test_the_real_tpu_stack_replaces_the_images_tensorflow_and_the_kernel_runs_a
     assert listed.startswith("['tensorflow-hub', ") and "tensorflow-tpu" in listed and "tensorflow-cpu" not in listed
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("second_interpreter", ["exit", "abort"])
 def test_the_built_kernel_installs_and_hands_over_to_its_second_interpreter(image_venv, tmp_path, second_interpreter):
     """The built train.py on a simulated TPU VM: it installs the attached (stand-in) stack, runs itself again, and
@@ -392,6 +401,7 @@ def candidate_wheels(folder: Path) -> list[str]:
     return entries
 
 
+@pytest.mark.e2e
 def test_the_kernel_runs_on_the_first_tpu_stack_that_answers_and_names_every_try(image_venv, tmp_path):
     """The built train.py on a simulated TPU VM (ISTPUVM=1, no network): each candidate is installed from the attached
     wheels by real pip and probed in a child interpreter by the real probe (common/launch/probe_child.py). Only the
@@ -481,6 +491,7 @@ def test_candidates_parse_in_order_and_the_older_form_is_one_stack():
         parse_candidates(["streamexecutor: *"])
 
 
+@pytest.mark.e2e
 def test_the_pjrt_environment_points_at_the_installed_libtpu_and_a_stale_lock_is_removed(tmp_path):
     from common.launch.negotiation import clear_stale_lock
 
@@ -499,6 +510,7 @@ def test_the_pjrt_environment_points_at_the_installed_libtpu_and_a_stale_lock_is
     assert clear_stale_lock(lock) and not lock.exists() and not clear_stale_lock(lock)
 
 
+@pytest.mark.e2e
 def test_the_jax_route_gets_the_images_libtpu_back_after_the_tensorflow_tries(image_venv, tmp_path):
     """Under train.framework=auto a failed negotiation leaves the last try's libtpu installed; JAX needs the image's
     own, so the fallback puts it back from the attached wheels (real pip, --no-deps), and says so."""
@@ -528,6 +540,7 @@ restore_image_package("libtpu", "0.0.17", cfg)  # already the image's: nothing t
         in failed.stderr
 
 
+@pytest.mark.e2e
 def test_auto_trains_on_keras_jax_in_a_fresh_interpreter_when_no_installed_stack_answers(image_venv, tmp_path):
     """train.framework=auto with a Keras 3 backbone, on a simulated TPU VM whose image holds Keras 3 and JAX (stand-ins
     here: their metadata is what the kernel reads first): every TensorFlow candidate is installed and fails its probe,

@@ -60,6 +60,7 @@ def test_custom_loop_step_on_two_replicas_equals_the_single_device_step(plain_ba
         np.testing.assert_allclose(w2, w1, atol=1e-5)  # ... identically on one device and on two replicas
 
 
+@pytest.mark.e2e
 def test_train_export_reload_in_a_fresh_process(train_argv, tmp_path, monkeypatch):
     # As on a Kaggle TPU after the stack negotiation (common/launch/negotiation.py): the stack that answered is
     # recorded.
@@ -99,6 +100,7 @@ def test_train_export_reload_in_a_fresh_process(train_argv, tmp_path, monkeypatc
     np.testing.assert_allclose(batch["predictions"].sum(axis=1), 1.0, atol=1e-5)
 
 
+@pytest.mark.e2e
 def test_bfloat16_training_exports_a_float32_signature_and_says_which_part_ran_in_what(train_argv, tmp_path,
                                                                                        capsys):
     from common.export.census import saved_census
@@ -129,6 +131,7 @@ def test_bfloat16_training_exports_a_float32_signature_and_says_which_part_ran_i
     assert out.stdout.split() == ["uint8", "float32", "3", "10", "float32", "False"]
 
 
+@pytest.mark.e2e
 def test_a_killed_run_resumes_at_the_next_epoch(train_argv, tmp_path):
     argv = [sys.executable, "-m", "train_tpu.train", *train_argv("train.epochs=6", "train.steps_per_epoch=6")]
     progress = tmp_path / "out" / "work" / "fold0" / "checkpoints" / PROGRESS_NAME
@@ -180,6 +183,7 @@ def test_the_budget_cuts_only_an_epoch_that_has_a_next_one():
                                           "stopping after epoch 1 (the budget cuts this fold)")
 
 
+@pytest.mark.e2e
 def test_the_time_budget_cuts_a_fold_starts_no_fold_it_cannot_finish_and_inference_weighs_the_cut(
         train_argv, demo_dir, tmp_path, capsys):
     from infer_gpu.infer import main as infer_main
@@ -218,6 +222,7 @@ def test_the_time_budget_cuts_a_fold_starts_no_fold_it_cannot_finish_and_inferen
     assert "infer.cut_folds=include: weight 1.00" in capsys.readouterr().out
 
 
+@pytest.mark.e2e
 def test_an_interrupted_export_never_looks_complete(tiny_backbone, tmp_path, monkeypatch):
     cfg = load_config(None, [f"model.hub_handle={tiny_backbone}"])
     model = build_model(cfg.model, 3, 16)
@@ -247,6 +252,7 @@ def test_an_interrupted_export_never_looks_complete(tiny_backbone, tmp_path, mon
         load_export(partial)
 
 
+@pytest.mark.e2e
 def test_bad_inputs_name_the_value_and_the_fix(train_argv):
     with pytest.raises(ConfigError, match=r"model.num_classes=5 but the data has 10 classes .* model.num_classes=10"):
         train_main(train_argv("model.num_classes=5"))
@@ -256,10 +262,11 @@ def test_bad_inputs_name_the_value_and_the_fix(train_argv):
         train_main(train_argv("model.hub_handle=/missing/model"))
 
 
+@pytest.mark.e2e
 def test_all_folds_in_turn_give_out_of_fold_scores(tmp_path, tiny_backbone):
     from common.data.conversion import convert_competition
 
-    from helpers import write_competition
+    from builders import write_competition
 
     labels = ["cat", "dog", "emu"] * 12
     comp = write_competition(tmp_path / "comp", labels, size=16)
@@ -278,6 +285,7 @@ def test_all_folds_in_turn_give_out_of_fold_scores(tmp_path, tiny_backbone):
         assert read_card(tmp_path / "out" / "export" / f"fold{fold}").fold == fold
 
 
+@pytest.mark.e2e
 def test_the_best_epoch_is_exported_not_the_last(tmp_path, tiny_backbone):
     """Images whose colour gives the class, and a validation split labelled with the classes rotated: the better the
     model learns, the worse the validation log loss, so the first epoch is the best. The export must hold its
@@ -320,6 +328,7 @@ def test_the_best_epoch_is_exported_not_the_last(tmp_path, tiny_backbone):
     np.testing.assert_allclose(predictions, saved, atol=1e-6)
 
 
+@pytest.mark.e2e
 def test_ema_exports_the_optimisers_averaged_weights(demo_records, tiny_backbone, tmp_path):
     from common.data.records import record_set
     from common.training.fold import train_fold

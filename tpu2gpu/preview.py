@@ -14,7 +14,7 @@ def augment_preview(cfg, out_png: str | Path, rows: int = 4, cols: int = 6) -> l
     matplotlib.use("Agg")
     from common.core.errors import ConfigError
     from common.core.paths import resolve_data_path
-    from common.data.pipeline import make_train_dataset, read_ids_and_labels
+    from common.data.pipeline import InputShare, make_train_dataset, read_ids_and_labels
     from common.data.records import record_set
     from common.tasks.types import get_task
 
@@ -31,7 +31,7 @@ def augment_preview(cfg, out_png: str | Path, rows: int = 4, cols: int = 6) -> l
     def to_target(labels):
         return task.target(labels, len(records.class_names), scaling)
 
-    dataset = make_train_dataset(records.train_files, cfg.data, rows * cols, to_target, records.schema,
+    dataset = make_train_dataset(records.train_files, cfg.data, InputShare(rows * cols), to_target, records.schema,
                                  seed=cfg.train.seed)
     images, targets = (t.numpy() for t in next(iter(dataset)))
     titles = [task.describe_target(t, records.class_names, scaling) for t in targets]

@@ -24,27 +24,10 @@ from pathlib import Path
 
 import common  # noqa: F401  (TF_USE_LEGACY_KERAS before tensorflow)
 from common.core.config import config_to_dict, format_config, parse_kernel_args
-from common.core.errors import UserError
-from common.core.paths import output_dir, resolve_data_path, scratch_dir
-from common.core.platform import detect_platform
-from common.data.conversion import convert_competition
+from common.core.paths import output_dir, scratch_dir
 from common.data.records import has_manifest, read_manifest
+from common.data.sources import open_source
 from common.launch.kernel import guarded
-
-
-def locate_tfrecords(cfg, scratch: Path) -> str:
-    """runtime.tfrecords as given (path, gs:// or attached dataset), or runtime.competition_dir converted once into
-    the scratch folder (on Kaggle /kaggle/temp: gigabytes of records must not become kernel output)."""
-    needs_gcs = detect_platform().needs_gcs
-    if cfg.runtime.tfrecords:
-        return resolve_data_path(cfg.runtime.tfrecords, needs_gcs=needs_gcs, private=cfg.runtime.private_dataset)
-    if not cfg.runtime.competition_dir:
-        raise UserError("set runtime.tfrecords (TFRecords) or runtime.competition_dir (CSV + images) to the data")
-    records = scratch / "tfrecords"
-    if not has_manifest(records):  # a resumed run reuses its earlier conversion
-        competition = resolve_data_path(cfg.runtime.competition_dir)
-        convert_competition(competition, records, cfg.data, overwrite=True)
-    return str(records)
 
 
 def skipped_images(tfrecord_dir: str, export_root: Path) -> dict | None:
@@ -77,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     # ---- data
     out = output_dir(cfg.runtime.output_dir, "runs/train")
     scratch = scratch_dir(cfg.runtime.scratch_dir, out)
-    tfrecord_dir = locate_tfrecords(cfg, scratch)
+    tfrecord_dir = open_source(cfg).training_records(scratch)
 
     # ---- train and export each fold, as far as the time budget goes (common/training/budget.py)
     skipped = skipped_images(tfrecord_dir, out / "export")

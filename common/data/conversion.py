@@ -2,6 +2,7 @@
 common/data/records.py).
 
     manifest = convert_competition("data/demo", "data/demo-tfrec", cfg.data)   # what `tpu2gpu tfrecords` runs
+    manifest = convert_competition(CompetitionFolder(root, cfg.data), out, cfg.data)   # any SampleSource
 
 A competition folder holds a CSV of ids and labels, a folder of JPEG/PNG images and a test folder (ids from
 sample_submission.csv when there is one). Every image is checked first, in parallel and in one pass: a missing,
@@ -22,7 +23,7 @@ import os
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from common.core.atomic import staged_dir
@@ -39,7 +40,7 @@ from common.data.images import (
     write_bad_images,
 )
 from common.data.records import MANIFEST_FORMAT, MANIFEST_NAME, RecordSchema, schema_from_config, serialize_example
-from common.data.sources import Sample, read_test_samples, read_train_samples
+from common.data.samples import CompetitionFolder, Sample, SampleSource
 
 import numpy as np
 
@@ -113,47 +114,60 @@ def _label_summary(labels: list) -> dict:
     return {"label_counts": {str(k): counts[k] for k in sorted(counts)}}
 
 
-def _write_split(name: str, samples: list[Sample], facts: dict[Path, ImageFacts], out_dir: Path, data_cfg,
-                 schema: RecordSchema, pool: ThreadPoolExecutor) -> tuple[dict, set[str]]:
+@dataclass(frozen=True)
+class RecordWriting:
+    """How this conversion writes records: into out_dir, with the data settings and schema, from the checked images."""
+
+    out_dir: Path
+    data_cfg: object
+    schema: RecordSchema
+    facts: dict[Path, ImageFacts]
+    pool: ThreadPoolExecutor
+
+    def prepare(self, sample: Sample) -> tuple[bytes, str]:
+        """The bytes stored for a sample's image and their format."""
+        d = self.data_cfg
+        return prepare_image(sample.path, self.facts[sample.path], d.convert_size, d.reencode, d.jpeg_quality)
+
+
+def _write_split(name: str, samples: list[Sample], writing: RecordWriting) -> tuple[dict, set[str]]:
     import tensorflow as tf
 
-    def prepare(sample: Sample) -> tuple[bytes, str]:
-        return prepare_image(sample.path, facts[sample.path], data_cfg.convert_size, data_cfg.reencode,
-                             data_cfg.jpeg_quality)
-
-    n_shards = shard_count(len(samples), _stored_bytes(samples, prepare, data_cfg, pool), data_cfg.shard_target_mb)
+    stored = _stored_bytes(samples, writing.prepare, writing.data_cfg, writing.pool)
+    n_shards = shard_count(len(samples), stored, writing.data_cfg.shard_target_mb)
     shards, formats, done = [], set(), 0
     for index, chunk in enumerate(np.array_split(np.arange(len(samples)), n_shards)):
         file_name = f"{name}-{index:03d}-n{len(chunk)}.tfrec"
         chunk_samples = [samples[i] for i in chunk]
-        with tf.io.TFRecordWriter(str(out_dir / file_name)) as writer:
-            for sample, (image_bytes, fmt) in zip(chunk_samples, pool.map(prepare, chunk_samples), strict=True):
-                writer.write(serialize_example(image_bytes, sample.id, sample.label, schema))
+        with tf.io.TFRecordWriter(str(writing.out_dir / file_name)) as writer:
+            prepared = writing.pool.map(writing.prepare, chunk_samples)
+            for sample, (image_bytes, fmt) in zip(chunk_samples, prepared, strict=True):
+                writer.write(serialize_example(image_bytes, sample.id, sample.label, writing.schema))
                 formats.add(fmt)
         progress(name, done + len(chunk), len(samples), done)
         done += len(chunk)
-        shards.append({"file": file_name, "count": len(chunk), "bytes": (out_dir / file_name).stat().st_size})
+        shards.append({"file": file_name, "count": len(chunk), "bytes": (writing.out_dir / file_name).stat().st_size})
     split = {"count": len(samples), "shards": shards}
     split.update(_label_summary([s.label for s in samples if s.label is not None]))
     return split, formats
 
 
-def _write_splits(by_split: dict[str, list[Sample]], facts: dict[Path, ImageFacts], out_dir: Path, data_cfg,
-                  schema: RecordSchema, pool: ThreadPoolExecutor) -> tuple[dict, set[str]]:
+def _write_splits(by_split: dict[str, list[Sample]], writing: RecordWriting) -> tuple[dict, set[str]]:
     """Every split's shards: ({split: its count, shards and labels}, the image formats stored)."""
     splits, formats = {}, set()
     for name, split_samples in by_split.items():
-        splits[name], split_formats = _write_split(name, split_samples, facts, out_dir, data_cfg, schema, pool)
+        splits[name], split_formats = _write_split(name, split_samples, writing)
         formats |= split_formats
     return splits, formats
 
 
 # ------------------------------------------------------------------------------------------------------ conversion
-def _check_folders(comp_dir: Path, out_dir: Path, overwrite: bool) -> None:
+def _check_folders(source: SampleSource, out_dir: Path, overwrite: bool) -> None:
     if out_dir.exists() and not overwrite:
         raise DataError(f"{out_dir} already exists. Fix: pass --overwrite to replace it, or choose another --out")
-    if not comp_dir.is_dir():
-        raise DataError(f"competition folder {comp_dir} does not exist")
+    root = getattr(source, "root", None)
+    if root is not None and not Path(root).is_dir():
+        raise DataError(f"competition folder {root} does not exist")
 
 
 def _by_split(samples: list[Sample], split_of: list[str], test_samples: list[Sample],
@@ -169,37 +183,51 @@ def _by_split(samples: list[Sample], split_of: list[str], test_samples: list[Sam
     return by_split
 
 
-def _manifest(comp_dir: Path, data_cfg, schema: RecordSchema, class_names: list[str], label_type: str,
-              split_info: dict, splits: dict, formats: set[str], geometries: set[str], bad: list) -> dict:
+@dataclass(frozen=True)
+class Converted:
+    """What a conversion read and wrote: the facts its manifest records."""
+
+    class_names: list[str]
+    label_type: str
+    split_info: dict
+    splits: dict
+    formats: set[str]
+    geometries: set[str]
+    bad: list
+
+
+def _manifest(source: SampleSource, data_cfg, schema: RecordSchema, converted: Converted) -> dict:
     """manifest.json: what the records hold and where they came from."""
     return {
         "format": MANIFEST_FORMAT,
         "schema": asdict(schema),
-        "image_formats": sorted(formats),
+        "image_formats": sorted(converted.formats),
         "image_size": data_cfg.convert_size or None,  # None: images kept at their own sizes
-        "source_images": source_images(geometries),
+        "source_images": source_images(converted.geometries),
         "task": data_cfg.task,
-        "class_names": class_names,
-        "label_type": label_type,
-        "split": split_info,
-        "splits": splits,
-        "skipped": skipped_summary(bad),
-        "source": {"competition_dir": str(comp_dir), "train_csv": data_cfg.train_csv,
-                   "id_column": data_cfg.id_column, "label_column": data_cfg.label_column,
-                   "label_columns": list(data_cfg.label_columns), "group_column": data_cfg.group_column},
+        "class_names": converted.class_names,
+        "label_type": converted.label_type,
+        "split": converted.split_info,
+        "splits": converted.splits,
+        "skipped": skipped_summary(converted.bad),
+        "source": source.provenance(),
         "complete": True,
     }
 
 
-def convert_competition(comp_dir: str | Path, out_dir: str | Path, data_cfg, overwrite: bool = False) -> dict:
-    """Convert a Kaggle-style competition folder into sharded TFRecords + manifest (see the module doc)."""
-    comp_dir, out_dir = Path(comp_dir), Path(out_dir)
-    _check_folders(comp_dir, out_dir, overwrite)
+def convert_competition(source: SampleSource | str | Path, out_dir: str | Path, data_cfg,
+                        overwrite: bool = False) -> dict:
+    """Convert a source of samples (a competition folder, given as a path or a CompetitionFolder) into sharded
+    TFRecords + manifest (see the module doc)."""
+    if not hasattr(source, "train_samples"):
+        source = CompetitionFolder(Path(source), data_cfg)
+    out_dir = Path(out_dir)
+    _check_folders(source, out_dir, overwrite)
     from common.tasks.types import get_task
 
     task = get_task(data_cfg.task)
-    samples, class_names, label_type = read_train_samples(comp_dir, data_cfg)
-    test_samples = read_test_samples(comp_dir, data_cfg)
+    samples, class_names, label_type = source.train_samples()
+    test_samples = source.test_samples()
     # Pillow releases the GIL while decoding and encoding, so threads use every core.
     with ThreadPoolExecutor(max_workers=data_cfg.workers or os.cpu_count() or 1) as pool:
         facts, bad = check_images({"train": samples, "test": test_samples}, data_cfg, pool)
@@ -208,10 +236,11 @@ def convert_competition(comp_dir: str | Path, out_dir: str | Path, data_cfg, ove
         by_split = _by_split(samples, split_of, test_samples, data_cfg.split_seed)
         schema = schema_from_config(data_cfg, len(class_names))
         with staged_dir(out_dir, overwrite=overwrite) as tmp:
-            splits, formats = _write_splits(by_split, facts, tmp, data_cfg, schema, pool)
+            splits, formats = _write_splits(by_split, RecordWriting(tmp, data_cfg, schema, facts, pool))
             if bad:
                 write_bad_images(tmp / BAD_IMAGES_NAME, bad)
-            manifest = _manifest(comp_dir, data_cfg, schema, class_names, label_type, split_info, splits, formats,
-                                 {facts[s.path].geometry for s in samples}, bad)
+            converted = Converted(class_names, label_type, split_info, splits, formats,
+                                  {facts[s.path].geometry for s in samples}, bad)
+            manifest = _manifest(source, data_cfg, schema, converted)
             (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")  # last: it marks completeness
     return manifest

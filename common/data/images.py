@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.core.errors import DataError
-from common.data.sources import IMAGE_SUFFIXES, Sample
+from common.data.samples import IMAGE_SUFFIXES, Sample
 
 BAD_IMAGES_NAME = "bad_images.csv"
 

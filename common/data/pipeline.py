@@ -2,9 +2,9 @@
 
     parse_record -> decode_image (JPEG/PNG -> uint8 [S, S, 3]) -> augment (training only) -> batch -> prefetch
 
-    train = make_train_dataset(train_files, cfg.data, global_batch, to_target)      # endless, shuffled, augmented
+    train = make_train_dataset(train_files, cfg.data, InputShare(global_batch), to_target)   # endless, shuffled
     train = strategy.distribute_datasets_from_function(
-        lambda ctx: make_train_dataset(train_files, cfg.data, global_batch, to_target, input_context=ctx))
+        lambda ctx: make_train_dataset(train_files, cfg.data, InputShare(global_batch, ctx), to_target))
     test = make_eval_dataset(test_files, schema, cfg.data.image_size, 256, labeled=False)  # ordered, every id once
 
 Images stay uint8 to the model: 4x less host-to-TPU traffic than float32, and exactly what the exported serving
@@ -14,6 +14,7 @@ signature takes; normalisation happens inside the model graph.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from common.core.errors import ConfigError, DataError
 from common.data.records import RecordSchema, schema_from_config
@@ -221,27 +222,43 @@ def _check_files(files) -> list[str]:
     return files
 
 
-def make_train_dataset(files, data_cfg, batch_size: int, to_target=None, schema: RecordSchema | None = None,
-                       input_context: tf.distribute.InputContext | None = None,
+@dataclass(frozen=True)
+class InputShare:
+    """How one training input pipeline shares the input: the global batch, and its tf.distribute input context."""
+
+    global_batch: int
+    context: tf.distribute.InputContext | None = None  # from distribute_datasets_from_function; None: the only reader
+
+    @property
+    def batch_size(self) -> int:
+        """The batch this pipeline makes: per replica with an input context, else the global batch."""
+        return self.global_batch if self.context is None else self.context.get_per_replica_batch_size(self.global_batch)
+
+    @property
+    def pipelines(self) -> tuple[int, int]:
+        """(input pipelines sharing the files, this one's index); (1, 0) for the only reader."""
+        return (1, 0) if self.context is None else (self.context.num_input_pipelines, self.context.input_pipeline_id)
+
+
+def make_train_dataset(files, data_cfg, share: InputShare, to_target=None, schema: RecordSchema | None = None,
                        seed: int | None = None) -> tf.data.Dataset:
     """Endless (image uint8 [B,S,S,3], target) batches: parallel non-deterministic reads, shuffled, augmented.
 
     to_target maps a batch of labels to the loss's targets (a task.target from common/tasks/types.py); None keeps the
-    labels. batch_size is the global batch; with an input_context (distribute_datasets_from_function) each input
+    labels. share holds the global batch; with an input context (distribute_datasets_from_function) each input
     pipeline reads its share of the files and batches per replica. schema defaults to the config's."""
     files = _check_files(files)
     check_mixing(data_cfg)
     schema = schema or schema_from_config(data_cfg)
+    (pipelines, index), batch_size = share.pipelines, share.batch_size
     records = tf.data.Dataset.from_tensor_slices(files)
-    if input_context is not None:
-        batch_size = input_context.get_per_replica_batch_size(batch_size)
-        if input_context.num_input_pipelines > 1 and len(files) >= input_context.num_input_pipelines:
-            records = records.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+    if 1 < pipelines <= len(files):  # enough files: each pipeline reads its own
+        records = records.shard(pipelines, index)
     records = records.shuffle(len(files), seed=seed)
     records = records.interleave(tf.data.TFRecordDataset, cycle_length=min(len(files), 16),
                                  num_parallel_calls=AUTOTUNE, deterministic=False)
-    if input_context is not None and input_context.num_input_pipelines > len(files):
-        records = records.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+    if pipelines > len(files):  # fewer files than pipelines: each reads every file and keeps its share of records
+        records = records.shard(pipelines, index)
     # Shuffle serialized records (small) before decoding (large); repeat after, so epochs blend smoothly.
     records = records.shuffle(data_cfg.shuffle_buffer, seed=seed).repeat()
 

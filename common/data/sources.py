@@ -1,134 +1,136 @@
-"""Where a competition's samples come from: the competition folder (a CSV of ids and labels, an image folder), read
-the same way by the conversion (training and test samples) and by the inference kernel (the test images of the
-submission's ids).
+"""Where a kernel's data comes from. Two kinds of source answer the same two questions: which TFRecords the training
+kernel trains on, and which test batches the inference kernel predicts.
 
-    samples, class_names, label_type = read_train_samples(comp_dir, cfg.data)
-    test = read_test_samples(comp_dir, cfg.data)                 # in sample_submission.csv's order
-    paths = find_test_images(image_dir, template.ids, csv_name)  # the inference kernel: one image per id, or an error
+    source = open_source(cfg)                         # runtime.tfrecords, else runtime.competition_dir
+    tfrecord_dir = source.training_records(scratch)   # the training kernel
+    batches = source.test_batches(card, template, cfg.infer)   # the inference kernel: {'image', 'id'} batches
+
+- CompetitionSource: a competition folder (CSV + images, common/data/samples.py). Training converts it once into the
+  scratch folder through the same samples the conversion reads; inference reads its test images through them too.
+- RecordSource: TFRecords (a `tpu2gpu tfrecords` folder with its manifest, or files matched by data.train_files /
+  data.test_files), local, attached on Kaggle, or gs://.
+
+A new kind of data is a class with these two methods and a line in open_source (or, for images with labels in
+another layout, a SampleSource that CompetitionSource's conversion reads).
 """
 
 from __future__ import annotations
 
-import csv
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
-from common.core.errors import DataError
+from common.core.errors import DataError, UserError
+from common.core.paths import resolve_data_path
+from common.data.samples import CompetitionFolder
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+
+class Source(Protocol):
+    """What the kernels ask of their data."""
+
+    def training_records(self, scratch: Path) -> str:
+        """The folder (or gs:// URL) of the TFRecords to train on."""
+        ...
+
+    def test_batches(self, card, template, infer_cfg):
+        """tf.data batches of {'image', 'id'} at the card's image size, every template id exactly once."""
+        ...
+
+
+def open_source(cfg) -> Source:
+    """runtime.tfrecords when set, else runtime.competition_dir: the one place that chooses."""
+    from common.core.platform import detect_platform
+
+    if cfg.runtime.tfrecords:
+        root = resolve_data_path(cfg.runtime.tfrecords, needs_gcs=detect_platform().needs_gcs,
+                                 private=cfg.runtime.private_dataset)
+        return RecordSource(root, cfg.data)
+    if cfg.runtime.competition_dir:
+        return CompetitionSource(CompetitionFolder(Path(resolve_data_path(cfg.runtime.competition_dir)), cfg.data))
+    raise UserError("set runtime.tfrecords (TFRecords) or runtime.competition_dir (CSV + images) to the data")
 
 
 @dataclass(frozen=True)
-class Sample:
-    id: str
-    path: Path | None  # None: no image file for this id
-    source: str  # "train.csv line 7" -- named in every error about this sample
-    label: int | float | list | None = None  # in the task's label form (common/tasks/types.py)
-    group: str = ""  # data.group_column
+class CompetitionSource:
+    folder: CompetitionFolder
+
+    def training_records(self, scratch: Path) -> str:
+        """Converted once into scratch/tfrecords (on Kaggle /kaggle/temp: gigabytes of records must not become kernel
+        output); a resumed run reuses its earlier conversion."""
+        from common.data.conversion import convert_competition
+        from common.data.records import has_manifest
+
+        records = scratch / "tfrecords"
+        if not has_manifest(records):
+            convert_competition(self.folder, records, self.folder.data_cfg, overwrite=True)
+        return str(records)
+
+    def test_batches(self, card, template, infer_cfg):
+        from common.data.pipeline import make_image_file_dataset
+
+        paths = self.folder.test_images(template.ids, self.folder.data_cfg.test_csv)
+        if infer_cfg.check_images != "off":
+            unlike = check_test_images(paths, card, strict=infer_cfg.check_images == "strict")
+            if unlike:
+                print(f"[infer] warning: {sum(unlike.values())} of {len(paths)} test images differ from the training "
+                      f"images ({', '.join(f'{n} x {kind}' for kind, n in unlike.most_common(5))}); the pipeline "
+                      "resizes and converts them to RGB. infer.check_images=strict refuses them", flush=True)
+        return make_image_file_dataset(paths, template.ids, card.image_size, infer_cfg.batch_size)
 
 
-def read_csv_columns(csv_path: Path, columns: dict[str, str]) -> list[tuple[int, dict]]:
-    """Rows of a CSV as (line number, row); a missing column (given as {column: its config key}) is an error listing
-    the columns there are."""
-    if not csv_path.is_file():
-        raise DataError(f"{csv_path} does not exist. Fix: set data.train_csv / data.test_csv or the competition folder")
-    with csv_path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        header = reader.fieldnames or []
-        for column, key in columns.items():
-            if column not in header:
-                raise DataError(f"{csv_path.name} has no column '{column}' (columns: {', '.join(header)}). "
-                                f"Fix: --set {key}=<one of those>")
-        rows = [(line, row) for line, row in enumerate(reader, start=2)]
-    if not rows:
-        raise DataError(f"{csv_path} has a header but no rows")
-    return rows
+@dataclass(frozen=True)
+class RecordSource:
+    root: str
+    data_cfg: object
+
+    def training_records(self, scratch: Path) -> str:
+        return self.root
+
+    def test_batches(self, card, template, infer_cfg):
+        from common.data.pipeline import make_eval_dataset, read_ids_and_labels
+        from common.data.records import RecordSchema, glob_files, has_manifest, read_manifest, shard_paths
+
+        files = (shard_paths(read_manifest(self.root), self.root, ["test"]) if has_manifest(self.root)
+                 else glob_files(self.root, self.data_cfg.test_files))
+        schema = RecordSchema(**card.record_schema)
+        check_record_ids(read_ids_and_labels(files, schema, labeled=False)[0], template.ids, self.data_cfg.test_csv)
+        return make_eval_dataset(files, schema, card.image_size, infer_cfg.batch_size, labeled=False)
 
 
-def read_train_samples(comp_dir: Path, data_cfg) -> tuple[list[Sample], list[str], str]:
-    """The labelled rows of train.csv with their images (None where there is no file: check_images reports it), labels
-    in the task's form, class names and label type."""
-    from common.tasks.types import get_task
+def check_test_images(paths: list[Path], card, strict: bool = False) -> Counter:
+    """Test images unlike the training images (card source_images: colour modes, and the size when they all had
+    one): counted by kind and returned, or (strict) the first refused with its name. Reads headers only. The pipeline
+    resizes and converts every image anyway; in a code competition the hidden test set is only seen at scoring,
+    where one odd image must not fail the submission, hence counting by default."""
+    from PIL import Image
 
-    task = get_task(data_cfg.task)
-    csv_path = comp_dir / data_cfg.train_csv
-    label_columns = list(data_cfg.label_columns)
-    if label_columns and not task.label_set:
-        raise DataError(f"data.label_columns is for data.task=multilabel (one 0/1 column per class), not {task.name}. "
-                        "Fix: data.label_column for one label column")
-    columns = {data_cfg.id_column: "data.id_column"}
-    columns.update({c: "data.label_columns" for c in label_columns} or {data_cfg.label_column: "data.label_column"})
-    if data_cfg.group_column:
-        columns[data_cfg.group_column] = "data.group_column"
-    rows = read_csv_columns(csv_path, columns)
-    image_dir = comp_dir / data_cfg.train_images
-    index = index_images(image_dir)
-    raw, sources = [], []
-    for line, row in rows:
-        source = f"{csv_path.name} line {line} (id '{row[data_cfg.id_column]}')"
-        if label_columns:  # one 0/1 column per class -> the space-separated form
-            value = " ".join(c for c in label_columns if (row[c] or "").strip() in ("1", "1.0", "True", "true"))
-        else:
-            value = (row[data_cfg.label_column] or "").strip()
-            if not value and not task.label_set:  # an empty set of labels is a row with no label on
-                raise DataError(f"{source}: empty label in column '{data_cfg.label_column}'")
-        raw.append(value)
-        sources.append(source)
-    labels, names, label_type = task.encode(raw, sources, label_columns or list(data_cfg.class_names))
-    samples = []
-    seen: dict[str, int] = {}
-    for (line, row), label in zip(rows, labels, strict=True):
-        sample_id = row[data_cfg.id_column].strip()
-        source = f"{csv_path.name} line {line}"
-        if sample_id in seen:
-            raise DataError(f"{source}: id '{sample_id}' already appears on line {seen[sample_id]}")
-        seen[sample_id] = line
-        group = (row[data_cfg.group_column] or "").strip() if data_cfg.group_column else ""
-        samples.append(Sample(sample_id, index.get(sample_id), source, label, group))
-    return samples, names, label_type
+    expected = card.source_images or {}
+    modes, sizes = set(expected.get("modes") or []), expected.get("sizes")
+    unlike: Counter = Counter()
+    for path in paths:
+        with Image.open(path) as img:
+            size, mode = f"{img.width}x{img.height}", img.mode
+        if (modes and mode not in modes) or (sizes and size not in sizes):
+            if strict:
+                raise DataError(
+                    f"test image {path} is {size} {mode}, but the model was trained on "
+                    f"{'/'.join(sizes or ['any size'])} {'/'.join(sorted(modes))} images (model_card.json "
+                    "source_images). Fix: give test images prepared like the training images, or set "
+                    "infer.check_images=warn to let the pipeline resize and convert them to RGB anyway")
+            unlike[f"{size} {mode}"] += 1
+    return unlike
 
 
-def read_test_samples(comp_dir: Path, data_cfg) -> list[Sample]:
-    """Test ids in the order of sample_submission.csv when it exists, else the sorted test folder."""
-    image_dir = comp_dir / data_cfg.test_images
-    if not image_dir.is_dir():
-        return []
-    index = index_images(image_dir)
-    csv_path = comp_dir / data_cfg.test_csv
-    if csv_path.is_file():
-        rows = read_csv_columns(csv_path, {data_cfg.id_column: "data.id_column"})
-        ids = [(row[data_cfg.id_column].strip(), f"{csv_path.name} line {line}") for line, row in rows]
-    else:
-        ids = sorted({(p.stem, f"{image_dir.name}/{p.name}") for p in index.values()})
-    first: dict[str, str] = {}
-    for sample_id, source in ids:  # one record per test id: a submission has one row per id
-        if sample_id in first:
-            raise DataError(f"{source}: test id '{sample_id}' already comes from {first[sample_id]}. Fix: remove the "
-                            "duplicate row, or keep one image per id")
-        first[sample_id] = source
-    return [Sample(i, index.get(i), source) for i, source in ids]
-
-
-
-def index_images(image_dir: Path) -> dict[str, Path]:
-    """file name and stem -> path, for the images directly inside image_dir (a competition's train/ or test/)."""
-    if not image_dir.is_dir():
-        raise DataError(f"image folder {image_dir} does not exist. Fix: set data.train_images / data.test_images")
-    index: dict[str, Path] = {}
-    for path in sorted(image_dir.iterdir()):
-        if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file():
-            index.setdefault(path.name, path)
-            index.setdefault(path.stem, path)
-    if not index:
-        raise DataError(f"image folder {image_dir} holds no {'/'.join(IMAGE_SUFFIXES)} images")
-    return index
-
-
-def find_test_images(image_dir: Path, ids: list[str], csv_name: str) -> list[Path]:
-    """The image of each id (its file name or stem) in image_dir, in the order of ids; every id must have one."""
-    index = index_images(image_dir)
-    missing = [i for i in ids if i not in index]
+def check_record_ids(ids_in_records: list[str], template_ids: list[str], csv_name: str) -> None:
+    """Every template id in the test records, and none twice."""
+    counts = Counter(ids_in_records)
+    missing = [i for i in template_ids if i not in counts]
     if missing:
-        raise DataError(f"{len(missing)} test id(s) of {csv_name} have no image in {image_dir}, e.g. '{missing[0]}' "
-                        f"(tried {'|'.join(IMAGE_SUFFIXES)}). Fix: check data.test_images and data.id_column")
-    return [index[i] for i in ids]
+        raise DataError(f"{len(missing)} test id(s) of {csv_name} are missing from the test records, e.g. "
+                        f"'{missing[0]}'. Fix: attach the complete test TFRecords (a conversion with "
+                        "data.on_bad_image=skip leaves bad test images out: its bad_images.csv lists them), or check "
+                        "data.id_feature")
+    repeated = [i for i, n in counts.items() if n > 1]
+    if repeated:
+        raise DataError(f"test id '{repeated[0]}' appears {counts[repeated[0]]} times in the test records")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import csv
 import math
 import os
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,44 +58,6 @@ def check_template_classes(template: SubmissionTemplate, task: Task, class_names
                             "competition or label set")
         return
     task.check_template_values(template.label_values, class_names, template.label_column, csv_name)
-
-
-def check_test_images(paths: list[Path], card, strict: bool = False) -> Counter:
-    """Test images unlike the training images (card source_images: colour modes, and the size when they all had
-    one): counted by kind and returned, or (strict) the first refused with its name. Reads headers only. The pipeline
-    resizes and converts every image anyway; in a code competition the hidden test set is only seen at scoring,
-    where one odd image must not fail the submission, hence counting by default."""
-    from PIL import Image
-
-    expected = card.source_images or {}
-    modes, sizes = set(expected.get("modes") or []), expected.get("sizes")
-    unlike: Counter = Counter()
-    for path in paths:
-        with Image.open(path) as img:
-            size, mode = f"{img.width}x{img.height}", img.mode
-        if (modes and mode not in modes) or (sizes and size not in sizes):
-            if strict:
-                raise DataError(
-                    f"test image {path} is {size} {mode}, but the model was trained on "
-                    f"{'/'.join(sizes or ['any size'])} {'/'.join(sorted(modes))} images (model_card.json "
-                    "source_images). Fix: give test images prepared like the training images, or set "
-                    "infer.check_images=warn to let the pipeline resize and convert them to RGB anyway")
-            unlike[f"{size} {mode}"] += 1
-    return unlike
-
-
-def check_record_ids(ids_in_records: list[str], template_ids: list[str], csv_name: str) -> None:
-    """Every template id in the test records, and none twice."""
-    counts = Counter(ids_in_records)
-    missing = [i for i in template_ids if i not in counts]
-    if missing:
-        raise DataError(f"{len(missing)} test id(s) of {csv_name} are missing from the test records, e.g. "
-                        f"'{missing[0]}'. Fix: attach the complete test TFRecords (a conversion with "
-                        "data.on_bad_image=skip leaves bad test images out: its bad_images.csv lists them), or check "
-                        "data.id_feature")
-    repeated = [i for i, n in counts.items() if n > 1]
-    if repeated:
-        raise DataError(f"test id '{repeated[0]}' appears {counts[repeated[0]]} times in the test records")
 
 
 # ------------------------------------------------------------------------------------------------------- submission

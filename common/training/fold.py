@@ -20,13 +20,14 @@ import csv
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from common.core.errors import DataError
-from common.data.pipeline import make_train_dataset, read_ids_and_labels
+from common.data.pipeline import InputShare, make_train_dataset, read_ids_and_labels
 from common.tasks.parts import is_better
-from common.training.backends.base import Backend
+from common.training.backends.base import Backend, EpochLoop
 from common.training.budget import cut_message, cuts_after
 from common.training.plan import FoldPlan, needs_train_labels, plan_fold
 
@@ -41,6 +42,22 @@ class Validation:
     ids: list[str]
     labels: np.ndarray  # in the task's label form
     predictions: np.ndarray | None = None  # in value space: probabilities, or de-standardised values
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """What each epoch is scored on: the validation fold, and a call that predicts it with the weights held now."""
+
+    validation: Validation
+    predict: Callable[[], np.ndarray]  # raw model outputs for the validation records, in order
+
+
+@dataclass(frozen=True)
+class FoldWork:
+    """A fold's working folder (checkpoints, history, the best epoch) and the epochs its checkpoint already holds."""
+
+    folder: Path
+    initial_epoch: int
 
 
 @dataclass
@@ -97,18 +114,18 @@ class History:
 class EpochMonitor:
     """The fold's one epoch-end owner (see the module docstring for the order of what it does)."""
 
-    def __init__(self, cfg, plan: FoldPlan, backend, work_dir: Path, validation: Validation, predict_val,
-                 deadline: float, initial_epoch: int):
+    def __init__(self, cfg, plan: FoldPlan, backend, scoring: Scoring, work: FoldWork, deadline: float):
         import tensorflow as tf
 
-        self.plan, self.backend, self.work_dir, self.predict_val = plan, backend, Path(work_dir), predict_val
-        self.validation, self.deadline = validation, deadline
+        self.plan, self.backend, self.deadline = plan, backend, deadline
+        self.validation, self.predict_val, self.work_dir = scoring.validation, scoring.predict, Path(work.folder)
         self.keep_best, self.patience = cfg.train.keep == "best", cfg.train.early_stopping
-        self.targets = plan.task.target(tf.constant(validation.labels), len(plan.class_names), plan.scaling).numpy()
+        labels = tf.constant(self.validation.labels)
+        self.targets = plan.task.target(labels, len(plan.class_names), plan.scaling).numpy()
         self.loss = plan.task.loss(cfg.train.label_smoothing, ops=backend.ops)
         state = self.work_dir / BEST_NAME
         self.best = json.loads(state.read_text()) if state.is_file() else {"epoch": 0, "value": None}
-        self.history = History(self.work_dir / "history.csv", initial_epoch)
+        self.history = History(self.work_dir / "history.csv", work.initial_epoch)
         self.seconds: list[float] = []
         self.cut = False
         self.steps = backend.optimizer_steps()  # restored with the checkpoint
@@ -226,12 +243,14 @@ def train_fold(cfg, backend, records, work_dir: Path, deadline: float) -> FoldRe
     def to_target(labels):
         return plan.task.target(labels, len(plan.class_names), plan.scaling)
 
-    monitor = EpochMonitor(cfg, plan, backend, work_dir, validation, predict_val, deadline, initial_epoch)
+    monitor = EpochMonitor(cfg, plan, backend, Scoring(validation, predict_val), FoldWork(work_dir, initial_epoch),
+                           deadline)
     if initial_epoch < plan.epochs:
         data = backend.distribute(lambda ctx: make_train_dataset(
-            records.train_files, cfg.data, plan.global_batch, to_target, records.schema, input_context=ctx,
+            records.train_files, cfg.data, InputShare(plan.global_batch, ctx), to_target, records.schema,
             seed=cfg.train.seed))
-        backend.fit(data, plan, initial_epoch, monitor.epoch_begin, monitor.epoch_end)
+        backend.fit(data, EpochLoop(plan.epochs, initial_epoch, plan.steps_per_epoch, monitor.epoch_begin,
+                                    monitor.epoch_end))
     best_epoch, outputs = restore_best(backend, monitor, predict_val)
     validation.predictions = plan.to_values(outputs)
     epochs_done = initial_epoch + len(monitor.seconds)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from common.core.errors import UserError
@@ -21,6 +22,21 @@ from common.export.card import read_card
 from common.training.budget import FoldTiming, estimate_fold_seconds, export_reserve_seconds, should_start
 from common.training.finish import export_fold, out_of_fold_scores
 from common.training.fold import epochs_checkpointed, train_fold
+
+
+@dataclass(frozen=True)
+class FoldJob:
+    """One fold to train: which fold of the TFRecords, the folder it works in and the one it exports to."""
+
+    fold: int
+    tfrecord_dir: str
+    work: Path  # checkpoints, history and the best epoch, until the export
+    export_dir: Path
+
+    @classmethod
+    def of(cls, fold: int, tfrecord_dir: str, out: Path, scratch: Path) -> FoldJob:
+        """Fold `fold`, working in scratch/work/fold<k> and exporting to out/export/fold<k>."""
+        return cls(fold, tfrecord_dir, scratch / "work" / f"fold{fold}", out / "export" / f"fold{fold}")
 
 
 def folds_to_train(cfg, tfrecord_dir: str) -> list[int]:
@@ -38,15 +54,14 @@ def exported_metrics(export_dir: Path) -> dict | None:
         return None
 
 
-def train_and_export(cfg, backend, tfrecord_dir: str, fold: int, work: Path, export_dir: Path,
-                     deadline: float) -> tuple[dict, FoldTiming | None]:
+def train_and_export(cfg, backend, job: FoldJob, deadline: float) -> tuple[dict, FoldTiming | None]:
     """One fold trained and exported: (its card's metrics, where its time went; None when it ran no epoch)."""
     started = time.monotonic()
-    records = record_set(tfrecord_dir, cfg.data, fold)
-    result = train_fold(cfg, backend, records, work, deadline)
+    records = record_set(job.tfrecord_dir, cfg.data, job.fold)
+    result = train_fold(cfg, backend, records, job.work, deadline)
     trained = time.monotonic()
-    card = export_fold(cfg, result, records, fold, export_dir)
-    shutil.rmtree(work / "checkpoints", ignore_errors=True)  # exported: the checkpoints have served
+    card = export_fold(cfg, result, records, job.fold, job.export_dir)
+    shutil.rmtree(job.work / "checkpoints", ignore_errors=True)  # exported: the checkpoints have served
     if not result.epoch_seconds:  # resumed after its last epoch: nothing measured, the last estimate stands
         return card.metrics, None
     return card.metrics, FoldTiming(trained - started - sum(result.epoch_seconds), result.epoch_seconds,
@@ -57,13 +72,13 @@ def train_folds(cfg, backend, tfrecord_dir: str, out: Path, scratch: Path, deadl
     """Every fold to train, in turn: {"folds": {name: metrics}, "not_started": [fold, ...]}."""
     report, last, why = {"folds": {}, "not_started": []}, None, ""
     for fold in folds_to_train(cfg, tfrecord_dir):
-        export_dir, work = out / "export" / f"fold{fold}", scratch / "work" / f"fold{fold}"
-        metrics = exported_metrics(export_dir)
+        job = FoldJob.of(fold, tfrecord_dir, out, scratch)
+        metrics = exported_metrics(job.export_dir)
         if metrics is not None:
             report["folds"][f"fold{fold}"] = metrics
-            print(f"[train] fold {fold}: already exported in {export_dir}, skipped", flush=True)
+            print(f"[train] fold {fold}: already exported in {job.export_dir}, skipped", flush=True)
             continue
-        estimate = estimate_fold_seconds(last, cfg.train.epochs - epochs_checkpointed(work), cfg.train.fold_minutes)
+        estimate = estimate_fold_seconds(last, cfg.train.epochs - epochs_checkpointed(job.work), cfg.train.fold_minutes)
         start, why = should_start(fold, deadline - time.monotonic(), estimate)
         if not start:  # later folds are still looked at: exported ones are reported, resumable ones may fit
             print(why, flush=True)
@@ -71,8 +86,7 @@ def train_folds(cfg, backend, tfrecord_dir: str, out: Path, scratch: Path, deadl
             continue
         print(f"\n=== fold {fold} ===", flush=True)
         fold_deadline = deadline - export_reserve_seconds(last, cfg.train.export_minutes)
-        report["folds"][f"fold{fold}"], timing = train_and_export(cfg, backend, tfrecord_dir, fold, work, export_dir,
-                                                                  fold_deadline)
+        report["folds"][f"fold{fold}"], timing = train_and_export(cfg, backend, job, fold_deadline)
         last = timing or last
     if not report["folds"]:
         raise UserError(f"the time budget (train.time_budget_hours={cfg.train.time_budget_hours}) ran out before any "

@@ -3,7 +3,7 @@
     class MyBackend:                  # meets Backend; common/launch/routes.py names where it starts
         name = "my_route"; ...
     schedule = learning_rate_schedule(plan.peak_lr, plan.total_steps, plan.warmup_steps, keras.optimizers.schedules)
-    callbacks = [epoch_hooks(keras.callbacks.Callback, epoch_begin, epoch_end)]
+    callbacks = [epoch_hooks(keras.callbacks.Callback, loop)]   # loop: the fold's EpochLoop
     precision_by_part(model)          # the dtype each part computes in: common/export/census.py
 
 The fold (common/training/fold.py) and its finish (common/training/finish.py) call only these members, so a backend
@@ -14,8 +14,21 @@ the same whoever wrote it. No framework is imported here: each backend passes it
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class EpochLoop:
+    """The epochs a fit runs: initial_epoch..epochs-1, steps_per_epoch steps each, between the fold's epoch hooks."""
+
+    epochs: int
+    initial_epoch: int  # epochs a resumed fold's checkpoint already holds
+    steps_per_epoch: int
+    epoch_begin: Callable[[int], None]  # epoch_begin(epoch), before its first step
+    epoch_end: Callable[[int, dict], bool]  # epoch_end(epoch, logs) after its last step: True stops training
 
 
 @runtime_checkable
@@ -58,9 +71,9 @@ class Backend(Protocol):
     def distribute(self, make_dataset):
         """The training input from make_dataset(input_context or None) -> batches."""
 
-    def fit(self, data, plan, initial_epoch: int, epoch_begin, epoch_end) -> None:
-        """Epochs initial_epoch..plan.epochs of exactly plan.steps_per_epoch steps each; epoch_end(epoch, logs) is
-        called after each and returns True to stop."""
+    def fit(self, data, loop: EpochLoop) -> None:
+        """Epochs loop.initial_epoch..loop.epochs of exactly loop.steps_per_epoch steps each; loop.epoch_end(epoch,
+        logs) is called after each and returns True to stop."""
 
     def predict(self, files, schema, count: int):
         """Model outputs (NumPy) for the `count` records of `files`, in order."""
@@ -70,16 +83,16 @@ class Backend(Protocol):
         ExportContents: card, verify images, files, scaling): returns the card as written."""
 
 
-def epoch_hooks(callback_class, epoch_begin, epoch_end):
+def epoch_hooks(callback_class, loop: EpochLoop):
     """A Keras callback (of tf_keras or Keras 3: `callback_class` is its Callback) that hands fit's epochs to the
-    fold's one epoch-end owner: it decides, fit obeys."""
+    loop's hooks, the fold's one epoch-end owner: it decides, fit obeys."""
 
     class EpochHooks(callback_class):
         def on_epoch_begin(self, epoch, logs=None):
-            epoch_begin(epoch)
+            loop.epoch_begin(epoch)
 
         def on_epoch_end(self, epoch, logs=None):
-            if epoch_end(epoch, dict(logs or {})):
+            if loop.epoch_end(epoch, dict(logs or {})):
                 self.model.stop_training = True
 
     return EpochHooks()

@@ -3,7 +3,7 @@ On Kaggle's TPU image JAX owns the TPU as the image ships it; TensorFlow (tensor
 kept off the TPU by TPU_LOAD_LIBRARY=0 (common/launch/routes.py sets it before TensorFlow is imported).
 
     backend = JaxBackend(cfg)        # keras.distribution.DataParallel over every JAX device (8 TPU cores on a v5e-8)
-    backend.build(plan); backend.fit(backend.distribute(make_dataset), plan, done, epoch_begin, epoch_end)
+    backend.build(plan); backend.fit(backend.distribute(make_dataset), loop)   # loop: the fold's EpochLoop
     card = backend.export(export_dir, card, verify_images, extra_files, output_scaling)
 
 The same interface as common/training/backends/tf_keras/backend.py, so the fold (plan, data, tasks, budget, scoring,
@@ -34,7 +34,7 @@ from common.data.records import RecordSchema
 from common.export.card import ExportError, read_card, write_card
 from common.export.census import precision_by_part
 from common.tasks.parts import keras_ops
-from common.training.backends.base import average_swapped_in, epoch_hooks, learning_rate_schedule
+from common.training.backends.base import EpochLoop, average_swapped_in, epoch_hooks, learning_rate_schedule
 from common.training.backends.keras_jax.model import build_keras_model, read_weight_arrays, save_weight_arrays
 from common.training.plan import whole_executions
 
@@ -175,9 +175,9 @@ class JaxBackend:
         """One input pipeline of global batches: DataParallel splits each batch over the devices."""
         return make_dataset(None)
 
-    def fit(self, data, plan, initial_epoch: int, epoch_begin, epoch_end) -> None:
-        self.model.fit(data, epochs=plan.epochs, initial_epoch=initial_epoch, steps_per_epoch=plan.steps_per_epoch,
-                       callbacks=[epoch_hooks(keras.callbacks.Callback, epoch_begin, epoch_end)], verbose=2)
+    def fit(self, data, loop: EpochLoop) -> None:
+        self.model.fit(data, epochs=loop.epochs, initial_epoch=loop.initial_epoch, steps_per_epoch=loop.steps_per_epoch,
+                       callbacks=[epoch_hooks(keras.callbacks.Callback, loop)], verbose=2)
 
     # -------------------------------------------------------------------------------------------------- predict
     def predict(self, files, schema: RecordSchema, count: int) -> np.ndarray:

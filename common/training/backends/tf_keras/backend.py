@@ -5,7 +5,7 @@ card and export contract live in common/ and never look at the backend.
     backend = TFBackend(cfg, strategy, hub_handle)
     backend.build(plan)                                   # model, optimiser, loss; call once per fold
     done = backend.restore(work / "checkpoints")          # epochs a checkpoint already holds
-    backend.fit(backend.distribute(make_dataset), plan, done, epoch_begin, epoch_end)   # epoch_end -> stop?
+    backend.fit(backend.distribute(make_dataset), loop)   # loop: EpochLoop(epochs, done, steps, epoch_begin, epoch_end)
     outputs = backend.predict(files, schema, count)       # raw model outputs, in record order
     card = backend.export(export_dir, card, verify_images, extra_files, output_scaling)   # the verified export
 
@@ -24,7 +24,7 @@ from common.data.records import RecordSchema
 from common.export.census import precision_by_part
 from common.export.writer import ExportContents, export_models
 from common.tasks.parts import tensorflow_ops
-from common.training.backends.base import average_swapped_in, epoch_hooks, learning_rate_schedule
+from common.training.backends.base import EpochLoop, average_swapped_in, epoch_hooks, learning_rate_schedule
 from common.training.backends.tf_keras.custom_loop import CustomLoop
 from common.training.backends.tf_keras.model import (
     build_model,
@@ -126,18 +126,18 @@ class TFBackend:
         """make_dataset(input_context) -> per-replica batches, one input pipeline per host."""
         return self.strategy.distribute_datasets_from_function(make_dataset)
 
-    def fit(self, data, plan, initial_epoch: int, epoch_begin, epoch_end) -> None:
-        """Epochs initial_epoch..plan.epochs with Keras fit or the custom loop (train.loop); epoch_end(epoch, logs)
-        returns True to stop."""
+    def fit(self, data, loop: EpochLoop) -> None:
+        """The loop's epochs with Keras fit or the custom loop (train.loop); loop.epoch_end(epoch, logs) returns True
+        to stop."""
         if self.cfg.train.loop == "fit":
-            hooks = epoch_hooks(tf.keras.callbacks.Callback, epoch_begin, epoch_end)
-            self.model.fit(data, epochs=plan.epochs, initial_epoch=initial_epoch,
-                           steps_per_epoch=plan.steps_per_epoch, callbacks=[hooks], verbose=2)
+            hooks = epoch_hooks(tf.keras.callbacks.Callback, loop)
+            self.model.fit(data, epochs=loop.epochs, initial_epoch=loop.initial_epoch,
+                           steps_per_epoch=loop.steps_per_epoch, callbacks=[hooks], verbose=2)
             return
-        loop = CustomLoop(self.strategy, self.model, plan.task, self.cfg.train.label_smoothing, plan.global_batch,
-                          plan.class_weights)
-        loop.fit(data, plan.epochs, initial_epoch, plan.steps_per_epoch, self.cfg.train.steps_per_execution,
-                 epoch_begin, epoch_end)
+        plan = self.plan
+        custom = CustomLoop(self.strategy, self.model, plan.task, self.cfg.train.label_smoothing, plan.global_batch,
+                            plan.class_weights)
+        custom.fit(data, loop, self.cfg.train.steps_per_execution)
 
     # -------------------------------------------------------------------------------------------------- predict
     def predict(self, files, schema: RecordSchema, count: int) -> np.ndarray:

@@ -5,6 +5,8 @@ equals the single-device one. It drives the same epoch hooks as Keras fit
 
 from __future__ import annotations
 
+from common.training.backends.base import EpochLoop
+
 import tensorflow as tf
 
 
@@ -41,22 +43,22 @@ class CustomLoop:
             images, targets = next(iterator)
             self.strategy.run(self._step, args=(images, targets))
 
-    def fit(self, train_dataset, epochs: int, initial_epoch: int, steps_per_epoch: int, steps_per_execution: int,
-            epoch_begin, epoch_end) -> None:
-        """The epoch loop of Keras fit: epoch_begin(epoch), the steps, then epoch_end(epoch, logs) -> stop?"""
+    def fit(self, train_dataset, loop: EpochLoop, steps_per_execution: int) -> None:
+        """The epoch loop of Keras fit: loop.epoch_begin(epoch), the steps (at most steps_per_execution to a
+        tf.function call), then loop.epoch_end(epoch, logs) -> stop?"""
         iterator = iter(train_dataset)
-        for epoch in range(initial_epoch, epochs):
-            epoch_begin(epoch)
+        for epoch in range(loop.initial_epoch, loop.epochs):
+            loop.epoch_begin(epoch)
             self.loss.reset_state()
             self.running.reset_state()
             done = 0
-            while done < steps_per_epoch:
-                chunk = min(steps_per_execution, steps_per_epoch - done)
+            while done < loop.steps_per_epoch:
+                chunk = min(steps_per_execution, loop.steps_per_epoch - done)
                 self.train_steps(iterator, tf.constant(chunk))
                 done += chunk
             logs = {"loss": float(self.loss.result()), self.running.name: float(self.running.result())}
-            stop = epoch_end(epoch, logs)
-            print(f"epoch {epoch + 1}/{epochs}: " + ", ".join(f"{k}={v:.4f}" for k, v in logs.items()), flush=True)
+            stop = loop.epoch_end(epoch, logs)
+            print(f"epoch {epoch + 1}/{loop.epochs}: " + ", ".join(f"{k}={v:.4f}" for k, v in logs.items()), flush=True)
             if stop:
                 break
         if getattr(self.model.optimizer, "use_ema", False):  # as fit does: the averaged weights stay

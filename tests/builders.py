@@ -1,0 +1,120 @@
+"""Data the tests build and read back themselves: small Kaggle-style competitions (random images, or the demo's digits
+under other competitions' columns and task types), CSV files, the records a conversion wrote, and what an export
+predicts in a process with TensorFlow alone. No network, no downloads: every file is made here from a seed."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+
+def image_bytes(seed: int, size: int = 16, fmt: str = "JPEG") -> bytes:
+    rng = np.random.default_rng(seed)
+    out = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(out, format=fmt)
+    return out.getvalue()
+
+
+def write_competition(root: Path, labels: list, size: int = 16, fmt: str = "JPEG", n_test: int = 5) -> Path:
+    """train.csv (id,label), train/<id>.<ext>, test/<id>.<ext>, sample_submission.csv."""
+    ext = ".jpg" if fmt == "JPEG" else ".png"
+    (root / "train").mkdir(parents=True)
+    (root / "test").mkdir()
+    ids = [f"img{i:03d}" for i in range(len(labels))]
+    for i, sample_id in enumerate(ids):
+        (root / "train" / f"{sample_id}{ext}").write_bytes(image_bytes(i, size, fmt))
+    test_ids = [f"t{i:03d}" for i in range(n_test)]
+    for i, sample_id in enumerate(test_ids):
+        (root / "test" / f"{sample_id}{ext}").write_bytes(image_bytes(1000 + i, size, fmt))
+    write_csv(root / "train.csv", ["id", "label"], zip(ids, labels, strict=True))
+    write_csv(root / "sample_submission.csv", ["id", "label"], [(t, labels[0]) for t in reversed(test_ids)])
+    return root
+
+
+def write_csv(path: Path, header, rows) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
+
+
+def read_csv(path: Path) -> list[dict]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def read_records(files, schema=None, labeled=True) -> list[dict]:
+    """Every record of the files, parsed with the project's own parser: [{'id', 'image' (bytes), 'label'?}]."""
+    from common.data.pipeline import parse_record
+    from common.data.records import RecordSchema
+
+    import tensorflow as tf
+
+    schema = schema or RecordSchema()
+    dataset = tf.data.TFRecordDataset([str(f) for f in files]).map(lambda r: parse_record(r, schema, labeled))
+    return [{k: (v.decode() if k == "id" else v) for k, v in r.items()} for r in dataset.as_numpy_iterator()]
+
+
+# ------------------------------------------------------------------ the demo's digits in other competitions' shapes
+DIGITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+
+
+def digit_labels(value: int) -> str:
+    """Plant-Pathology-like label sets: parity always, 'big' from 5, 'loop' for digits drawn with a closed loop."""
+    labels = ["even" if value % 2 == 0 else "odd"]
+    if value >= 5:
+        labels.append("big")
+    if value in (0, 6, 8, 9):
+        labels.append("loop")
+    return " ".join(sorted(labels))
+
+
+SHAPES = {
+    # task: (id column, target column, target from the digit, template placeholder, extra columns)
+    "binary": ("image_name", "target", lambda d: str(int(d % 2 == 0)), "0.0"),
+    "multilabel": ("image", "labels", digit_labels, "even"),
+    "regression": ("Id", "Pawpularity", lambda d: str(10 * d), "0"),
+    "ordinal": ("id", "grade", str, "0"),  # test_tasks.py's test-only fifth task: digits as grades 0..9
+}
+
+
+def task_competition(demo_dir: Path, root: Path, task: str) -> tuple[Path, list[dict]]:
+    """The demo's images under another competition's columns; returns (folder, held-out answers)."""
+    id_col, target_col, target, placeholder = SHAPES[task]
+    root.mkdir(parents=True)
+    for split in ("train", "test"):
+        os.symlink(demo_dir / split, root / split)
+    train = read_csv(demo_dir / "train.csv")
+    header = [id_col, "patient_id", target_col] if task == "binary" else [id_col, target_col]
+    rows = []
+    for k, row in enumerate(train):
+        value = target(DIGITS.index(row["label"]))
+        rows.append([row["id"], f"patient_{k // 3:04d}", value] if task == "binary" else [row["id"], value])
+    write_csv(root / "train.csv", header, rows)
+    solution = read_csv(demo_dir / "solution.csv")
+    write_csv(root / "sample_submission.csv", [id_col, target_col], [[r["id"], placeholder] for r in solution])
+    answers = [{"id": r["id"], "target": target(DIGITS.index(r["label"]))} for r in solution]
+    return root, answers
+
+
+def verify_batch_difference(python, export: Path) -> float:
+    """An export loaded with tf.saved_model.load by `python` in a process where jax, keras, tf_keras and
+    tensorflow_hub cannot be imported: the max abs difference of its predictions from its verify batch."""
+    import os
+    import subprocess
+
+    code = ("import sys\nfor m in ('jax', 'jaxlib', 'keras', 'tf_keras', 'tensorflow_hub'): sys.modules[m] = None\n"
+            "import numpy as np, tensorflow as tf\n"
+            f"loaded = tf.saved_model.load({str(export / 'saved_model')!r})\n"
+            f"batch = np.load({str(export / 'verify_batch.npz')!r})\n"
+            "out = loaded.signatures['serving_default'](images=tf.constant(batch['images']))['predictions']\n"
+            "print(float(np.max(np.abs(out.numpy() - batch['predictions']))))")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    run = subprocess.run([str(python), "-c", code], capture_output=True, text=True, cwd=export, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return float(run.stdout.strip().splitlines()[-1])
