@@ -4,7 +4,7 @@ kept off the TPU by TPU_LOAD_LIBRARY=0 (common/launch/routes.py sets it before T
 
     backend = JaxBackend(cfg)        # keras.distribution.DataParallel over every JAX device (8 TPU cores on a v5e-8)
     backend.build(plan); backend.fit(backend.distribute(make_dataset), loop)   # loop: the fold's EpochLoop
-    card = backend.export(export_dir, card, verify_images, extra_files, output_scaling)
+    card = backend.export(export_dir, contents)     # the verified export (export.py)
 
 The same interface as common/training/backends/tf_keras/backend.py, so the fold (plan, data, tasks, budget, scoring,
 card) is shared. What differs: the model is common/training/backends/keras_jax/model.py's; fit takes global batches from
@@ -12,7 +12,7 @@ the same tf.data pipeline and DataParallel splits each over the devices (one rep
 statistics agree by construction); checkpoints are Keras 3 .weights.h5 files (model and optimiser); and the export is
 made in a child interpreter under Keras 3's TensorFlow backend on the CPU, which rebuilds the model from the trained
 weights and writes the same SavedModel contract, verified against this JAX model's own predictions
-(common/training/backends/keras_jax/export_child.py).
+(common/training/backends/keras_jax/export.py).
 """
 
 from __future__ import annotations
@@ -20,21 +20,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
-from common.core.children import cpu_only_environment
-from common.core.config import config_to_dict
 from common.core.errors import ConfigError
 from common.core.strategy import precision_for
 from common.data.pipeline import make_padded_image_batches
 from common.data.records import RecordSchema
-from common.export.card import ExportError, read_card, write_card
 from common.export.census import precision_by_part
 from common.tasks.parts import keras_ops
 from common.training.backends.base import EpochLoop, average_swapped_in, epoch_hooks, learning_rate_schedule
+from common.training.backends.keras_jax.export import export
 from common.training.backends.keras_jax.model import build_keras_model, read_weight_arrays, save_weight_arrays
 from common.training.plan import whole_executions
 
@@ -189,26 +184,8 @@ class JaxBackend:
 
     # --------------------------------------------------------------------------------------------------- export
     def export(self, export_dir: Path, contents):
-        """The verified export, written by a child interpreter under Keras 3's TensorFlow backend on the CPU: it
-        rebuilds the model from these weights and saves the SavedModel contract; the check compares it with what
-        this JAX model, in float32, predicts for the verify images."""
-        copy = self._build("float32")  # what a T4 runs: the export's float32 signature is checked against it
-        copy.set_weights(self.model.get_weights())
-        verify_images = contents.verify_images
-        expected = _predict_padded(copy, verify_images, self.replicas)
-        with tempfile.TemporaryDirectory(prefix="tpu2gpu-export-") as folder:
-            job = Path(folder)
-            self.save_weights(job / "weights")
-            np.savez(job / "verify.npz", images=verify_images, expected=expected)
-            write_card(job, contents.card)
-            (job / "job.json").write_text(json.dumps({
-                "config": config_to_dict(self.cfg), "outputs": self.plan.outputs,
-                "activation": self.plan.task.activation, "export_dir": str(export_dir),
-                "extra_files": {name: str(path) for name, path in contents.extra_files.items()},
-                "output_scaling": contents.output_scaling, "export_float16": self.cfg.train.export_float16}))
-            _run_export_child(job)
-        return read_card(export_dir)
-
+        """The verified export (common/training/backends/keras_jax/export.py: written by a child interpreter)."""
+        return export(self, export_dir, contents)
 
 
 def start(cfg) -> JaxBackend:
@@ -216,22 +193,3 @@ def start(cfg) -> JaxBackend:
     backend = JaxBackend(cfg)
     print(backend.describe(), flush=True)
     return backend
-
-def _predict_padded(model, images: np.ndarray, replicas: int) -> np.ndarray:
-    """model's outputs for images, padded to a multiple of the device count (DataParallel splits every batch)."""
-    padded = -(-len(images) // replicas) * replicas
-    batch = np.concatenate([images, np.zeros((padded - len(images), *images.shape[1:]), images.dtype)])
-    return np.asarray(model.predict(batch, batch_size=padded, verbose=0))[:len(images)]
-
-
-def _run_export_child(job: Path) -> None:
-    env = cpu_only_environment(os.environ)
-    env["KERAS_BACKEND"] = "tensorflow"
-    env["JAX_PLATFORMS"] = "cpu"  # Keras may import JAX there too: it must never reach for the TPU this process holds
-    result = subprocess.run([sys.executable, "-m", "common.training.backends.keras_jax.export_child", str(job)],
-                            env=env, text=True, capture_output=True)
-    print(result.stdout, end="", flush=True)
-    if result.returncode != 0:
-        tail = "\n".join(result.stderr.strip().splitlines()[-10:])
-        raise ExportError(f"the keras_jax export (Keras 3 under TensorFlow, rebuilt from the trained weights) "
-                          f"failed:\n{tail}")

@@ -1,5 +1,5 @@
 """The model under Keras 3: the keras_jax route trains it on JAX, and its export rebuilds it under Keras 3's TensorFlow
-backend from the same weights (common/training/backends/keras_jax/export_child.py). The contract is
+backend from the same weights (common/training/backends/keras_jax/export.py). The contract is
 common/training/backends/tf_keras/model.py's: uint8 [B, S, S, 3] -> preprocessing in the graph -> backbone -> the task's
 head, float32 out.
 

@@ -7,7 +7,7 @@ card and export contract live in common/ and never look at the backend.
     done = backend.restore(work / "checkpoints")          # epochs a checkpoint already holds
     backend.fit(backend.distribute(make_dataset), loop)   # loop: EpochLoop(epochs, done, steps, epoch_begin, epoch_end)
     outputs = backend.predict(files, schema, count)       # raw model outputs, in record order
-    card = backend.export(export_dir, card, verify_images, extra_files, output_scaling)   # the verified export
+    card = backend.export(export_dir, contents)           # the verified export (export.py)
 
 The interface: name, ops, replicas, build, runtime, precision, restore, save_checkpoint, distribute, fit, predict,
 averaged, save_weights, load_weights, export. Keras 3 on JAX (common/training/backends/keras_jax/backend.py) implements
@@ -22,10 +22,11 @@ from pathlib import Path
 from common.data.pipeline import make_padded_image_batches
 from common.data.records import RecordSchema
 from common.export.census import precision_by_part
-from common.export.writer import ExportContents, export_models
+from common.export.writer import ExportContents
 from common.tasks.parts import tensorflow_ops
 from common.training.backends.base import EpochLoop, average_swapped_in, epoch_hooks, learning_rate_schedule
 from common.training.backends.tf_keras.custom_loop import CustomLoop
+from common.training.backends.tf_keras.export import export, serving_model
 from common.training.backends.tf_keras.model import (
     build_model,
     compile_model,
@@ -162,16 +163,12 @@ class TFBackend:
                     variable.assign(variable.read_value())
 
     def serving_model(self, policy: str = "float32") -> tf.keras.Model:
-        """The same architecture built under `policy` (float32: what a T4, which has no bfloat16, runs;
-        mixed_float16: for tensor cores), outside any strategy scope, holding the trained weights. Mixed-precision
-        variables are float32 already, so the weights copy as they are."""
-        copy = self._build(policy)
-        copy.set_weights(self.model.get_weights())
-        return copy
+        """The same architecture under `policy`, outside any strategy scope, holding the trained weights."""
+        return serving_model(self, policy)
 
     def export(self, export_dir: Path, contents: ExportContents):
-        """The verified export of the weights the model holds now (common/export/writer.py)."""
-        return export_models(export_dir, self.serving_model, contents, self.cfg.train.export_float16)
+        """The verified export of the weights the model holds now (common/training/backends/tf_keras/export.py)."""
+        return export(self, export_dir, contents)
 
 
 def start(cfg) -> TFBackend:

@@ -1,0 +1,107 @@
+"""The keras_jax route's export: `export(backend, export_dir, contents)` writes a job folder and runs
+`python -m common.training.backends.keras_jax.export JOB_DIR`, a child interpreter under Keras 3's TensorFlow backend
+on the CPU. A
+JAX-lowered export would hold XLA calls serialised for the platform that traced them (a TPU's), which a GPU kernel
+cannot run; rebuilt here, the model is a plain TensorFlow graph, written by common/export/writer.py exactly as the
+tf_keras route writes it, and checked in a fresh process against the JAX model's own predictions.
+
+JOB_DIR holds job.json (config, head width and activation, export folder, extra files, output scaling), weights.npz
+(the trained weights in model order), verify.npz (the verify images and the JAX model's float32 outputs for them) and
+model_card.json (the card to complete).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+if __name__ == "__main__":  # the child: set before keras is imported, for it exports TensorFlow graphs
+    os.environ["KERAS_BACKEND"] = "tensorflow"
+
+import common  # noqa: F401
+from common.core.children import cpu_only_environment
+from common.core.config import config_from_dict, config_to_dict
+from common.core.errors import UserError
+from common.export.card import ExportError, read_card, write_card
+from common.export.writer import ExportContents, export_models
+from common.training.backends.keras_jax.model import build_keras_model, read_weight_arrays
+
+import numpy as np
+
+CHILD = "common.training.backends.keras_jax.export"  # this module, run as the child
+
+
+# ------------------------------------------------------------------------------------------- the training process
+def export(backend, export_dir: Path, contents: ExportContents):
+    """The verified export of the weights backend.model holds now: the child rebuilds the model from them and saves
+    the SavedModel contract; the check compares it with what this JAX model, in float32, predicts for the verify
+    images."""
+    copy = backend._build("float32")  # what a T4 runs: the export's float32 signature is checked against it
+    copy.set_weights(backend.model.get_weights())
+    verify_images = contents.verify_images
+    expected = _predict_padded(copy, verify_images, backend.replicas)
+    with tempfile.TemporaryDirectory(prefix="tpu2gpu-export-") as folder:
+        job = Path(folder)
+        backend.save_weights(job / "weights")
+        np.savez(job / "verify.npz", images=verify_images, expected=expected)
+        write_card(job, contents.card)
+        (job / "job.json").write_text(json.dumps({
+            "config": config_to_dict(backend.cfg), "outputs": backend.plan.outputs,
+            "activation": backend.plan.task.activation, "export_dir": str(export_dir),
+            "extra_files": {name: str(path) for name, path in contents.extra_files.items()},
+            "output_scaling": contents.output_scaling, "export_float16": backend.cfg.train.export_float16}))
+        _run_child(job)
+    return read_card(export_dir)
+
+
+def _predict_padded(model, images: np.ndarray, replicas: int) -> np.ndarray:
+    """model's outputs for images, padded to a multiple of the device count (DataParallel splits every batch)."""
+    padded = -(-len(images) // replicas) * replicas
+    batch = np.concatenate([images, np.zeros((padded - len(images), *images.shape[1:]), images.dtype)])
+    return np.asarray(model.predict(batch, batch_size=padded, verbose=0))[:len(images)]
+
+
+def _run_child(job: Path) -> None:
+    env = cpu_only_environment(os.environ)
+    env["KERAS_BACKEND"] = "tensorflow"
+    env["JAX_PLATFORMS"] = "cpu"  # Keras may import JAX there too: it must never reach for the TPU this process holds
+    result = subprocess.run([sys.executable, "-m", CHILD, str(job)], env=env, text=True, capture_output=True)
+    print(result.stdout, end="", flush=True)
+    if result.returncode != 0:
+        tail = "\n".join(result.stderr.strip().splitlines()[-10:])
+        raise ExportError(f"the keras_jax export (Keras 3 under TensorFlow, rebuilt from the trained weights) "
+                          f"failed:\n{tail}")
+
+
+# ------------------------------------------------------------------------------------------------------ the child
+
+
+def main(job_dir: str) -> int:
+    job_path = Path(job_dir)
+    job = json.loads((job_path / "job.json").read_text())
+    # The model is rebuilt from the model and data sections alone: whichever Keras 3 route trained it.
+    cfg = config_from_dict({section: job["config"][section] for section in ("model", "data")})
+    weights = read_weight_arrays(job_path / "weights.npz")
+    with np.load(job_path / "verify.npz") as verify:
+        images, expected = verify["images"], verify["expected"]
+
+    def build_copy(policy: str):
+        model = build_keras_model(cfg.model, job["outputs"], cfg.data.image_size, job["activation"], policy)
+        model.set_weights(weights)
+        return model
+
+    contents = ExportContents(read_card(job_path, require_complete=False), images,
+                              {name: Path(path) for name, path in job["extra_files"].items()}, job["output_scaling"],
+                              expected)
+    export_models(job["export_dir"], build_copy, contents, job["export_float16"])
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1]))
+    except UserError as err:
+        print(f"export: error: {err}", file=sys.stderr)
+        sys.exit(2)
