@@ -33,7 +33,7 @@ def run_task(tmp_path: Path, demo_dir: Path, tiny_backbone: Path, task: str, *ex
     competition, answers = task_competition(demo_dir, tmp_path / "competition", task)
     id_col, target_col = SHAPES[task][:2]
     settings = [f"data.task={task}", f"data.id_column={id_col}", f"data.label_column={target_col}",
-                "data.image_size=32", "data.flip_left_right=false", f"model.hub_handle={tiny_backbone}",
+                "data.image_size=16", "data.flip_left_right=false", f"model.hub_handle={tiny_backbone}",
                 "train.fold=0", "train.epochs=12", "train.batch_size_per_replica=32", "train.learning_rate=0.2",
                 "train.steps_per_execution=8", "train.export_float16=false", *extra]
     flags = [a for s in settings for a in ("--set", s)]
@@ -156,7 +156,7 @@ def test_a_fifth_task_defined_in_a_test_alone_trains_and_predicts_end_to_end(tmp
 
     monkeypatch.setitem(tasks, "ordinal", ordinal_task())  # the one line that adds it: no other module changes
     competition, answers = task_competition(demo_dir, tmp_path / "competition", "ordinal")
-    settings = ["data.task=ordinal", "data.label_column=grade", "data.image_size=32", "data.flip_left_right=false",
+    settings = ["data.task=ordinal", "data.label_column=grade", "data.image_size=16", "data.flip_left_right=false",
                 f"model.hub_handle={tiny_backbone}", "train.fold=0", "train.epochs=12", "train.metric=qwk",
                 "train.batch_size_per_replica=32", "train.learning_rate=0.2", "train.steps_per_execution=8",
                 "train.export_float16=false", "runtime.strategy=default"]  # one replica, whatever ran before
