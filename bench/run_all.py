@@ -1,13 +1,13 @@
 """Every benchmark, one table: `.venv/bin/python bench/run_all.py` (5-8 minutes on 2 cores).
 
-Runs input_pipeline.py, train_step.py and inference.py as they are, each in its own process, one after the other,
-collects the RESULT lines each prints, and prints a markdown table: the figure, its baseline measured in the same run,
-their ratio, and the public anchor from docs/kaggle-facts.md that the ratio should be read against. The machine is
-printed above it.
+Runs input_pipeline.py, train_step.py, multihost.py and inference.py as they are, each in its own process, one after
+the other, collects the RESULT lines each prints, and prints a markdown table: the figure, its baseline measured in
+the same run, their ratio, and the public anchor from docs/kaggle-facts.md that the ratio should be read against. The
+machine is printed above it.
 
     .venv/bin/python bench/run_all.py --smoke
 
-runs each benchmark with --smoke (toy sizes), all three at once since their figures mean nothing, and prints the same
+runs each benchmark with --smoke (toy sizes), all at once since their figures mean nothing, and prints the same
 table: about 20 s on 2 cores, most of it inference.py writing and verifying its toy export. It keeps the
 benchmarks and this table from rotting (tests/test_bench.py runs it); its figures mean nothing.
 """
@@ -29,6 +29,8 @@ BENCHES = [
                           "for 512x512 on this machine); target ratio >= 0.85"),
     ("train_step.py", "Keras 3 on JAX, H100, B0 224px, batch 256: fit from host batches 6,887 img/s bf16, 1.27x "
                       "train_on_batch on one device-resident batch"),
+    ("multihost.py", "no public figure for CPU processes; JAX's CPU collectives go through gloo over TCP "
+                     "(jax_cpu_collectives_implementation): read the ratio as the all-reduce's cost on loopback"),
     ("inference.py", "NVIDIA DeepLearningExamples: EfficientNet-B0 FP16 inference 9,730 img/s at batch 1024 (A100)"),
 ]
 

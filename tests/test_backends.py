@@ -2,7 +2,7 @@
 training kernel and exports the contract that the inference kernel loads, without a change to any product module.
 
 The third backend is Keras 3 on its TensorFlow backend (train.framework=keras_tf): the keras_jax backend's Keras 3
-code (model, .weights.h5 checkpoints, EMA swap, export child) with its own devices and runtime record. It is added to
+code (model, .npz checkpoints, EMA swap, export child) with its own devices and runtime record. It is added to
 the route table at run time (common/launch/routes.py ROUTES) in a child interpreter, since Keras picks its backend
 once per process and this one runs Keras 3 on JAX.
 """
@@ -80,7 +80,7 @@ def test_the_route_table_gives_the_framework_choices_and_each_backend_meets_the_
     from common.training.backends.tf_keras.backend import TFBackend
 
     members = sorted({name for name in dir(Backend) if not name.startswith("_")} | set(Backend.__annotations__))
-    assert len(members) == 16, members
+    assert len(members) == 17 and "hosts" in members, members
     for backend in (TFBackend, JaxBackend):  # ops is set per instance
         assert [m for m in members if not hasattr(backend, m)] == ["ops"], backend
 

@@ -19,6 +19,7 @@ EXPECTED = {
     "training, tf_keras": r"training kernel path, tf_keras \(\d+px, batch \d+\)",
     "training, keras_jax": r"training kernel path, keras_jax \(\d+px, batch \d+\)",
     "training, keras_jax vs tf_keras": r"training, keras_jax vs tf_keras kernel path \(\d+px, batch \d+\)",
+    "multihost": r"training, 2 processes x 1 device vs 1 process x 2 devices \(\d+px, batch \d+\)",
     "inference": r"inference kernel, (EfficientNet-B0|tiny backbone) \d+px",
 }
 OPTIONAL = {"inference with XLA": r"inference kernel\+XLA, (EfficientNet-B0|tiny backbone) \d+px"}

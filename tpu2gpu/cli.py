@@ -38,6 +38,15 @@ def cmd_env(args) -> int:
     return 0
 
 
+def cmd_train(args) -> int:
+    from tpu2gpu.launcher import launch
+
+    cfg = config_from_args(args)  # checked here, before any process starts
+    kernel_args = [*(["--config", args.config] if args.config else []),
+                   *[a for s in args.overrides for a in ("--set", s)]]
+    return launch(kernel_args, args.processes, cfg.runtime.cpu_devices)
+
+
 def cmd_demo_data(args) -> int:
     from tpu2gpu.demo_data import make_demo_competition
 
@@ -192,6 +201,11 @@ def _local_steps(steps) -> None:
     p = _step(steps, "config", "print the resolved config (defaults < --config file < --set)", cmd_config)
     p.add_argument("--reference", action="store_true", help="print every key, its default and meaning (markdown)")
     _step(steps, "env", "print the environment block: versions, devices, strategy, replicas", cmd_env)
+    p = _step(steps, "train", "run the training kernel here: one process, or N training together (keras_jax)",
+              cmd_train, description="The training kernel on this machine. With --processes N > 1, N processes on "
+              "127.0.0.1 train together as the hosts of a pod slice would (train.framework=keras_jax), each with "
+              "runtime.cpu_devices / N CPU devices; logs are prefixed [pK] and the first failure stops the rest.")
+    p.add_argument("--processes", type=int, default=1, help="processes to train with (default: %(default)s)")
     p = _step(steps, "demo-data", "write the embedded demo competition (Kaggle layout, digits)", cmd_demo_data,
               config=False)
     p.add_argument("--out", default=str(DEFAULT_DEMO_DIR), help="folder to write (default: %(default)s)")

@@ -19,6 +19,11 @@ About 2 minutes on 2 cores, macro-F1 about 0.97. A second run reuses the competi
 trains the same way with Keras 3 on JAX (train.framework=keras_jax), the route a Kaggle TPU takes when no TensorFlow
 TPU stack answers: the backbone is the same small network as a .keras file, and the export is the same contract, so
 step 5 is unchanged.
+
+    ./dev demo --framework keras_jax --processes 2      (in runs/demo-keras_jax-2proc)
+
+trains with 2 processes on 127.0.0.1, one CPU device each, as the hosts of a pod slice would (`tpu2gpu train
+--processes 2`, docs/beyond-kaggle.md), on the one-process demo's global batch; the card records the processes.
 Every step writes through a hidden temporary name, so an interrupted run leaves nothing that looks complete.
 """
 
@@ -60,21 +65,22 @@ def score(submission: Path, solution: Path) -> float:
     return float(f1_score([truth[i] for i in ids], [predicted[i] for i in ids], average="macro"))
 
 
-def run(root: Path, framework: str = "tf_keras") -> float:
+def run(root: Path, framework: str = "tf_keras", processes: int = 1) -> float:
     from common.data.conversion import convert_competition
 
     from tpu2gpu.backbones import save_tiny_backbone, save_tiny_keras_backbone
     from tpu2gpu.build import build
     from tpu2gpu.demo_data import make_demo_competition
-    from train_tpu.train import main as train_main
 
     keras_jax = framework == "keras_jax"
     backbone = root / ("backbone.keras" if keras_jax else "backbone")
     paths = [f"runtime.competition_dir={root / 'competition'}", f"runtime.tfrecords={root / 'tfrecords'}",
              f"train.framework={framework}", *(["model.backbone=keras", f"model.keras_backbone={backbone}"]
                                                if keras_jax else [f"model.hub_handle={backbone}"])]
-    settings = [a for s in paths for a in ("--set", s)]
     cfg = load_config(CONFIG, paths)
+    if processes > 1:  # the one-process demo's global batch, split over the processes: the same steps and rate
+        paths.append(f"train.batch_size={cfg.train.batch_size_per_replica}")
+    settings = [a for s in paths for a in ("--set", s)]
 
     step("1/7 competition folder")
     competition = make_demo_competition(root / "competition")
@@ -88,8 +94,8 @@ def run(root: Path, framework: str = "tf_keras") -> float:
     step("3/7 backbone " + (".keras file (Keras 3)" if keras_jax else "SavedModel (TF Hub contract)"))
     print((save_tiny_keras_backbone if keras_jax else save_tiny_backbone)(backbone), flush=True)
 
-    step(f"4/7 training kernel ({framework})")
-    train_main(["--config", str(CONFIG), *settings, "--set", f"runtime.output_dir={root / 'train'}"])
+    step(f"4/7 training kernel ({framework}" + (f", {processes} processes on 127.0.0.1)" if processes > 1 else ")"))
+    train(["--config", str(CONFIG), *settings, "--set", f"runtime.output_dir={root / 'train'}"], processes)
 
     step("5/7 inference kernel (tf_keras and tensorflow_hub blocked)")
     infer_argv = ["--config", str(CONFIG), *settings, "--set", f"infer.exports=[{root / 'train' / 'export'}]",
@@ -109,22 +115,47 @@ def run(root: Path, framework: str = "tf_keras") -> float:
     return macro_f1
 
 
+def train(argv: list[str], processes: int) -> None:
+    """The training kernel, in this process, or in `processes` processes on 127.0.0.1 with one CPU device each (as
+    `tpu2gpu train --processes N` runs them)."""
+    if processes == 1:
+        from train_tpu.train import main
+
+        main(argv)
+        return
+    from tpu2gpu.launcher import launch
+
+    if launch(argv, processes, processes):
+        raise UserError(f"the training kernel's {processes} processes did not finish (see their log above)")
+
+
+def trained_by(root: Path) -> str:
+    import json
+
+    runtime = json.loads((root / "train" / "export" / "fold0" / "model_card.json").read_text())["runtime"]
+    return f"trained by {runtime.get('processes', 1)} process(es)"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", type=Path, default=DEMO_ROOT, help="where the demo writes (default: %(default)s)")
     parser.add_argument("--fresh", action="store_true", help="delete the previous demo's outputs first")
     parser.add_argument("--framework", choices=tuple(ROUTES), default="tf_keras",
                         help="tf_keras (default), or Keras 3 on JAX (written to runs/demo-keras_jax)")
+    parser.add_argument("--processes", type=int, default=1, help="keras_jax: train with this many processes on "
+                        "127.0.0.1, as the hosts of a pod slice would (written to runs/demo-keras_jax-<N>proc)")
     args = parser.parse_args(argv)
+    if args.processes > 1 and args.framework != "keras_jax":
+        parser.error("--processes trains across processes on the keras_jax route: add --framework keras_jax")
     if args.framework == "keras_jax":
         os.environ.setdefault("KERAS_BACKEND", "jax")  # before keras is first imported
         if args.root == DEMO_ROOT:
-            args.root = Path(f"{DEMO_ROOT}-keras_jax")
+            args.root = Path(f"{DEMO_ROOT}-keras_jax" + (f"-{args.processes}proc" if args.processes > 1 else ""))
     if args.fresh:
         shutil.rmtree(args.root, ignore_errors=True)
     start = time.perf_counter()
     try:
-        macro_f1 = run(args.root, args.framework)
+        macro_f1 = run(args.root, args.framework, args.processes)
     except (UserError, subprocess.CalledProcessError) as err:
         print(f"demo: error: {err}", file=sys.stderr)
         return 2
@@ -134,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
 competition     {root / 'competition'}
 tfrecords       {root / 'tfrecords'}
 backbone        {root / ('backbone.keras' if args.framework == 'keras_jax' else 'backbone')}
-export          {root / 'train' / 'export' / 'fold0'}  (training_report.json beside it)
+export          {root / 'train' / 'export' / 'fold0'}  (training_report.json beside it; {trained_by(root)})
 submission      {root / 'infer' / 'submission.csv'}
 kernel bundles  {root / 'build'}
 macro-F1        {macro_f1:.4f} on the held-out test set (target >= {MIN_MACRO_F1})""", flush=True)

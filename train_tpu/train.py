@@ -58,15 +58,19 @@ def main(argv: list[str] | None = None) -> int:
     from common.training.run import train_folds, write_report
 
     # ---- data
+    hosts = backend.hosts  # several processes (keras_jax across hosts): process 0 alone writes the output
     out = output_dir(cfg.runtime.output_dir, "runs/train")
     scratch = scratch_dir(cfg.runtime.scratch_dir, out)
+    scratch = scratch if hosts.writer else scratch / f"process{hosts.index}"  # its own, were the folder shared
     tfrecord_dir = open_source(cfg).training_records(scratch)
 
     # ---- train and export each fold, as far as the time budget goes (common/training/budget.py)
-    skipped = skipped_images(tfrecord_dir, out / "export")
+    skipped = skipped_images(tfrecord_dir, out / "export") if hosts.writer else None
     report = train_folds(cfg, backend, tfrecord_dir, out, scratch, start + cfg.train.time_budget_hours * 3600)
-    write_report(out / "export", {"folds": report["folds"], "config": config_to_dict(cfg), "runtime": backend.runtime(),
-                                  "not_started": report["not_started"], "skipped_images": skipped})
+    if hosts.writer:
+        write_report(out / "export", {"folds": report["folds"], "config": config_to_dict(cfg),
+                                      "runtime": backend.runtime(), "not_started": report["not_started"],
+                                      "skipped_images": skipped})
     return 0
 
 

@@ -69,6 +69,9 @@ class DataConfig:
     on_bad_image: Literal["error", "skip"] = "error"  # bad image: error lists all; skip omits them (bad_images.csv)
     workers: int = within(0, "[0, inf)")  # image preparation threads; 0 = one per core
     split_seed: int = within(42, "[0, inf)")  # seed of the fold split and of the shard order
+    # Reading training records.
+    deterministic: bool = False  # noqa: E501  # read, decode and batch in a fixed order (slower): the same seed gives the same batches
+    input_pipelines: int = within(0, "[0, 1024]")  # noqa: E501  # keras_jax: pipelines per global batch, each reading its own files; 0 = one per process (set a multi-host job's count to feed one process its batches)
     # Training-time augmentation (never applied to validation or test data).
     shuffle_buffer: int = within(2048, "[0, inf)")  # records shuffled before decoding
     augment: bool = True  # apply the augmentations below
@@ -130,7 +133,7 @@ class TrainConfig:
     fold_minutes: float = within(0.0, "[0, inf)")  # noqa: E501  # a fold's time before one is measured: the first fold starts only if it fits
     export_minutes: float = within(5.0, "[0, inf)")  # noqa: E501  # time a fold keeps for its export until one export has been measured
     export_float16: bool = True  # add a float16 signature (T4 tensor cores) where the graph computes in float16
-    seed: int = within(42, "[0, inf)")  # shuffling seed
+    seed: int = within(42, "[0, inf)")  # shuffling seed, and the keras_jax route's weight initialisation
 
 
 @dataclass
@@ -188,6 +191,8 @@ class RuntimeConfig:
     private_dataset: bool = False  # read through GCS with the kernel's gcloud credential (TPU Node only)
     output_dir: str = ""  # "" = /kaggle/working on Kaggle, ./runs/train or ./runs/infer locally
     scratch_dir: str = ""  # records converted in-kernel, checkpoints; "" = /kaggle/temp on Kaggle, else output_dir
+    multihost: bool = False  # noqa: E501  # a Cloud TPU VM pod slice (keras_jax): JAX's distributed runtime finds the other hosts; several GPU nodes set KERAS_DISTRIBUTION_* instead
+    host_timeout_seconds: int = within(60, "[10, 3600]")  # noqa: E501  # several processes: a host silent this long ends the job (JAX's coordination heartbeat)
 
 
 @dataclass

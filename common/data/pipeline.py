@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from common.core.errors import ConfigError, DataError
 from common.data.records import RecordSchema, schema_from_config
@@ -242,7 +243,8 @@ class InputShare:
 
 def make_train_dataset(files, data_cfg, share: InputShare, to_target=None, schema: RecordSchema | None = None,
                        seed: int | None = None) -> tf.data.Dataset:
-    """Endless (image uint8 [B,S,S,3], target) batches: parallel non-deterministic reads, shuffled, augmented.
+    """Endless (image uint8 [B,S,S,3], target) batches: parallel reads (in a fixed order with data.deterministic),
+    shuffled, augmented.
 
     to_target maps a batch of labels to the loss's targets (a task.target from common/tasks/types.py); None keeps the
     labels. share holds the global batch; with an input context (distribute_datasets_from_function) each input
@@ -251,14 +253,18 @@ def make_train_dataset(files, data_cfg, share: InputShare, to_target=None, schem
     check_mixing(data_cfg)
     schema = schema or schema_from_config(data_cfg)
     (pipelines, index), batch_size = share.pipelines, share.batch_size
-    records = tf.data.Dataset.from_tensor_slices(files)
-    if 1 < pipelines <= len(files):  # enough files: each pipeline reads its own
-        records = records.shard(pipelines, index)
-    records = records.shuffle(len(files), seed=seed)
-    records = records.interleave(tf.data.TFRecordDataset, cycle_length=min(len(files), 16),
-                                 num_parallel_calls=AUTOTUNE, deterministic=False)
-    if pipelines > len(files):  # fewer files than pipelines: each reads every file and keeps its share of records
-        records = records.shard(pipelines, index)
+    if pipelines > len(files):
+        raise DataError(f"{len(files)} training file(s) for {pipelines} input pipelines (one per process, or "
+                        "data.input_pipelines): each pipeline reads its own files. Fix: convert into smaller shards "
+                        "(`tpu2gpu tfrecords --set data.shard_target_mb=...`) so that every split has at least "
+                        f"{pipelines} files, or train on fewer processes")
+    fixed, mine = data_cfg.deterministic, sorted(files)[index::pipelines]  # by file: its own share of the sorted list
+    if pipelines > 1:
+        print(f"[train] input pipeline {index} of {pipelines}: {len(mine)} of {len(files)} files "
+              f"({', '.join(Path(f).name for f in mine)})", flush=True)
+    records = tf.data.Dataset.from_tensor_slices(mine).shuffle(len(mine), seed=seed)
+    records = records.interleave(tf.data.TFRecordDataset, cycle_length=min(len(mine), 16),
+                                 num_parallel_calls=AUTOTUNE, deterministic=fixed)
     # Shuffle serialized records (small) before decoding (large); repeat after, so epochs blend smoothly.
     records = records.shuffle(data_cfg.shuffle_buffer, seed=seed).repeat()
 
@@ -269,7 +275,7 @@ def make_train_dataset(files, data_cfg, share: InputShare, to_target=None, schem
             image = augment(image, data_cfg)
         return image, record["label"]
 
-    dataset = records.map(to_example, num_parallel_calls=AUTOTUNE, deterministic=False)
+    dataset = records.map(to_example, num_parallel_calls=AUTOTUNE, deterministic=fixed)
     # drop_remainder keeps the batch dimension static, which XLA on TPU requires.
     dataset = dataset.batch(batch_size, drop_remainder=True)
     if to_target is not None:
@@ -278,7 +284,7 @@ def make_train_dataset(files, data_cfg, share: InputShare, to_target=None, schem
             dataset = dataset.map(lambda images, targets: mix_batch(images, targets, data_cfg),
                                   num_parallel_calls=AUTOTUNE)
     options = tf.data.Options()
-    options.deterministic = False
+    options.deterministic = fixed
     return dataset.with_options(options).prefetch(AUTOTUNE)
 
 

@@ -142,14 +142,15 @@ class EpochMonitor:
         _write_json(self.work_dir / "checkpoints" / PROGRESS_NAME, {"epochs_done": epoch + 1})  # after the checkpoint
         now = time.monotonic()
         self.seconds.append(now - self.started)
-        if self.patience and epoch + 1 - self.best["epoch"] >= self.patience:
+        early = bool(self.patience and epoch + 1 - self.best["epoch"] >= self.patience)
+        cut = not early and cuts_after(epoch + 1, self.plan.epochs, now, max(self.seconds), self.deadline)
+        early, cut = self.backend.hosts.agree((early, cut))  # process 0's clock decides for every process
+        if early:
             print(f"[train] early stopping: no better val_{self.plan.metric} for {self.patience} epochs", flush=True)
-            return True
-        if cuts_after(epoch + 1, self.plan.epochs, now, max(self.seconds), self.deadline):
+        if cut:
             print(cut_message(epoch + 1, self.deadline - now, max(self.seconds)), flush=True)
             self.cut = True
-            return True
-        return False
+        return early or cut
 
     def count_steps(self, epoch: int, seconds: float) -> str:
         """The optimiser's own step count against the plan: a loop that trained more steps than planned would run the
@@ -176,7 +177,7 @@ class EpochMonitor:
                 value = math.nan
             logs["val_loss"] = float(np.mean(np.asarray(self.loss(self.targets, raw))))
             logs[f"val_{metric}"] = value
-            if is_better(metric, value, self.best["value"]):
+            if self.backend.hosts.agree(is_better(metric, value, self.best["value"])):
                 self.best = {"epoch": epoch + 1, "value": value}
                 if self.keep_best:
                     self.backend.save_weights(self.work_dir / "best" / "weights")
@@ -189,13 +190,16 @@ class EpochMonitor:
 def restore_best(backend, monitor: EpochMonitor, predict_val) -> tuple[int, np.ndarray]:
     """With train.keep=best, the best epoch's weights put back and checked against the outputs that epoch gave:
     (that epoch, the validation outputs now); (0, the last epoch's outputs) when none is kept."""
-    best_epoch, metric = monitor.best["epoch"], monitor.plan.metric
+    best_epoch, metric = backend.hosts.agree(monitor.best["epoch"]), monitor.plan.metric
     if not (monitor.keep_best and best_epoch):
         if monitor.keep_best:
             print(f"[train] no epoch gave a val_{metric}: exporting the last epoch's weights", flush=True)
         return 0, predict_val()
     backend.load_weights(monitor.work_dir / "best" / "weights")
-    expected, outputs = np.load(monitor.work_dir / "best" / "predictions.npy"), predict_val()
+    outputs = predict_val()
+    if not backend.hosts.writer:  # process 0 kept the best epoch's files, and checks them; outputs agree everywhere
+        return best_epoch, outputs
+    expected = np.load(monitor.work_dir / "best" / "predictions.npy")
     drift = float(np.max(np.abs(outputs - expected)))  # float reduction order aside, they must agree
     if drift > 1e-3 * max(1.0, float(np.max(np.abs(expected)))):
         raise RuntimeError(f"the restored weights of epoch {best_epoch} predict up to {drift:.2e} away from what "

@@ -55,17 +55,19 @@ def exported_metrics(export_dir: Path) -> dict | None:
 
 
 def train_and_export(cfg, backend, job: FoldJob, deadline: float) -> tuple[dict, FoldTiming | None]:
-    """One fold trained and exported: (its card's metrics, where its time went; None when it ran no epoch)."""
+    """One fold trained and exported (by process 0): (its card's metrics, {} on the other processes; where its time
+    went, None when it ran no epoch)."""
     started = time.monotonic()
     records = record_set(job.tfrecord_dir, cfg.data, job.fold)
     result = train_fold(cfg, backend, records, job.work, deadline)
     trained = time.monotonic()
-    card = export_fold(cfg, result, records, job.fold, job.export_dir)
+    metrics = export_fold(cfg, result, records, job.fold, job.export_dir).metrics if backend.hosts.writer else {}
+    backend.hosts.wait(f"fold{job.fold} exported")  # process 0 alone exports; the others wait for it
     shutil.rmtree(job.work / "checkpoints", ignore_errors=True)  # exported: the checkpoints have served
     if not result.epoch_seconds:  # resumed after its last epoch: nothing measured, the last estimate stands
-        return card.metrics, None
-    return card.metrics, FoldTiming(trained - started - sum(result.epoch_seconds), result.epoch_seconds,
-                                    time.monotonic() - trained)
+        return metrics, None
+    return metrics, FoldTiming(trained - started - sum(result.epoch_seconds), result.epoch_seconds,
+                               time.monotonic() - trained)
 
 
 def train_folds(cfg, backend, tfrecord_dir: str, out: Path, scratch: Path, deadline: float) -> dict:
@@ -74,13 +76,13 @@ def train_folds(cfg, backend, tfrecord_dir: str, out: Path, scratch: Path, deadl
     for fold in folds_to_train(cfg, tfrecord_dir):
         job = FoldJob.of(fold, tfrecord_dir, out, scratch)
         metrics = exported_metrics(job.export_dir)
-        if metrics is not None:
-            report["folds"][f"fold{fold}"] = metrics
+        if backend.hosts.agree(metrics is not None):  # process 0 sees the exports (it alone writes them)
+            report["folds"][f"fold{fold}"] = metrics or {}
             print(f"[train] fold {fold}: already exported in {job.export_dir}, skipped", flush=True)
             continue
         estimate = estimate_fold_seconds(last, cfg.train.epochs - epochs_checkpointed(job.work), cfg.train.fold_minutes)
         start, why = should_start(fold, deadline - time.monotonic(), estimate)
-        if not start:  # later folds are still looked at: exported ones are reported, resumable ones may fit
+        if not backend.hosts.agree(start):  # later folds are still looked at (exported ones reported)
             print(why, flush=True)
             report["not_started"].append(fold)
             continue

@@ -31,12 +31,41 @@ class EpochLoop:
     epoch_end: Callable[[int, dict], bool]  # epoch_end(epoch, logs) after its last step: True stops training
 
 
+@dataclass(frozen=True)
+class Hosts:
+    """The processes training together: one, unless the keras_jax route runs across hosts
+    (common/training/backends/keras_jax/hosts.py gives the collectives)."""
+
+    index: int = 0
+    count: int = 1
+    broadcast: Callable[[Any], Any] | None = None  # process 0's value (scalars, arrays, tuples of them) everywhere
+    barrier: Callable[[str], None] | None = None  # wait here until every process has come
+
+    @property
+    def writer(self) -> bool:
+        """Process 0 writes the export, card, reports, plots and checkpoints; the others write nothing shared."""
+        return self.index == 0
+
+    def agree(self, value):
+        """Process 0's value on every process: one decision everywhere (time and files differ between hosts)."""
+        return value if self.count == 1 else self.broadcast(value)
+
+    def wait(self, name: str) -> None:
+        """Every process waits here for the others (e.g. while process 0 alone exports)."""
+        if self.count > 1:
+            self.barrier(name)
+
+
+ONE_PROCESS = Hosts()
+
+
 @runtime_checkable
 class Backend(Protocol):
     """A training backend: one per run (common/training/backends/registry.py starts it), built again for each fold."""
 
     name: str  # the route's name, as train.framework and the card's runtime.framework say it
     ops: Any  # the task ops its losses are written in (common.tasks.parts: tensorflow_ops or keras_ops)
+    hosts: Hosts  # the processes training together (ONE_PROCESS but on the keras_jax route across hosts)
 
     @property
     def replicas(self) -> int:

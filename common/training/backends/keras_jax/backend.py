@@ -9,7 +9,7 @@ kept off the TPU by TPU_LOAD_LIBRARY=0 (common/launch/routes.py sets it before T
 The same interface as common/training/backends/tf_keras/backend.py, so the fold (plan, data, tasks, budget, scoring,
 card) is shared. What differs: the model is common/training/backends/keras_jax/model.py's; fit takes global batches from
 the same tf.data pipeline and DataParallel splits each over the devices (one replicated copy of the weights: batch-norm
-statistics agree by construction); checkpoints are Keras 3 .weights.h5 files (model and optimiser); and the export is
+statistics agree by construction); checkpoints are .npz arrays of every model and optimiser variable; and the export is
 made in a child interpreter under Keras 3's TensorFlow backend on the CPU, which rebuilds the model from the trained
 weights and writes the same SavedModel contract, verified against this JAX model's own predictions
 (common/training/backends/keras_jax/export.py).
@@ -18,6 +18,7 @@ weights and writes the same SavedModel contract, verified against this JAX model
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 from pathlib import Path
@@ -28,8 +29,21 @@ from common.data.pipeline import make_padded_image_batches
 from common.data.records import RecordSchema
 from common.export.census import precision_by_part
 from common.tasks.parts import keras_ops
-from common.training.backends.base import EpochLoop, average_swapped_in, epoch_hooks, learning_rate_schedule
+from common.training.backends.base import (
+    ONE_PROCESS,
+    EpochLoop,
+    Hosts,
+    average_swapped_in,
+    epoch_hooks,
+    learning_rate_schedule,
+)
 from common.training.backends.keras_jax.export import export
+from common.training.backends.keras_jax.hosts import (
+    describe_hosts,
+    gather_outputs,
+    lost_process_named,
+    start_hosts,
+)
 from common.training.backends.keras_jax.model import build_keras_model, read_weight_arrays, save_weight_arrays
 from common.training.plan import whole_executions
 
@@ -37,29 +51,35 @@ import jax
 import keras
 import numpy as np
 import tensorflow as tf
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-CHECKPOINT = "checkpoint.weights.h5"  # model and optimiser variables (Keras 3 saves both for a compiled model)
+CHECKPOINT = "checkpoint.npz"  # the model's and the optimiser's variables, in their order
 CHECKPOINT_STATE = "checkpoint.json"  # {"epochs_done": n}, written after the weights
 
 
 class JaxBackend:
     name = "keras_jax"
+    hosts = ONE_PROCESS  # __init__ sets the job's
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, hosts: Hosts = ONE_PROCESS):
         if cfg.train.loop != "fit":
             raise ConfigError(f"train.loop={cfg.train.loop!r} is the tf_keras route's hand-written loop; Keras 3 on "
                               "JAX trains with fit. Fix: train.loop=fit, or train.framework=tf_keras")
         if keras.backend.backend() != "jax":
             raise ConfigError(f"Keras runs on its {keras.backend.backend()} backend in this process, not JAX: "
                               "KERAS_BACKEND=jax must be set before keras is first imported")
-        self.cfg, self.ops = cfg, keras_ops()
+        self.cfg, self.ops, self.hosts = cfg, keras_ops(), hosts
         # runtime.strategy=default: one device, as the default tf.distribute strategy is one replica.
-        self.devices = jax.devices()[:1] if cfg.runtime.strategy == "default" else jax.devices()
+        single = cfg.runtime.strategy == "default" and hosts.count == 1
+        self.devices = jax.devices()[:1] if single else jax.devices()
         self.platform = self.devices[0].platform
         self.policy = precision_for(cfg.train.precision, self.platform)
-        # One copy of the weights, each global batch split over every device (the TPU cores).
-        keras.distribution.set_distribution(keras.distribution.DataParallel(devices=self.devices)
-                                            if len(self.devices) > 1 else None)
+        # One copy of the weights, each global batch split over every device (the TPU cores, every host's); each
+        # process feeds its own part of the batch (distribute), so Keras must not shard the dataset again.
+        keras.distribution.set_distribution(
+            keras.distribution.DataParallel(devices=self.devices, auto_shard_dataset=False)
+            if len(self.devices) > 1 else None)
+        keras.utils.set_random_seed(cfg.train.seed)  # the same initial weights on every process
         self.model = None
 
     @property
@@ -72,12 +92,14 @@ class JaxBackend:
                 f"devices       {len(self.devices)} x {kind} ({self.platform}); "
                 f"{'DataParallel' if len(self.devices) > 1 else 'one device'}\n"
                 f"tensorflow    {tf.__version__} (tf.data only; TPU_LOAD_LIBRARY={os.environ.get('TPU_LOAD_LIBRARY')})"
-                f"\nprecision     {self.policy}")
+                f"\nprecision     {self.policy}"
+                + (f"\n{describe_hosts(self.hosts, self.devices)}" if self.hosts.count > 1 else ""))
 
     def build(self, plan) -> None:
         """Model, optimiser (Adam on the plan's schedule; with train.ema its moving average), the task's loss and
         running metric. The optimiser's variables exist before any restore."""
         self.plan = plan
+        self.__dict__.pop("_forward", None)  # a new model: the gathered predict traces it afresh
         self.steps_per_execution = self._steps_per_execution(plan.steps_per_epoch)
         self.model = self._build(self.policy)
         schedule = learning_rate_schedule(plan.peak_lr, plan.total_steps, plan.warmup_steps,
@@ -117,7 +139,9 @@ class JaxBackend:
         return {"framework": self.name, "keras": keras.__version__, "jax": jax.__version__,
                 "devices": f"{len(self.devices)} x {self.devices[0].device_kind}", "platform": self.platform,
                 "distribution": "DataParallel" if len(self.devices) > 1 else "none",
-                "steps_per_execution": self.steps_per_execution,
+                "steps_per_execution": self.steps_per_execution, "processes": self.hosts.count,
+                "process_index": self.hosts.index, "local_devices": sum(d.process_index == self.hosts.index
+                                                                        for d in self.devices),
                 "tensorflow": tf.__version__, "tpu_stack": fallback_record()}
 
     def precision(self) -> dict[str, str]:
@@ -125,30 +149,54 @@ class JaxBackend:
 
     # ------------------------------------------------------------------------------------------------ checkpoints
     def restore(self, directory: Path) -> int:
-        """Model and optimiser from the checkpoint in directory: the epochs it holds (0: none)."""
+        """Model and optimiser from the checkpoint in directory: the epochs it holds (0: none). Across processes,
+        process 0's checkpoint, its values sent to every process: all resume from the same epoch."""
         self.checkpoints = Path(directory)
         self.checkpoints.mkdir(parents=True, exist_ok=True)
         state = self.checkpoints / CHECKPOINT_STATE
-        if not state.is_file():
-            return 0
-        self.model.load_weights(self.checkpoints / CHECKPOINT)
-        return int(json.loads(state.read_text())["epochs_done"])
+        epochs = int(json.loads(state.read_text())["epochs_done"]) if self.hosts.writer and state.is_file() else 0
+        epochs = self.hosts.agree(epochs)
+        if epochs:
+            self._assign(self._state_variables(), lambda: read_weight_arrays(self.checkpoints / CHECKPOINT))
+        return epochs
+
+    def _state_variables(self) -> list:
+        """Everything a resumed fold needs: the model's variables and the optimiser's (its step count included)."""
+        return [*self.model.variables, *self.model.optimizer.variables]
+
+    def _assign(self, variables, read) -> None:
+        """variables set to what read() gives on process 0, on every process. Every process assigns (an assignment
+        to variables that span several processes is a collective); only process 0 reads a file."""
+        values = read() if self.hosts.writer else [np.asarray(v.value) for v in variables]
+        values = self.hosts.agree(values)
+        if len(values) != len(variables):
+            raise ValueError(f"a checkpoint of {len(values)} arrays for {len(variables)} variables: it was written by "
+                             "another model or Keras version; delete the work folder's checkpoints to start over")
+        for variable, value in zip(variables, values, strict=True):
+            variable.assign(value)
 
     def save_checkpoint(self, epochs_done: int) -> None:
-        """Written to a temporary name and renamed: a run killed while saving keeps its previous checkpoint."""
-        partial = self.checkpoints / f"partial-{CHECKPOINT}"
-        self.model.save_weights(partial)
-        partial.replace(self.checkpoints / CHECKPOINT)
+        """Every variable's value as arrays (.npz, read back without Keras: process 0 alone reads, and then sends),
+        written to a temporary name and renamed: a run killed while saving keeps its previous checkpoint. Process 0
+        alone writes; the values are the same on every process."""
+        if not self.hosts.writer:
+            return
+        save_weight_arrays(self.checkpoints / f"partial-{CHECKPOINT}", [np.asarray(v.value)
+                                                                       for v in self._state_variables()])
+        (self.checkpoints / f"partial-{CHECKPOINT}").replace(self.checkpoints / CHECKPOINT)
         state = self.checkpoints / CHECKPOINT_STATE
         state.with_suffix(".tmp").write_text(json.dumps({"epochs_done": epochs_done}))
         state.with_suffix(".tmp").replace(state)
 
     def save_weights(self, path: Path) -> None:
-        """The model's weights alone (no optimiser), as arrays in the model's order: what the export rebuilds from."""
-        save_weight_arrays(Path(path).with_suffix(".npz"), self.model.get_weights())
+        """The model's weights alone (no optimiser), as arrays in the model's order: what the export rebuilds from.
+        Process 0 alone writes."""
+        if self.hosts.writer:
+            save_weight_arrays(Path(path).with_suffix(".npz"), self.model.get_weights())
 
     def load_weights(self, path: Path) -> None:
-        self.model.set_weights(read_weight_arrays(Path(path).with_suffix(".npz")))
+        """What save_weights wrote, on every process (process 0 reads it)."""
+        self._assign(self.model.weights, lambda: read_weight_arrays(Path(path).with_suffix(".npz")))
 
     @contextlib.contextmanager
     def averaged(self):
@@ -167,12 +215,28 @@ class JaxBackend:
 
     # ---------------------------------------------------------------------------------------------------- train
     def distribute(self, make_dataset):
-        """One input pipeline of global batches: DataParallel splits each batch over the devices."""
-        return make_dataset(None)
+        """This process's part of each global batch, which DataParallel splits over the devices: one pipeline of
+        global batches, or with several processes (or data.input_pipelines) each pipeline reads its own files and
+        makes global batch / pipelines of every batch, a process's pipelines side by side."""
+        pipelines, processes = self.cfg.data.input_pipelines or self.hosts.count, self.hosts.count
+        if pipelines % processes:
+            raise ConfigError(f"data.input_pipelines={pipelines} does not split over the job's {processes} processes. "
+                              f"Fix: a multiple of {processes}, or 0 (one per process)")
+        if pipelines == 1:
+            return make_dataset(None)
+        mine = pipelines // processes
+        parts = [make_dataset(tf.distribute.InputContext(pipelines, self.hosts.index * mine + k, pipelines))
+                 for k in range(mine)]
+        if mine == 1:
+            return parts[0]
+        return tf.data.Dataset.zip(tuple(parts)).map(lambda *batches: tf.nest.map_structure(
+            lambda *pieces: tf.concat(pieces, axis=0), *batches))
 
     def fit(self, data, loop: EpochLoop) -> None:
-        self.model.fit(data, epochs=loop.epochs, initial_epoch=loop.initial_epoch, steps_per_epoch=loop.steps_per_epoch,
-                       callbacks=[epoch_hooks(keras.callbacks.Callback, loop)], verbose=2)
+        with lost_process_named(self.hosts):
+            self.model.fit(data, epochs=loop.epochs, initial_epoch=loop.initial_epoch,
+                           steps_per_epoch=loop.steps_per_epoch,
+                           callbacks=[epoch_hooks(keras.callbacks.Callback, loop)], verbose=2)
 
     # -------------------------------------------------------------------------------------------------- predict
     def predict(self, files, schema: RecordSchema, count: int) -> np.ndarray:
@@ -180,7 +244,19 @@ class JaxBackend:
         batch must split evenly over the devices) and the padding dropped after."""
         batch = self.plan.global_batch
         batches = make_padded_image_batches(files, schema, self.cfg.data.image_size, batch)
-        return self.model.predict(batches, steps=-(-count // batch), verbose=0)[:count]
+        if self.hosts.count == 1:
+            return self.model.predict(batches, steps=-(-count // batch), verbose=0)[:count]
+        # Keras's predict cannot fetch outputs on other processes' devices: each computes its rows, then all gather.
+        trainable = [v.value for v in self.model.trainable_variables]
+        other = [v.value for v in self.model.non_trainable_variables]
+        sharding = NamedSharding(Mesh(np.array(self.devices), ("batch",)), PartitionSpec("batch"))
+        images = (b.numpy() for b in batches.take(-(-count // batch)))
+        with lost_process_named(self.hosts):
+            return gather_outputs(lambda x: self._forward(trainable, other, x), images, self.hosts, sharding)[:count]
+
+    @functools.cached_property
+    def _forward(self):
+        return jax.jit(lambda trainable, other, x: self.model.stateless_call(trainable, other, x, training=False)[0])
 
     # --------------------------------------------------------------------------------------------------- export
     def export(self, export_dir: Path, contents):
@@ -189,7 +265,8 @@ class JaxBackend:
 
 
 def start(cfg) -> JaxBackend:
-    """The keras_jax backend, its devices and precision logged (KERAS_BACKEND=jax was set by the route's prepare)."""
-    backend = JaxBackend(cfg)
+    """The keras_jax backend, its devices and precision logged (KERAS_BACKEND=jax was set by the route's prepare);
+    across processes, JAX's distributed runtime is started first (keras_jax/hosts.py)."""
+    backend = JaxBackend(cfg, start_hosts(cfg))
     print(backend.describe(), flush=True)
     return backend

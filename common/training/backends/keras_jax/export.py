@@ -38,14 +38,11 @@ def export(backend, export_dir: Path, contents: ExportContents):
     """The verified export of the weights backend.model holds now: the child rebuilds the model from them and saves
     the SavedModel contract; the check compares it with what this JAX model, in float32, predicts for the verify
     images."""
-    copy = backend._build("float32")  # what a T4 runs: the export's float32 signature is checked against it
-    copy.set_weights(backend.model.get_weights())
-    verify_images = contents.verify_images
-    expected = _predict_padded(copy, verify_images, backend.replicas)
+    expected = _float32_outputs(backend, contents.verify_images)
     with tempfile.TemporaryDirectory(prefix="tpu2gpu-export-") as folder:
         job = Path(folder)
         backend.save_weights(job / "weights")
-        np.savez(job / "verify.npz", images=verify_images, expected=expected)
+        np.savez(job / "verify.npz", images=contents.verify_images, expected=expected)
         write_card(job, contents.card)
         (job / "job.json").write_text(json.dumps({
             "config": config_to_dict(backend.cfg), "outputs": backend.plan.outputs,
@@ -56,11 +53,20 @@ def export(backend, export_dir: Path, contents: ExportContents):
     return read_card(export_dir)
 
 
-def _predict_padded(model, images: np.ndarray, replicas: int) -> np.ndarray:
-    """model's outputs for images, padded to a multiple of the device count (DataParallel splits every batch)."""
-    padded = -(-len(images) // replicas) * replicas
-    batch = np.concatenate([images, np.zeros((padded - len(images), *images.shape[1:]), images.dtype)])
-    return np.asarray(model.predict(batch, batch_size=padded, verbose=0))[:len(images)]
+def _float32_outputs(backend, images: np.ndarray) -> np.ndarray:
+    """What the model computes for images in float32 (what a T4 runs: the export's float32 signature is checked
+    against it), on this process's first device alone: the export is process 0's work, with no other process to
+    compute with."""
+    import keras
+
+    distribution = keras.distribution.distribution()
+    keras.distribution.set_distribution(None)
+    try:
+        copy = backend._build("float32")
+        copy.set_weights(backend.model.get_weights())
+        return np.asarray(copy.predict(images, batch_size=len(images), verbose=0))
+    finally:
+        keras.distribution.set_distribution(distribution)
 
 
 def _run_child(job: Path) -> None:

@@ -24,7 +24,13 @@ from common.data.records import RecordSchema
 from common.export.census import precision_by_part
 from common.export.writer import ExportContents
 from common.tasks.parts import tensorflow_ops
-from common.training.backends.base import EpochLoop, average_swapped_in, epoch_hooks, learning_rate_schedule
+from common.training.backends.base import (
+    ONE_PROCESS,
+    EpochLoop,
+    average_swapped_in,
+    epoch_hooks,
+    learning_rate_schedule,
+)
 from common.training.backends.tf_keras.custom_loop import CustomLoop
 from common.training.backends.tf_keras.export import export, serving_model
 from common.training.backends.tf_keras.model import (
@@ -40,6 +46,7 @@ HOST = "/job:localhost"  # on a TPU, checkpoints and weights are written through
 
 class TFBackend:
     name = "tf_keras"
+    hosts = ONE_PROCESS  # one host: multi-host training is the keras_jax route's
 
     def __init__(self, cfg, strategy: tf.distribute.Strategy, hub_handle: str | None = None):
         self.cfg, self.strategy, self.hub_handle = cfg, strategy, hub_handle
@@ -174,10 +181,16 @@ class TFBackend:
 def start(cfg) -> TFBackend:
     """The tf_keras backend: the strategy (TPU, several GPUs, logical CPUs or the default) and the precision policy
     decided and logged."""
+    from common.core.errors import ConfigError
     from common.core.paths import resolve_hub_handle
     from common.core.platform import environment_report
     from common.core.strategy import choose_precision, get_strategy, set_precision, split_cpu
+    from common.launch.hosts import multiprocess_job
 
+    if multiprocess_job(cfg) is not None:
+        raise ConfigError("the tf_keras route trains on one host; this job has several processes (runtime.multihost "
+                          "or KERAS_DISTRIBUTION_*). Fix: train.framework=keras_jax (Keras 3 on JAX trains across "
+                          "hosts), or run one process")
     split_cpu(cfg.runtime.cpu_devices)
     strategy = get_strategy(cfg.runtime.strategy, cfg.runtime.tpu_address)
     policy = choose_precision(cfg.train.precision, strategy)
