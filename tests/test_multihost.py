@@ -113,13 +113,15 @@ def test_the_launcher_names_the_first_process_to_fail(demo_records, tiny_keras_b
     assert not (tmp_path / "export").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("setting", "line"), [
     ("train.early_stopping=1", "[train] early stopping: no better val_macro_f1 for 1 epochs"),
-    # Slow: the budget's cut reaches the processes through the same agreed decision as early stopping's (fold.py's
-    # EpochMonitor.epoch_end), and test_training.py cuts a one-process fold.
-    pytest.param("train.time_budget_hours=0.05", "[train] time budget:", marks=pytest.mark.slow)])
+    ("train.time_budget_hours=0.05", "[train] time budget:")])
 def test_both_processes_stop_at_the_same_epoch_with_one_export(setting, line, demo_records, tiny_keras_backbone,
                                                                tmp_path):
+    """Slow (about a minute each on 2 cores), and the one check of a stop decided on two processes: opt in with -m slow.
+    Every epoch of test_two_processes_train_as_one_process_with_two_devices takes the same agreed decision (not to
+    stop); a one-process stop is test_training.py's."""
     # learning rate ~0: no epoch beats the first, so early stopping ends the fold at epoch 2; the budget (3 minutes,
     # less the 5 an export is given) is gone after epoch 1.
     argv = settings(demo_records[0], tiny_keras_backbone, tmp_path, setting, "train.learning_rate=1e-9",
