@@ -7,10 +7,22 @@ from __future__ import annotations
 import csv
 import io
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
+
+REPO = Path(__file__).resolve().parents[1]
+# A fresh interpreter without Keras 2 and TF Hub, as on a GPU image that lacks them.
+BLOCK_KERAS_AND_HUB = "import sys; sys.modules['tf_keras'] = None; sys.modules['tensorflow_hub'] = None; "
+
+
+def run_inference_kernel(argv: list[str]) -> subprocess.CompletedProcess:
+    """infer_gpu.infer's main(argv) in a fresh interpreter where tf_keras and tensorflow_hub cannot be imported."""
+    code = BLOCK_KERAS_AND_HUB + f"from infer_gpu.infer import main; sys.exit(main({argv!r}))"
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
 
 
 def image_bytes(seed: int, size: int = 16, fmt: str = "JPEG") -> bytes:

@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from builders import run_inference_kernel
+
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[1]
@@ -174,9 +176,7 @@ def test_a_lost_process_ends_the_job_and_the_same_command_resumes(one_process, d
         out = tmp_path / "infer" / name.replace(" ", "_")
         infer = ["--set", f"infer.exports=[{export}]", "--set", f"runtime.competition_dir={demo_dir}",
                  "--set", f"runtime.output_dir={out}"]
-        code = ("import sys; sys.modules['tf_keras'] = None; sys.modules['tensorflow_hub'] = None; "
-                f"from infer_gpu.infer import main; sys.exit(main({infer!r}))")
-        run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+        run = run_inference_kernel(infer)
         assert run.returncode == 0, run.stderr[-3000:]
         scores[name] = score(out / "submission.csv", demo_dir / "solution.csv")
     print(f"submission macro-F1: {scores}; the lost process ended the job {ended:.1f} s after the kill")

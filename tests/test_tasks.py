@@ -10,8 +10,6 @@ submission.csv in the template's columns and order, scored against the held-out 
 import csv
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 from common.core.config import load_config
@@ -24,7 +22,7 @@ import pytest
 
 from train_tpu.train import main as train_main
 
-from builders import SHAPES, read_csv, task_competition, write_csv
+from builders import SHAPES, read_csv, run_inference_kernel, task_competition, write_csv
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -47,9 +45,7 @@ def run_task(tmp_path: Path, demo_dir: Path, tiny_backbone: Path, task: str, *ex
     infer = ["--set", f"infer.exports=[{tmp_path / 'train' / 'export'}]", "--set",
              f"runtime.competition_dir={competition}", "--set", f"data.id_column={id_col}", "--set",
              f"runtime.output_dir={tmp_path / 'infer'}"]
-    code = ("import sys; sys.modules['tf_keras'] = None; sys.modules['tensorflow_hub'] = None; "
-            f"from infer_gpu.infer import main; sys.exit(main({infer!r}))")
-    run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    run = run_inference_kernel(infer)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     with (tmp_path / "infer" / "submission.csv").open(newline="") as f:
         header = next(csv.reader(f))

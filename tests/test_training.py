@@ -25,8 +25,9 @@ import tensorflow as tf
 
 from train_tpu.train import main as train_main
 
+from builders import BLOCK_KERAS_AND_HUB
+
 REPO = Path(__file__).resolve().parents[1]
-BLOCK_KERAS_AND_HUB = "import sys; sys.modules['tf_keras'] = None; sys.modules['tensorflow_hub'] = None; "
 
 
 def test_custom_loop_step_on_two_replicas_equals_the_single_device_step(plain_backbone):

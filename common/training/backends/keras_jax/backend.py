@@ -41,6 +41,7 @@ from common.training.backends.keras_jax.export import export
 from common.training.backends.keras_jax.hosts import (
     describe_hosts,
     gather_outputs,
+    local_devices,
     lost_process_named,
     start_hosts,
 )
@@ -140,8 +141,7 @@ class JaxBackend:
                 "devices": f"{len(self.devices)} x {self.devices[0].device_kind}", "platform": self.platform,
                 "distribution": "DataParallel" if len(self.devices) > 1 else "none",
                 "steps_per_execution": self.steps_per_execution, "processes": self.hosts.count,
-                "process_index": self.hosts.index, "local_devices": sum(d.process_index == self.hosts.index
-                                                                        for d in self.devices),
+                "process_index": self.hosts.index, "local_devices": local_devices(self.hosts, self.devices),
                 "tensorflow": tf.__version__, "tpu_stack": fallback_record()}
 
     def precision(self) -> dict[str, str]:
@@ -181,9 +181,9 @@ class JaxBackend:
         alone writes; the values are the same on every process."""
         if not self.hosts.writer:
             return
-        save_weight_arrays(self.checkpoints / f"partial-{CHECKPOINT}", [np.asarray(v.value)
-                                                                       for v in self._state_variables()])
-        (self.checkpoints / f"partial-{CHECKPOINT}").replace(self.checkpoints / CHECKPOINT)
+        partial = self.checkpoints / f"partial-{CHECKPOINT}"
+        save_weight_arrays(partial, [np.asarray(v.value) for v in self._state_variables()])
+        partial.replace(self.checkpoints / CHECKPOINT)
         state = self.checkpoints / CHECKPOINT_STATE
         state.with_suffix(".tmp").write_text(json.dumps({"epochs_done": epochs_done}))
         state.with_suffix(".tmp").replace(state)

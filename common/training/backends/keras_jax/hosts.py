@@ -75,9 +75,14 @@ def _barrier(name: str) -> None:
     distributed.global_state.client.wait_at_barrier(name, BARRIER_SECONDS * 1000)
 
 
+def local_devices(hosts: Hosts, devices) -> int:
+    """How many of the job's devices are this process's."""
+    return sum(d.process_index == hosts.index for d in devices)
+
+
 def describe_hosts(hosts: Hosts, devices) -> str:
-    local = sum(d.process_index == hosts.index for d in devices)
-    return f"processes     {hosts.count} (this is process {hosts.index}); {local} local of {len(devices)} devices"
+    return (f"processes     {hosts.count} (this is process {hosts.index}); {local_devices(hosts, devices)} local of "
+            f"{len(devices)} devices")
 
 
 def gather_outputs(forward, batches, hosts: Hosts, sharding) -> np.ndarray:
