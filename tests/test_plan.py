@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 from common.core.config import load_config
 from common.core.errors import ConfigError, StrategyError
-from common.training.plan import needs_train_labels, plan_fold, whole_executions
+from common.training.plan import describe_executions, needs_train_labels, plan_fold, whole_executions
 
 import numpy as np
 import pytest
@@ -76,3 +76,16 @@ def test_a_plan_that_cannot_work_is_named_before_any_model_exists():
 def test_whole_executions_is_the_largest_divisor_of_the_epoch_not_above_the_setting(setting, steps_per_epoch,
                                                                                      expected):
     assert whole_executions(setting, steps_per_epoch) == expected
+
+
+def test_shorter_executions_are_reported_with_the_epoch_that_would_allow_the_setting():
+    assert describe_executions(32, 64) is None  # the setting divides the epoch
+    assert describe_executions(32, 17) is None  # one execution is the whole epoch
+    assert describe_executions(32, 140) == (
+        "[train] steps per execution: 28, the largest divisor of 140 steps per epoch not above "
+        "train.steps_per_execution=32, so that every epoch trains exactly 140 steps (Keras 3 on JAX finishes each "
+        "execution it starts)")
+    assert describe_executions(32, 97).endswith(  # a prime epoch: executions of one step
+        "steps per execution: 1, the largest divisor of 97 steps per epoch not above train.steps_per_execution=32, "
+        "so that every epoch trains exactly 97 steps (Keras 3 on JAX finishes each execution it starts); "
+        "--set train.steps_per_epoch=96 would run executions of 32")

@@ -90,6 +90,22 @@ def whole_executions(setting: int, steps_per_epoch: int) -> int:
     return max(d for d in range(1, min(setting, steps_per_epoch) + 1) if steps_per_epoch % d == 0)
 
 
+def describe_executions(setting: int, steps_per_epoch: int) -> str | None:
+    """The log line for executions shorter than train.steps_per_execution, or None when the setting is used as is.
+    Where the divisor is under half the setting (a prime epoch gives 1), it names the steps_per_epoch that would
+    allow the whole setting: a shorter execution syncs the host more often."""
+    steps = whole_executions(setting, steps_per_epoch)
+    if steps == setting or steps == steps_per_epoch:
+        return None
+    line = (f"[train] steps per execution: {steps}, the largest divisor of {steps_per_epoch} steps per epoch not above "
+            f"train.steps_per_execution={setting}, so that every epoch trains exactly {steps_per_epoch} steps "
+            f"(Keras 3 on JAX finishes each execution it starts)")
+    if steps < setting // 2 and steps_per_epoch > setting:
+        line += (f"; --set train.steps_per_epoch={steps_per_epoch // setting * setting} would run executions of "
+                 f"{setting}")
+    return line
+
+
 def needs_train_labels(cfg) -> bool:
     """The plan reads every training label (no image is decoded) only for target scaling or class weights."""
     return get_task(cfg.data.task).scaling is not None or cfg.train.class_weight != "none"

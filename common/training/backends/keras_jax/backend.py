@@ -46,7 +46,7 @@ from common.training.backends.keras_jax.hosts import (
     start_hosts,
 )
 from common.training.backends.keras_jax.model import build_keras_model, read_weight_arrays, save_weight_arrays
-from common.training.plan import whole_executions
+from common.training.plan import describe_executions, whole_executions
 
 import jax
 import keras
@@ -118,12 +118,10 @@ class JaxBackend:
         every execution it starts (keras/src/backend/jax/trainer.py), so an execution that crossed the epoch's end
         would train steps the plan does not have and run the schedule down to zero early."""
         setting = self.cfg.train.steps_per_execution
-        steps = whole_executions(setting, steps_per_epoch)
-        if steps != setting:
-            print(f"[train] steps per execution: {steps}, the largest divisor of {steps_per_epoch} steps per epoch "
-                  f"not above train.steps_per_execution={setting}, so that every epoch trains exactly "
-                  f"{steps_per_epoch} steps (Keras 3 on JAX finishes each execution it starts)", flush=True)
-        return steps
+        note = describe_executions(setting, steps_per_epoch)
+        if note:
+            print(note, flush=True)
+        return whole_executions(setting, steps_per_epoch)
 
     def optimizer_steps(self) -> int:
         """Steps the optimiser has taken, by its own count (restored with a checkpoint)."""
