@@ -56,12 +56,11 @@ def test_cutmix_pastes_exactly_the_box_its_weights_say():
     assert mixed.shape == images.shape and soft.shape == targets.shape
     mixed, soft = mixed.numpy(), soft.numpy()
     np.testing.assert_allclose(soft.sum(axis=1), 1.0, rtol=1e-6)
-    pasted_any = False
+    weighed = 0  # images whose label weights the box's area was checked on
     for i in range(16):
         pasted = mixed[i, :, :, 0] != images.numpy()[i, 0, 0, 0]
         share = pasted.mean()
         if pasted.any():
-            pasted_any = True
             rows, cols = np.flatnonzero(pasted.any(axis=1)), np.flatnonzero(pasted.any(axis=0))
             assert pasted[rows[0]:rows[-1] + 1, cols[0]:cols[-1] + 1].all()  # one solid rectangle
             assert len(np.unique(mixed[i][pasted])) == 1  # from one other image
@@ -69,7 +68,8 @@ def test_cutmix_pastes_exactly_the_box_its_weights_say():
             if partner % 4 != i % 4:
                 assert soft[i, partner % 4] == pytest.approx(share, abs=1e-6)  # the label weight is the box's area
                 assert soft[i, i % 4] == pytest.approx(1 - share, abs=1e-6)
-    assert pasted_any
+                weighed += 1
+    assert weighed >= 4, weighed
 
 
 def test_cutout_and_affine_keep_shape_and_change_pixels():

@@ -86,14 +86,13 @@ def test_wait_polls_until_complete_and_stops_on_error(recorder, capsys):
 
 
 @pytest.mark.e2e
-def test_a_failing_cli_call_stops_with_its_message(tmp_path, monkeypatch):
-    monkeypatch.setenv("KAGGLE_API_ENVIRONMENT", "LOCALHOST")  # nothing listens: the CLI fails
-    monkeypatch.setenv("KAGGLE_USERNAME", "tester")
-    monkeypatch.setenv("KAGGLE_KEY", "not-a-real-key-0123456789")
+def test_a_failing_cli_call_stops_with_its_message(tmp_path, recorder):
+    recorder.fail = {"SaveKernel": (403, "Permission denied")}  # Kaggle refuses the push
     build(load_config(None, PROJECT), tmp_path / "build")
     with pytest.raises(workflow.WorkflowError) as err:
         workflow.push(tmp_path / "build", "train")
     assert "`kaggle kernels push -p" in str(err.value) and "failed" in str(err.value)
+    assert "Permission denied" in str(err.value)  # the CLI's own words reach the user
     assert "not-a-real-key" not in str(err.value)
 
 
@@ -317,15 +316,21 @@ def test_build_refuses_what_the_training_kernel_could_not_reach(tmp_path, overri
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("overrides", [
-    ["kaggle.tpu_wheels=", "kaggle.train_internet=true", "model.backbone=efficientnet"],  # pip and weights online
-    ["kaggle.tpu_wheels=", "kaggle.tpu_runtime=image"],  # an image that has its TPU build
-    ["runtime.tfrecords=extra-data", "model.backbone=efficientnet",
-     "model.efficientnet_weights=/kaggle/input/extra-data/b0.h5"],
-    ["kaggle.train_accelerator=NvidiaTeslaT4", "kaggle.tpu_wheels="],  # a GPU kernel needs no TPU stack
+@pytest.mark.parametrize("overrides, internet, machine, datasets", [
+    (["kaggle.tpu_wheels=", "kaggle.train_internet=true", "model.backbone=efficientnet"],  # pip and weights online
+     True, "TpuV5E8", ["tester/extra-data/3"]),
+    (["kaggle.tpu_wheels=", "kaggle.tpu_runtime=image"],  # an image that has its TPU build
+     False, "TpuV5E8", ["tester/extra-data/3"]),
+    (["runtime.tfrecords=extra-data", "model.backbone=efficientnet",
+      "model.efficientnet_weights=/kaggle/input/extra-data/b0.h5"],
+     False, "TpuV5E8", ["tester/extra-data/3", "tester/tpu-wheels"]),
+    (["kaggle.train_accelerator=NvidiaTeslaT4", "kaggle.tpu_wheels="],  # a GPU kernel needs no TPU stack
+     False, "NvidiaTeslaT4", ["tester/extra-data/3"]),
 ])
-def test_build_accepts_what_kaggle_can_reach(tmp_path, overrides):
-    build(load_config(None, [*PROJECT, *overrides]), tmp_path / "build")
+def test_build_accepts_what_kaggle_can_reach(tmp_path, overrides, internet, machine, datasets):
+    folders = build(load_config(None, [*PROJECT, *overrides]), tmp_path / "build")
+    meta = json.loads((folders["train"] / "kernel-metadata.json").read_text())
+    assert (meta["enable_internet"], meta["machine_shape"], meta["dataset_sources"]) == (internet, machine, datasets)
 
 
 @pytest.mark.e2e
@@ -351,7 +356,7 @@ def test_two_builds_are_byte_identical(tmp_path):
                                        "infer/kernel-metadata.json", "train/kernel-metadata.json", "train/train.py"]
     for f in files:
         assert (tmp_path / "one" / f).read_bytes() == (tmp_path / "two" / f).read_bytes(), f
-    assert first["train"] != second["train"]
+    assert (first["train"], second["train"]) == (tmp_path / "one" / "train", tmp_path / "two" / "train")
 
 
 @pytest.mark.e2e

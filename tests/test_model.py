@@ -50,9 +50,11 @@ def test_efficientnet_package_builds_b0_and_trains_a_step(demo_records):
     assert 4_000_000 < model.count_params() < 4_100_000  # B0 without top: 4.05 M + head
     compile_model(model, cfg.train, TASKS["multiclass"], 1e-3)
     images, labels = _batches(demo_records, 32, batch=8)[0]
-    loss, accuracy = model.train_on_batch(images, labels)
+    before = [w.numpy().copy() for w in model.trainable_weights]
+    loss, _ = model.train_on_batch(images, labels)
     assert np.isfinite(loss) and loss > 0
-    assert abs(accuracy * 8 - round(accuracy * 8)) < 1e-6  # the fraction of these 8 images it got right
+    moved = sum(not np.allclose(b, a.numpy()) for b, a in zip(before, model.trainable_weights, strict=True))
+    assert moved > 0.9 * len(before), (moved, len(before))  # the step reached the backbone, not only the head
 
 
 def test_missing_or_offline_hub_handles_are_clear_errors():

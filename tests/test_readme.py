@@ -97,5 +97,6 @@ def test_task_type_configs_in_the_docs_are_valid():
         raw = {}
         for snippet in re.findall(r"`((?:data|train|kaggle): \{[^`]*\})`", text):
             raw.update(yaml.safe_load("{" + snippet + "}"))
+        assert raw, text  # each recipe names its settings
         cfg = config_from_dict(raw, load_config())
         get_task(cfg.data.task).competition_metric(cfg.train.metric)

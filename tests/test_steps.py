@@ -70,7 +70,7 @@ def test_every_epoch_ends_at_the_planned_optimiser_step(framework, setting, demo
     applied = 1 if framework == "tf_keras" else 0
     for steps, rate in backend.seen:
         assert rate == pytest.approx(plan.learning_rate(steps - applied), rel=1e-5, abs=1e-12), (steps, rate)
-    assert plan.learning_rate(2 * STEPS - 1) > 1e-3 * plan.peak_lr  # the last step trained at a rate above zero
+    assert backend.seen[0][1] > 0.1 * plan.peak_lr  # halfway through, the rate is still far from the schedule's end
 
 
 @pytest.mark.parametrize("framework", ["tf_keras", "keras_jax"])
