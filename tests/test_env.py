@@ -44,3 +44,18 @@ def test_environment_report_names_versions_devices_and_replicas():
     assert "devices       CPU:0, CPU:1" in report
     assert "strategy      MirroredStrategy" in report
     assert "replicas      2" in report
+
+
+@pytest.mark.e2e
+def test_a_hub_backbone_without_pkg_resources_is_one_named_error_before_any_data_is_read(tmp_path):
+    """tensorflow_hub 0.16.1 imports pkg_resources, which setuptools 82 removed (pip fills a Python 3.12+ venv with the
+    newest setuptools): the training kernel names the fix instead of dying in a traceback, before it reads data."""
+    argv = ["--set", f"runtime.tfrecords={tmp_path / 'no-records'}", "--set", f"runtime.output_dir={tmp_path / 'out'}"]
+    code = ("import sys; sys.modules['pkg_resources'] = None; from common.launch.kernel import guarded; "
+            f"from train_tpu.train import main; sys.exit(guarded('train_tpu', main, {argv!r}))")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 2, run.stderr[-3000:]
+    assert ("train_tpu: error: model.backbone=hub needs tensorflow_hub, which imports pkg_resources, and this "
+            "environment's setuptools has none (setuptools 82 removed it). Fix: `pip install 'setuptools<82'`"
+            in run.stderr)
+    assert "Traceback" not in run.stderr and not (tmp_path / "out").exists()

@@ -25,9 +25,10 @@ from builders import read_csv, write_csv
 pytestmark = pytest.mark.e2e  # the inference kernel, on the trained_export fixture's model
 
 REPO = Path(__file__).resolve().parents[1]
-# What the inference kernel must run without: Keras 2 and TF Hub (the GPU image may lack them), scikit-learn (folds
-# and metrics are training's), and every training module.
-TRAINING_ONLY = ("tf_keras", "tensorflow_hub", "sklearn", "common.training", "common.data.conversion",
+# What the inference kernel must run without: Keras 2 and TF Hub (the GPU image may lack them) and pkg_resources (TF
+# Hub's import of it; setuptools 82 removed it), scikit-learn (folds and metrics are training's), and every training
+# module.
+TRAINING_ONLY = ("tf_keras", "tensorflow_hub", "pkg_resources", "sklearn", "common.training", "common.data.conversion",
                  "common.data.images", "train_tpu", "tpu2gpu")  # common.training: the package and all below it
 BLOCK_TRAINING = f"import sys; sys.modules.update(dict.fromkeys({TRAINING_ONLY!r})); "
 

@@ -36,6 +36,7 @@ from common.training.backends.tf_keras.export import export, serving_model
 from common.training.backends.tf_keras.model import (
     build_model,
     compile_model,
+    import_hub,
 )
 
 import numpy as np
@@ -196,5 +197,8 @@ def start(cfg) -> TFBackend:
     policy = choose_precision(cfg.train.precision, strategy)
     set_precision(policy)
     print(environment_report(strategy) + f"\nprecision     {policy}", flush=True)
-    hub_handle = resolve_hub_handle(cfg.model.hub_handle) if cfg.model.backbone == "hub" else None
+    hub_handle = None
+    if cfg.model.backbone == "hub":
+        import_hub()  # its environment checked now, before any data is read or model built
+        hub_handle = resolve_hub_handle(cfg.model.hub_handle)
     return TFBackend(cfg, strategy, hub_handle)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from common.core.errors import ConfigError
+from common.core.errors import ConfigError, StrategyError
 
 import tensorflow as tf
 
@@ -30,10 +30,31 @@ def host_load_options() -> tf.saved_model.LoadOptions:
     return tf.saved_model.LoadOptions(experimental_io_device="/job:localhost")
 
 
+def import_hub():
+    """tensorflow_hub, or an error naming the fix. hub 0.16.1 (the newest) runs `from pkg_resources import
+    parse_version` at import, and setuptools 82 removed pkg_resources: a Python 3.12+ environment that pip filled
+    with the newest setuptools has none. Kaggle's GPU image pins setuptools<82; the TPU stack install brings
+    80.10.2 (common/launch/candidates.py)."""
+    import warnings
+
+    try:
+        with warnings.catch_warnings():  # setuptools 80-81 warn on that import: hub's to change, not the user's
+            warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
+            import tensorflow_hub as hub
+    except ModuleNotFoundError as err:
+        if err.name != "pkg_resources":
+            raise
+        raise StrategyError(
+            "model.backbone=hub needs tensorflow_hub, which imports pkg_resources, and this environment's setuptools "
+            "has none (setuptools 82 removed it). Fix: `pip install 'setuptools<82'` (on Kaggle: a kernel with the "
+            "internet on, or a wheels dataset; the TPU stack install brings one), or train.framework=keras_jax with "
+            "a Keras 3 backbone") from err
+    return hub
+
+
 def hub_backbone(handle: str, trainable: bool):
     """A TF Hub / Kaggle Models feature-vector model as a tf_keras layer: float32 images in [0, 1] -> features."""
-    import tensorflow_hub as hub
-
+    hub = import_hub()
     try:
         return hub.KerasLayer(handle, trainable=trainable, load_options=host_load_options(), dtype="float32",
                               name="backbone")
