@@ -67,6 +67,29 @@ def test_parse_override_reads_yaml_values():
     assert parse_override("runtime.output_dir=") == ("runtime", "output_dir", "")
 
 
+def test_string_and_choice_settings_take_the_word_as_written(tmp_path):
+    """YAML 1.1 reads off, no, on, yes as booleans and null as None; a string or choice setting keeps the word (in an
+    override and in a file), a bool setting reads those words as booleans, and a wrong type is still named."""
+    words = ["infer.check_images=off", "data.label_column=no", "data.id_column=yes", "kaggle.owner=null",
+             "model.hub_handle=on", "model.trainable=off", "infer.xla=yes", "kaggle.private=no"]
+    cfg = load_config(None, words)
+    assert (cfg.infer.check_images, cfg.data.label_column, cfg.data.id_column, cfg.kaggle.owner,
+            cfg.model.hub_handle) == ("off", "no", "yes", "null", "on")
+    assert (cfg.model.trainable, cfg.infer.xla, cfg.kaggle.private) == (False, True, False)
+    path = tmp_path / "words.yaml"
+    path.write_text("infer:\n  check_images: off\n  xla: on\ndata:\n  label_column: null\nruntime:\n  tfrecords:\n")
+    from_file = load_config(path)
+    assert (from_file.infer.check_images, from_file.infer.xla, from_file.data.label_column,
+            from_file.runtime.tfrecords) == ("off", True, "null", "")
+    for override, message in [("infer.check_images=3", "config key 'infer.check_images' must be one of ['warn', "
+                               "'strict', 'off'], got 3"), ("train.epochs=off", "must be int, got 'off'"),
+                              ("model.trainable=maybe", "config key 'model.trainable' must be bool, got 'maybe'"),
+                              ("data.label_column=[a, b]", "config key 'data.label_column' must be str")]:
+        with pytest.raises(ConfigError) as err:
+            load_config(None, [override])
+        assert message in str(err.value)
+
+
 @pytest.mark.parametrize(("override", "message"), [
     ("train.epochs=0", "config key 'train.epochs' is 0, outside its range [1, inf)"),
     ("train.steps_per_execution=0", "config key 'train.steps_per_execution' is 0, outside its range [1, inf)"),

@@ -243,19 +243,34 @@ def _yaml():
     return yaml
 
 
+def _read_yaml(text: str) -> Any:
+    """YAML with the words as written: only true and false are booleans. YAML 1.1 (PyYAML) also reads off, no, on,
+    yes as booleans and null, ~ and nothing as None, which turned infer.check_images=off into False; here they stay
+    words, which a string field takes as they are and a bool field reads as booleans (common/core/fields.py)."""
+    yaml = _yaml()
+
+    class WordsLoader(yaml.SafeLoader):
+        pass
+
+    dropped = ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:null")
+    WordsLoader.yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag not in dropped]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    WordsLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                      list("tTfF"))
+    return yaml.load(text, Loader=WordsLoader)
+
+
 def parse_override(text: str) -> tuple[str, str, Any]:
-    """'train.epochs=3' -> ('train', 'epochs', 3); the value is read as YAML (3, 0.5, true, [a, b], text)."""
+    """'train.epochs=3' -> ('train', 'epochs', 3); the value is read as YAML (3, 0.5, true, [a, b], off, text)."""
     if "=" not in text or "." not in text.split("=", 1)[0]:
         raise ConfigError(f"override {text!r} must look like section.key=value, e.g. train.epochs=3")
-    yaml = _yaml()
     dotted, raw_value = text.split("=", 1)
     section, key = dotted.strip().split(".", 1)
     try:
-        value = yaml.safe_load(raw_value) if raw_value.strip() else ""
-    except yaml.YAMLError:
+        value = _read_yaml(raw_value) if raw_value.strip() else ""
+    except _yaml().YAMLError:
         value = raw_value
-    if value is None:
-        value = ""
     return section, key, value
 
 
@@ -269,7 +284,7 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
         text = path.read_text()
         errors = (json.JSONDecodeError,) if path.suffix == ".json" else (_yaml().YAMLError,)
         try:
-            raw = json.loads(text) if path.suffix == ".json" else _yaml().safe_load(text)
+            raw = json.loads(text) if path.suffix == ".json" else _read_yaml(text)
         except errors as err:
             raise ConfigError(f"config file {path} is not valid {path.suffix.lstrip('.').upper()}: {err}") from err
         config_from_dict(raw or {}, cfg)

@@ -19,6 +19,8 @@ from typing import Any, Literal
 
 from common.core.errors import ConfigError
 
+# A bool field's words (YAML 1.1's, which common/core/config.py reads as words so that a string field keeps them).
+BOOLEAN_WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
 # "[1, inf)": 1 and up; "(0, 1)": both ends left out. inf and -inf are no bound at all (an infinite value passes).
 INTERVAL = re.compile(r"([\[(])(-inf|-?[\d.]+), (inf|-?[\d.]+)([\])])")
 
@@ -81,6 +83,8 @@ def coerce(value: Any, annotation: Any, key: str) -> Any:
     if annotation is bool:
         if isinstance(value, bool):
             return value
+        if isinstance(value, str) and value.lower() in BOOLEAN_WORDS:  # YAML 1.1's words, kept as words on reading
+            return BOOLEAN_WORDS[value.lower()]
     elif annotation is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
