@@ -8,8 +8,11 @@ Needs TensorFlow only (no tf_keras, no tensorflow_hub) and no training config: t
 and schema come from each export's model_card.json; predictions are averaged over TTA views and exports before any
 threshold or argmax. Test images come from the competition folder (data.test_images, ids and column
 order from data.test_csv, i.e. sample_submission.csv) or from test TFRecords (runtime.tfrecords). Writes
-submission.csv (validated: every test id once, no NaN, every label a class; written atomically) and
-probabilities.csv into runtime.output_dir (/kaggle/working on Kaggle, ./runs/infer locally).
+submission.csv (validated: every test id once, no NaN, every label a class; written atomically),
+probabilities.csv and, where a test image could not be read, bad_test_images.csv into runtime.output_dir
+(/kaggle/working on Kaggle, ./runs/infer locally). Every row of the template is written: an image TensorFlow cannot
+decode is read with Pillow, and one nothing can read gets the mean prediction of the readable test images
+(infer.on_bad_image=error stops instead).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from common.inference.submission import (
     submission_rows,
     write_csv_atomically,
 )
+from common.inference.unread import BAD_TEST_IMAGES, predict_unread, write_bad_test_images
 from common.launch.kernel import guarded
 from common.tasks.types import get_task
 
@@ -83,9 +87,12 @@ def main(argv: list[str] | None = None) -> int:
     source = open_source(cfg)
     ids, predictions = ensemble_predict(members, lambda c: source.test_batches(c, template, cfg.infer),
                                         cfg.infer.tta, strategy, cfg.infer.xla)
+    # what TensorFlow could not decode: read with Pillow, or named and given the fallback (common/inference/unread.py)
+    ids, predictions, bad = predict_unread(members, source, template, ids, predictions, cfg.infer, strategy)
     rows = submission_rows(template, ids, predictions, task, card.class_names, thresholds)
     out = output_dir(cfg.runtime.output_dir, "runs/infer")
     write_csv_atomically(out / cfg.infer.submission, template.header, rows)
+    write_bad_test_images(out / BAD_TEST_IMAGES, bad)
     if cfg.infer.save_probabilities:
         write_probabilities(out / "probabilities.csv", template, ids, predictions, task.output_names(card.class_names))
     print(f"[infer] {len(rows)} predictions, {len(members)} export(s) x {len(tta_view_names(cfg.infer.tta))} view(s),"

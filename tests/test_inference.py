@@ -135,7 +135,8 @@ def test_test_images_unlike_the_training_images(tmp_path, trained_export, compet
                                                 capsys):
     victim = sorted((competition_copy / "test").iterdir())[3]
     Image.new(mode, (size, size)).save(victim)
-    _fails(tmp_path, DataError, rf"test image .*{victim.name} is {shown}, but the model was trained on 32x32 RGB",
+    _fails(tmp_path, DataError, rf"1 test image\(s\) are unlike the training images, which were 32x32 RGB .*\n  "
+                                rf".*{victim.name}: {shown}\n",
            f"infer.exports=[{trained_export}]", f"runtime.competition_dir={competition_copy}",
            "infer.check_images=strict")
     # By default (a code competition's hidden test set): counted in a warning, and a valid submission.
@@ -151,9 +152,10 @@ def test_a_test_id_missing_from_the_records(tmp_path, trained_export, competitio
     records_dir, _ = demo_records
     rows = [(r["id"], r["label"]) for r in read_csv(competition_copy / "sample_submission.csv")]
     write_csv(competition_copy / "sample_submission.csv", ["id", "label"], [*rows, ("digit_9999", rows[0][1])])
-    _fails(tmp_path, DataError, r"1 test id\(s\) of sample_submission.csv are missing from the test records, e.g. "
-           "'digit_9999'", f"infer.exports=[{trained_export}]", f"runtime.competition_dir={competition_copy}",
-           f"runtime.tfrecords={records_dir}")
+    _fails(tmp_path, DataError, r"1 of 361 test images cannot be read by TensorFlow or Pillow:\n  digit_9999 \(.*\): "
+           "not in the test records", f"infer.exports=[{trained_export}]",
+           f"runtime.competition_dir={competition_copy}", f"runtime.tfrecords={records_dir}",
+           "infer.on_bad_image=error")
     # From the complete records, the same ids as from the images.
     out = tmp_path / "from_records"
     write_csv(competition_copy / "sample_submission.csv", ["id", "label"], rows)

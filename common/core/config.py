@@ -145,6 +145,7 @@ class InferConfig:
     precision: Literal["auto", "float32", "float16", "amp"] = "auto"  # auto: float16 signature on tensor cores
     cut_folds: Literal["weight", "exclude", "include"] = "weight"  # folds the budget cut: by epochs, out, in full
     check_images: Literal["warn", "strict", "off"] = "warn"  # test images unlike the training ones: count, refuse, skip
+    on_bad_image: Literal["fallback", "error"] = "fallback"  # noqa: E501  # a test image nothing can read: the mean prediction of the readable ones, named in bad_test_images.csv; or stop naming them all (local runs)
     save_probabilities: bool = True  # probabilities.csv beside submission.csv, for blending
     submission: str = "submission.csv"  # file name in the output folder
 

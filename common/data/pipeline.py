@@ -289,10 +289,12 @@ def make_train_dataset(files, data_cfg, share: InputShare, to_target=None, schem
 
 
 def make_eval_dataset(files, schema: RecordSchema, image_size: int, batch_size: int, labeled: bool,
-                      drop_remainder: bool = False) -> tf.data.Dataset:
+                      drop_remainder: bool = False, skip_undecodable: bool = False) -> tf.data.Dataset:
     """One pass, in file order, no augmentation: dict batches {'image', 'id'} (+ 'label' when labeled).
 
-    Every record appears exactly once: the last, partial batch is kept (drop_remainder=False)."""
+    Every record appears exactly once: the last, partial batch is kept (drop_remainder=False). skip_undecodable (the
+    test set): a record that cannot be read or decoded is left out instead of ending the pass, and the inference
+    kernel finds its id missing (common/inference/unread.py)."""
     files = _check_files(files)
     records = tf.data.TFRecordDataset(files)  # sequential: the order of `files`, then of records in each file
 
@@ -302,6 +304,8 @@ def make_eval_dataset(files, schema: RecordSchema, image_size: int, batch_size: 
         return record
 
     dataset = records.map(to_example, num_parallel_calls=AUTOTUNE, deterministic=True)
+    if skip_undecodable:
+        dataset = dataset.ignore_errors()
     return dataset.batch(batch_size, drop_remainder=drop_remainder).prefetch(AUTOTUNE)
 
 
@@ -332,7 +336,9 @@ def read_ids_and_labels(files, schema: RecordSchema, labeled: bool) -> tuple[lis
 
 def make_image_file_dataset(paths, ids, image_size: int, batch_size: int) -> tf.data.Dataset:
     """Like make_eval_dataset, from image files (a competition's test folder): dict batches {'image', 'id'}, in the
-    order given, the last partial batch kept. The same decode_image as training."""
+    order given, the last partial batch kept. The same decode_image as training. An image TensorFlow cannot read or
+    decode is left out (ignore_errors: free while every image decodes); the inference kernel finds its id missing
+    and reads it another way (common/inference/unread.py)."""
     if len(paths) != len(ids) or not len(paths):
         raise DataError(f"need one id per image path and at least one image, got {len(paths)} paths, {len(ids)} ids. "
                         "Fix: data.test_csv must list the test ids and data.test_images (in runtime.competition_dir) "
@@ -342,5 +348,15 @@ def make_image_file_dataset(paths, ids, image_size: int, batch_size: int) -> tf.
     def load(item):
         return {"image": decode_image(tf.io.read_file(item["path"]), image_size), "id": item["id"]}
 
-    return dataset.map(load, num_parallel_calls=AUTOTUNE, deterministic=True).batch(batch_size).prefetch(AUTOTUNE)
+    dataset = dataset.map(load, num_parallel_calls=AUTOTUNE, deterministic=True).ignore_errors()
+    return dataset.batch(batch_size).prefetch(AUTOTUNE)
+
+
+def make_image_bytes_dataset(images: list[bytes], ids: list[str], image_size: int, batch_size: int) -> tf.data.Dataset:
+    """make_image_file_dataset's batches from encoded images held in memory (the few test images Pillow had to read,
+    re-encoded as PNG): decode_image sizes them exactly as it sizes every other image."""
+    dataset = tf.data.Dataset.from_tensor_slices({"bytes": tf.constant(list(images), tf.string),
+                                                  "id": tf.constant(list(ids), tf.string)})
+    return dataset.map(lambda item: {"image": decode_image(item["bytes"], image_size), "id": item["id"]}).batch(
+        batch_size)
 

@@ -4,7 +4,6 @@
     folder = CompetitionFolder(Path("data/demo"), cfg.data)
     samples, class_names, label_type = folder.train_samples()
     test = folder.test_samples()                     # in sample_submission.csv's order, path None where no image
-    paths = folder.test_images(template.ids, "sample_submission.csv")   # one image per id, or an error
 
 SampleSource is what the conversion (common/data/conversion.py) reads: another layout of images and labels is a class
 with those three methods.
@@ -158,17 +157,6 @@ class CompetitionFolder:
 
     def test_samples(self, ids: list[str] | None = None) -> list[Sample]:
         return read_test_samples(self.root, self.data_cfg, ids)
-
-    def test_images(self, ids: list[str], csv_name: str) -> list[Path]:
-        """The image of each id, in the order of ids: every id must have one (the inference kernel)."""
-        samples = self.test_samples(ids)
-        missing = [s.id for s in samples if s.path is None]
-        if missing:
-            image_dir = self.root / self.data_cfg.test_images
-            raise DataError(f"{len(missing)} test id(s) of {csv_name} have no image in {image_dir}, e.g. "
-                            f"'{missing[0]}' (tried {'|'.join(IMAGE_SUFFIXES)}). Fix: check data.test_images and "
-                            "data.id_column")
-        return [s.path for s in samples]
 
     def provenance(self) -> dict:
         d = self.data_cfg

@@ -193,7 +193,7 @@ def ensemble_probabilities(predicts, batches, tta=(), strategy: tf.distribute.St
             per_replica = strategy.run(step, args=(batch["image"],))
             outputs += [t.numpy() for t in strategy.experimental_local_results(per_replica)]
             ids += [i.decode() for t in strategy.experimental_local_results(batch["id"]) for i in t.numpy()]
-    return ids, np.concatenate(outputs)
+    return ids, (np.concatenate(outputs) if outputs else np.zeros((0, 0), np.float32))  # none decoded: unread.py
 
 
 def ensemble_predict(members: list[Member], batches_for, tta=(), strategy: tf.distribute.Strategy | None = None,
