@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,20 @@ from PIL import Image
 REPO = Path(__file__).resolve().parents[1]
 # A fresh interpreter without Keras 2 and TF Hub, as on a GPU image that lacks them.
 BLOCK_KERAS_AND_HUB = "import sys; sys.modules['tf_keras'] = None; sys.modules['tensorflow_hub'] = None; "
+
+
+def checkout_copy(destination: Path, link_venv: bool = False) -> Path:
+    """This checkout's tracked and unignored files (what a clone of it holds, uncommitted changes included), and with
+    link_venv its .venv linked in: commands run there write runs/ and build/ there, not into the user's checkout."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        if (REPO / name).is_file():
+            (destination / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, destination / name)
+    if link_venv:
+        (destination / ".venv").symlink_to(REPO / ".venv")
+    return destination
 
 
 def run_inference_kernel(argv: list[str]) -> subprocess.CompletedProcess:

@@ -65,7 +65,7 @@ def test_trained_export_to_a_valid_submission_without_any_training_dependency(tr
 def test_tta_and_ensemble_arithmetic(trained_export, demo_dir):
     card, predict = load_export(trained_export / "fold0")
     template = read_template(demo_dir / "sample_submission.csv", "id")
-    paths = CompetitionFolder(demo_dir, Config().data).test_images(template.ids[:37], "sample_submission.csv")
+    paths = [s.path for s in CompetitionFolder(demo_dir, Config().data).test_samples(template.ids[:37])]
     batches = make_image_file_dataset(paths, template.ids[:37], card.image_size, 16)
     ids, single = ensemble_probabilities([predict], batches)
     assert ids == template.ids[:37] and single.shape == (37, 10)
@@ -179,9 +179,10 @@ def test_the_inference_kernel_and_its_config_load_with_every_training_dependency
     # The loader, not the writer; the launcher and its route table, not the TPU installer.
     assert eval(modules) == [
         "common", "common.core", "common.core.config", "common.core.errors", "common.core.fields", "common.core.paths",
-        "common.core.platform", "common.core.strategy", "common.data", "common.data.samples", "common.data.sources",
-        "common.export", "common.export.card", "common.export.loader", "common.inference", "common.inference.ensemble",
-        "common.inference.submission", "common.launch", "common.launch.candidates", "common.launch.kernel",
+        "common.core.platform", "common.core.strategy", "common.data", "common.data.pipeline", "common.data.records",
+        "common.data.samples", "common.data.sources", "common.export", "common.export.card", "common.export.loader",
+        "common.inference", "common.inference.ensemble", "common.inference.submission", "common.inference.unread",
+        "common.launch", "common.launch.candidates", "common.launch.kernel",
         "common.launch.routes", "common.tasks", "common.tasks.parts", "common.tasks.types"]
 
 

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from builders import checkout_copy
+
 REPO = Path(__file__).resolve().parents[1]
 SUPPORTED = ("3.11", "3.12", "3.13")  # requires-python in pyproject.toml, and ./dev's check
 
@@ -37,17 +39,6 @@ def find_python(minor: str) -> str | None:
         if run.returncode == 0 and run.stdout.strip() == minor:
             return python
     return None
-
-
-def checkout_copy(destination: Path) -> Path:
-    """This checkout's tracked and unignored files (what a clone of it holds, uncommitted changes included)."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                            capture_output=True, check=True).stdout.decode().split("\0")
-    for name in filter(None, listed):
-        if (REPO / name).is_file():
-            (destination / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / name, destination / name)
-    return destination
 
 
 def dev(argv: list[str], python: str, cwd: Path = REPO, timeout: int = 60) -> subprocess.CompletedProcess:

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from builders import checkout_copy
+
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
 DOCS = {path.name: path.read_text() for path in sorted((REPO / "docs").glob("*.md"))}
@@ -51,7 +53,10 @@ def test_the_readme_opens_with_the_tree_and_the_data_flow():
 
 
 @pytest.mark.e2e
-def test_every_readme_command_runs_as_written():
+def test_every_readme_command_runs_as_written(tmp_path):
+    """In a copy of the checkout (its .venv linked): the demo and the build write runs/ and build/ there, so the
+    suite leaves the user's own runs/ (a later `./dev demo` trains anew) and build/ alone."""
+    checkout = checkout_copy(tmp_path / "checkout", link_venv=True)
     commands = [c for text in [README, *DOCS.values()] for c in bash_commands(text)]
     assert len(commands) >= 20
     for command in commands:
@@ -62,7 +67,7 @@ def test_every_readme_command_runs_as_written():
             argv.append("--dry-run")
         if any(arg.startswith("bench/") for arg in argv):
             argv = [*argv, "--help"]
-        run = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=900)
+        run = subprocess.run(argv, cwd=checkout, capture_output=True, text=True, timeout=900)
         assert run.returncode == 0, f"README command failed: {command}\n{run.stdout[-2000:]}\n{run.stderr[-2000:]}"
         if argv[:2] == ["./dev", "demo"]:
             assert re.search(r"macro-F1\s+0\.9\d+ on the held-out test set", run.stdout), run.stdout[-1500:]
