@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     ids, predictions = ensemble_predict(members, lambda c: source.test_batches(c, template, cfg.infer),
                                         cfg.infer.tta, strategy, cfg.infer.xla)
     # what TensorFlow could not decode: read with Pillow, or named and given the fallback (common/inference/unread.py)
-    ids, predictions, bad = predict_unread(members, source, template, ids, predictions, cfg.infer, strategy)
+    ids, predictions, bad = predict_unread(members, source, template, (ids, predictions), cfg.infer, strategy)
     rows = submission_rows(template, ids, predictions, task, card.class_names, thresholds)
     out = output_dir(cfg.runtime.output_dir, "runs/infer")
     write_csv_atomically(out / cfg.infer.submission, template.header, rows)

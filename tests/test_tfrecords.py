@@ -239,8 +239,10 @@ def test_label_columns_and_empty_labels_are_for_tasks_whose_label_is_a_set(tmp_p
     message = _convert_fails(comp, tmp_path / "out", "data.label_columns=[a, b]")
     assert message.startswith("data.label_columns is for data.task=multilabel (one 0/1 column per class), not "
                               "multiclass. Fix: data.label_column")
-    assert _convert_fails(comp, tmp_path / "out", "data.folds=2") == "train.csv line 3 (id 'img001'): empty label " \
-        "in column 'label'"
+    assert _convert_fails(comp, tmp_path / "out", "data.folds=2") == (
+        "train.csv has 4 bad row(s), found in one pass before any image was read:\n  4 x empty label in column "
+        "'label': line 3 (id 'img001'), line 6 (id 'img004'), line 9 (id 'img007'), line 12 (id 'img010')\nFix: "
+        "correct or remove those rows of train.csv")
     from common.data.conversion import convert_competition
 
     cfg = load_config(None, ["data.task=multilabel", "data.folds=2"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import common  # noqa: F401  (environment bootstrap first)
@@ -76,6 +77,26 @@ def cmd_tfrecords(args) -> int:
     if skipped["count"]:
         print(f"skipped {skipped['count']} bad image(s) (data.on_bad_image=skip): listed in {out / skipped['file']}")
     print(f"{len(manifest['class_names'])} classes; TFRecords and manifest.json in {out}")
+    return 0
+
+
+def cmd_verify_records(args) -> int:
+    from common.core.errors import DataError
+    from common.data.records import RECORDS_FIX, check_shards, damaged_files, read_manifest, shard_paths
+
+    manifest = read_manifest(args.records)
+    names = list(manifest["splits"])
+    check_shards(manifest, args.records, names)
+    files = shard_paths(manifest, args.records, names)
+    how = "present and of the size the manifest recorded"
+    if args.full:
+        started = time.perf_counter()
+        damaged = damaged_files(files)
+        if damaged:
+            raise DataError(f"{len(damaged)} shard(s) hold a damaged record:\n"
+                            + "\n".join(f"  {path}: {words}" for path, words in damaged) + "\n" + RECORDS_FIX)
+        how += f", and every record read back whole ({time.perf_counter() - started:.1f} s)"
+    print(f"{len(files)} shards of {args.records} ({', '.join(names)}): {how}")
     return 0
 
 
@@ -218,6 +239,10 @@ def _local_steps(steps) -> None:
                    "else the embedded demo)")
     p.add_argument("--out", metavar="DIR", help="output folder (default: runtime.tfrecords, else <competition>-tfrec)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
+    p = _step(steps, "verify-records", "check TFRecords against their manifest.json: every shard present and of its "
+              "size (before an upload, after a download)", cmd_verify_records, config=False)
+    p.add_argument("--records", required=True, metavar="DIR", help="a `tpu2gpu tfrecords` folder")
+    p.add_argument("--full", action="store_true", help="also read every record back (its CRC): seconds per GB")
     p = _step(steps, "augment-preview", "draw a grid of augmented (and mixed) training images with their targets",
               cmd_augment_preview)
     p.add_argument("--out", required=True, metavar="FILE.png")

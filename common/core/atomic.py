@@ -4,16 +4,45 @@
         write_everything_into(tmp)          # an exception here removes tmp and leaves out_dir as it was
 
 A crash (even SIGKILL) mid-write leaves only a hidden `.<name>.partial-<pid>` folder, never a folder at out_dir
-that a later step could take for complete.
+that a later step could take for complete; a full disk is one line naming the folder and its free space.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+
+from common.core.errors import UserError
+
+
+def free_bytes(path: str | Path) -> int:
+    """Free bytes on the file system that holds `path` (its nearest existing folder)."""
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def gigabytes(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+def require_space(target: str | Path, needed: int, what: str) -> None:
+    """Refuse before writing when `what` (about `needed` bytes) cannot fit beside `target`, both figures named."""
+    free = free_bytes(Path(target).parent)
+    if needed > free:
+        raise UserError(f"{what} need about {gigabytes(needed)}, and {Path(target).parent} has {gigabytes(free)} free; "
+                        "nothing was written. Fix: free space there, or write to a folder on a larger disk (on "
+                        "Kaggle /kaggle/working holds about 20 GB)")
+
+
+def out_of_space(err: BaseException) -> bool:
+    """A write that failed for want of space: OSError ENOSPC, or TensorFlow's ResourceExhaustedError saying so."""
+    return (isinstance(err, OSError) and err.errno == errno.ENOSPC) or "No space left on device" in str(err)
 
 
 def replace_dir(new: Path, target: Path) -> None:
@@ -37,6 +66,10 @@ def staged_dir(target: str | Path, overwrite: bool = False) -> Iterator[Path]:
     try:
         yield tmp
         replace_dir(tmp, target)
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
+        if out_of_space(err):
+            raise UserError(f"{target.parent} ran out of space while {target.name} was written there "
+                            f"({gigabytes(free_bytes(target.parent))} free once its partial copy was removed); nothing "
+                            "of it was kept. Fix: free space there, or write to a folder on a larger disk") from None
         raise

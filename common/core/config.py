@@ -67,6 +67,7 @@ class DataConfig:
     reencode: Literal["keep", "jpeg", "png"] = "keep"  # keep = store the original bytes, checked by decoding
     jpeg_quality: int = within(95, "[1, 100]")  # JPEG quality when re-encoding
     on_bad_image: Literal["error", "skip"] = "error"  # bad image: error lists all; skip omits them (bad_images.csv)
+    verify_records: Literal["size", "full"] = "size"  # noqa: E501  # before training: each shard's size against manifest.json (a stat each); full: also read every record's CRC
     workers: int = within(0, "[0, inf)")  # image preparation threads; 0 = one per core
     split_seed: int = within(42, "[0, inf)")  # seed of the fold split and of the shard order
     # Reading training records.

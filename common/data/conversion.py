@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from common.core.atomic import staged_dir
+from common.core.atomic import require_space, staged_dir
 from common.core.errors import DataError
 from common.data.images import (
     BAD_IMAGES_NAME,
@@ -93,6 +93,9 @@ def shard_count(n_samples: int, total_bytes: int, target_mb: float) -> int:
 
 
 # --------------------------------------------------------------------------------------------------------- records
+RECORD_OVERHEAD = 256  # bytes a record adds to its image: id, label, feature names, framing (71-115 measured)
+
+
 def _stored_bytes(samples: list[Sample], prepare, data_cfg, pool: ThreadPoolExecutor) -> int:
     """What the split's images take in records: the file sizes, or a re-encoded sample of them."""
     if data_cfg.convert_size <= 0 and data_cfg.reencode == "keep":
@@ -130,10 +133,9 @@ class RecordWriting:
         return prepare_image(sample.path, self.facts[sample.path], d.convert_size, d.reencode, d.jpeg_quality)
 
 
-def _write_split(name: str, samples: list[Sample], writing: RecordWriting) -> tuple[dict, set[str]]:
+def _write_split(name: str, samples: list[Sample], writing: RecordWriting, stored: int) -> tuple[dict, set[str]]:
     import tensorflow as tf
 
-    stored = _stored_bytes(samples, writing.prepare, writing.data_cfg, writing.pool)
     n_shards = shard_count(len(samples), stored, writing.data_cfg.shard_target_mb)
     shards, formats, done = [], set(), 0
     for index, chunk in enumerate(np.array_split(np.arange(len(samples)), n_shards)):
@@ -152,11 +154,12 @@ def _write_split(name: str, samples: list[Sample], writing: RecordWriting) -> tu
     return split, formats
 
 
-def _write_splits(by_split: dict[str, list[Sample]], writing: RecordWriting) -> tuple[dict, set[str]]:
+def _write_splits(by_split: dict[str, list[Sample]], writing: RecordWriting,
+                  stored: dict[str, int]) -> tuple[dict, set[str]]:
     """Every split's shards: ({split: its count, shards and labels}, the image formats stored)."""
     splits, formats = {}, set()
     for name, split_samples in by_split.items():
-        splits[name], split_formats = _write_split(name, split_samples, writing)
+        splits[name], split_formats = _write_split(name, split_samples, writing, stored[name])
         formats |= split_formats
     return splits, formats
 
@@ -235,8 +238,12 @@ def convert_competition(source: SampleSource | str | Path, out_dir: str | Path, 
         split_of, split_info = assign_splits(samples, task, data_cfg.folds, data_cfg.val_fraction, data_cfg.split_seed)
         by_split = _by_split(samples, split_of, test_samples, data_cfg.split_seed)
         schema = schema_from_config(data_cfg, len(class_names))
+        prepare = RecordWriting(out_dir, data_cfg, schema, facts, pool).prepare
+        stored = {name: _stored_bytes(split, prepare, data_cfg, pool) for name, split in by_split.items()}
+        records = sum(len(split) for split in by_split.values())
+        require_space(out_dir, sum(stored.values()) + RECORD_OVERHEAD * records, f"the records of {records} images")
         with staged_dir(out_dir, overwrite=overwrite) as tmp:
-            splits, formats = _write_splits(by_split, RecordWriting(tmp, data_cfg, schema, facts, pool))
+            splits, formats = _write_splits(by_split, RecordWriting(tmp, data_cfg, schema, facts, pool), stored)
             if bad:
                 write_bad_images(tmp / BAD_IMAGES_NAME, bad)
             converted = Converted(class_names, label_type, split_info, splits, formats,

@@ -289,12 +289,10 @@ def make_train_dataset(files, data_cfg, share: InputShare, to_target=None, schem
 
 
 def make_eval_dataset(files, schema: RecordSchema, image_size: int, batch_size: int, labeled: bool,
-                      drop_remainder: bool = False, skip_undecodable: bool = False) -> tf.data.Dataset:
-    """One pass, in file order, no augmentation: dict batches {'image', 'id'} (+ 'label' when labeled).
-
-    Every record appears exactly once: the last, partial batch is kept (drop_remainder=False). skip_undecodable (the
-    test set): a record that cannot be read or decoded is left out instead of ending the pass, and the inference
-    kernel finds its id missing (common/inference/unread.py)."""
+                      skip_undecodable: bool = False) -> tf.data.Dataset:
+    """One pass, in file order, no augmentation: dict batches {'image', 'id'} (+ 'label' when labeled), every record
+    once (the last, partial batch kept). skip_undecodable (the test set): a record that cannot be read or decoded is
+    left out instead of ending the pass; the inference kernel reads it another way (common/inference/unread.py)."""
     files = _check_files(files)
     records = tf.data.TFRecordDataset(files)  # sequential: the order of `files`, then of records in each file
 
@@ -306,7 +304,7 @@ def make_eval_dataset(files, schema: RecordSchema, image_size: int, batch_size: 
     dataset = records.map(to_example, num_parallel_calls=AUTOTUNE, deterministic=True)
     if skip_undecodable:
         dataset = dataset.ignore_errors()
-    return dataset.batch(batch_size, drop_remainder=drop_remainder).prefetch(AUTOTUNE)
+    return dataset.batch(batch_size).prefetch(AUTOTUNE)
 
 
 def make_padded_image_batches(files, schema: RecordSchema, image_size: int, batch_size: int) -> tf.data.Dataset:
@@ -335,10 +333,9 @@ def read_ids_and_labels(files, schema: RecordSchema, labeled: bool) -> tuple[lis
 
 
 def make_image_file_dataset(paths, ids, image_size: int, batch_size: int) -> tf.data.Dataset:
-    """Like make_eval_dataset, from image files (a competition's test folder): dict batches {'image', 'id'}, in the
-    order given, the last partial batch kept. The same decode_image as training. An image TensorFlow cannot read or
-    decode is left out (ignore_errors: free while every image decodes); the inference kernel finds its id missing
-    and reads it another way (common/inference/unread.py)."""
+    """Like make_eval_dataset, from image files (a competition's test folder), in the order given: the same
+    decode_image as training; an image TensorFlow cannot read or decode is left out (ignore_errors: free while every
+    image decodes), and the inference kernel reads it another way (common/inference/unread.py)."""
     if len(paths) != len(ids) or not len(paths):
         raise DataError(f"need one id per image path and at least one image, got {len(paths)} paths, {len(ids)} ids. "
                         "Fix: data.test_csv must list the test ids and data.test_images (in runtime.competition_dir) "
@@ -350,13 +347,4 @@ def make_image_file_dataset(paths, ids, image_size: int, batch_size: int) -> tf.
 
     dataset = dataset.map(load, num_parallel_calls=AUTOTUNE, deterministic=True).ignore_errors()
     return dataset.batch(batch_size).prefetch(AUTOTUNE)
-
-
-def make_image_bytes_dataset(images: list[bytes], ids: list[str], image_size: int, batch_size: int) -> tf.data.Dataset:
-    """make_image_file_dataset's batches from encoded images held in memory (the few test images Pillow had to read,
-    re-encoded as PNG): decode_image sizes them exactly as it sizes every other image."""
-    dataset = tf.data.Dataset.from_tensor_slices({"bytes": tf.constant(list(images), tf.string),
-                                                  "id": tf.constant(list(ids), tf.string)})
-    return dataset.map(lambda item: {"image": decode_image(item["bytes"], image_size), "id": item["id"]}).batch(
-        batch_size)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,6 +108,8 @@ def split_files(manifest: dict, tfrecord_dir: str, fold: int) -> tuple[list[str]
 
 
 SCAN_CACHE = ".tpu2gpu-scan.json"
+RECORDS_FIX = ("Fix: upload the dataset again (an upload or a copy cut short leaves a shard short or damaged), or "
+               "write the records again (`tpu2gpu tfrecords`) and attach them")
 
 
 def _scan_file(path: str, label_feature: str, collect_labels: bool) -> dict:
@@ -115,11 +118,14 @@ def _scan_file(path: str, label_feature: str, collect_labels: bool) -> dict:
 
     count, labels = 0, set()
     spec = {label_feature: tf.io.VarLenFeature(tf.int64)} if collect_labels else None
-    for batch in tf.data.TFRecordDataset(path).batch(4096):
-        count += int(batch.shape[0])
-        if spec is not None:
-            values = tf.io.parse_example(batch, spec)[label_feature].values.numpy()
-            labels.update(int(v) for v in set(values.tolist()))
+    try:
+        for batch in tf.data.TFRecordDataset(path).batch(4096):
+            count += int(batch.shape[0])
+            if spec is not None:
+                values = tf.io.parse_example(batch, spec)[label_feature].values.numpy()
+                labels.update(int(v) for v in set(values.tolist()))
+    except tf.errors.DataLossError as err:  # truncated, or a record whose CRC fails
+        return {"damaged": damage_words(err)}
     return {"count": count, "labels": sorted(labels)}
 
 
@@ -148,8 +154,12 @@ def scan_records(files: Sequence[str], schema: RecordSchema) -> dict[str, dict]:
     with Pool(max_workers=min(8, max(1, len(todo)))) as pool:
         # Integer labels are collected to be checked; float (regression) records are only counted.
         collect = schema.label_dtype == "int64"
-        for path, result in zip(todo, pool.map(lambda p: _scan_file(p, schema.label, collect), todo), strict=True):
-            cache[keys[path]] = result
+        scanned = dict(zip(todo, pool.map(lambda p: _scan_file(p, schema.label, collect), todo), strict=True))
+    damaged = [f"  {path}: {result['damaged']}" for path, result in scanned.items() if "damaged" in result]
+    if damaged:
+        raise DataError(f"{len(damaged)} TFRecord file(s) do not read back whole:\n" + "\n".join(damaged) + "\n"
+                        + RECORDS_FIX)
+    cache.update({keys[path]: result for path, result in scanned.items()})
     if todo and not folder.startswith("gs://") and os.access(folder, os.W_OK):
         with open(cache_path, "w") as f:
             json.dump(cache, f)
@@ -197,6 +207,50 @@ def shard_paths(manifest: dict, tfrecord_dir: str, names: Iterable[str]) -> list
     return [f"{root}/{shard['file']}" for name in names for shard in manifest["splits"][name]["shards"]]
 
 
+def check_shards(manifest: dict, tfrecord_dir: str, names: Iterable[str]) -> None:
+    """Every shard of the splits `names` present and of the size the manifest recorded, all checked before any record
+    is read (a stat each: milliseconds), every damaged or missing one named in one error."""
+    import tensorflow as tf
+
+    root, problems = str(tfrecord_dir).rstrip("/"), []
+    for name in names:
+        for shard in manifest["splits"][name]["shards"]:
+            path, expected = f"{root}/{shard['file']}", shard.get("bytes")  # an older manifest has no sizes
+            try:
+                found = tf.io.gfile.stat(path).length
+            except tf.errors.NotFoundError:
+                problems.append(f"  {path}: missing" + (f" ({expected} bytes expected)" if expected else ""))
+                continue
+            if expected is not None and found != expected:
+                problems.append(f"  {path}: {found} bytes, the manifest recorded {expected}")
+    if problems:
+        raise DataError(f"{len(problems)} TFRecord shard(s) of {root} do not match its {MANIFEST_NAME} (checked "
+                        "before any record is read):\n" + "\n".join(problems) + "\n" + RECORDS_FIX)
+
+
+def damage_words(err) -> str:
+    """What a tf.errors.DataLossError says of the damage, without TensorFlow's op names: 'corrupted record at byte
+    N' (a failed CRC) or 'truncated record at byte N' (a file cut short)."""
+    found = re.search(r"(truncated|corrupted) record at (\d+)", err.message)
+    return f"{found.group(1)} record at byte {found.group(2)}" if found else err.message.strip().splitlines()[0]
+
+
+def damaged_files(files: Sequence[str]) -> list[tuple[str, str]]:
+    """(file, TensorFlow's words) of each file whose records do not read back whole (a failed CRC, a truncated
+    record), every record read once (data.verify_records=full; and after tf.data met one, since its error names no
+    file)."""
+    import tensorflow as tf
+
+    damaged = []
+    for path in files:
+        try:
+            for _ in tf.data.TFRecordDataset(path, buffer_size=8 << 20).batch(1024):
+                pass
+        except tf.errors.DataLossError as err:
+            damaged.append((str(path), damage_words(err)))
+    return damaged
+
+
 @dataclass
 class RecordSet:
     """Where a fold's data is and what it holds; from a manifest or from declared file patterns."""
@@ -221,6 +275,13 @@ def record_set(tfrecord_dir: str, data_cfg, fold: int) -> RecordSet:
         def count(names):
             return sum(manifest["splits"][n]["count"] for n in names)
 
+        check_shards(manifest, tfrecord_dir, train_names + val_names)
+        if data_cfg.verify_records == "full":
+            damaged = damaged_files(shard_paths(manifest, tfrecord_dir, train_names + val_names))
+            if damaged:
+                raise DataError(f"{len(damaged)} TFRecord shard(s) of {tfrecord_dir} hold a damaged record "
+                                "(data.verify_records=full read every record):\n"
+                                + "\n".join(f"  {path}: {words}" for path, words in damaged) + "\n" + RECORDS_FIX)
         task = manifest.get("task", "multiclass")
         if task != data_cfg.task:
             raise DataError(f"{tfrecord_dir} was converted for data.task={task}, the config says data.task="

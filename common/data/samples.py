@@ -67,28 +67,44 @@ def read_train_samples(comp_dir: Path, data_cfg) -> tuple[list[Sample], list[str
     image_dir = comp_dir / data_cfg.train_images
     index = index_images(image_dir)
     raw, sources = [], []
+    problems: dict[str, list[str]] = {}  # every bad row, by kind, reported at once before any image is read
+    seen: dict[str, int] = {}
     for line, row in rows:
-        source = f"{csv_path.name} line {line} (id '{row[data_cfg.id_column]}')"
+        sample_id = (row[data_cfg.id_column] or "").strip()
+        source = f"{csv_path.name} line {line} (id '{sample_id}')"
+        if not sample_id:
+            problems.setdefault("empty id", []).append(f"line {line}")
+        elif sample_id in seen:
+            problems.setdefault("duplicated id", []).append(f"line {line} (id '{sample_id}', first on line "
+                                                            f"{seen[sample_id]})")
+        seen.setdefault(sample_id, line)
         if label_columns:  # one 0/1 column per class -> the space-separated form
             value = " ".join(c for c in label_columns if (row[c] or "").strip() in ("1", "1.0", "True", "true"))
         else:
             value = (row[data_cfg.label_column] or "").strip()
             if not value and not task.label_set:  # an empty set of labels is a row with no label on
-                raise DataError(f"{source}: empty label in column '{data_cfg.label_column}'")
+                problems.setdefault(f"empty label in column '{data_cfg.label_column}'", []).append(
+                    f"line {line} (id '{sample_id}')")
         raw.append(value)
         sources.append(source)
+    if problems:
+        raise DataError(bad_rows_message(csv_path.name, problems))
     labels, names, label_type = task.encode(raw, sources, label_columns or list(data_cfg.class_names))
     samples = []
-    seen: dict[str, int] = {}
     for (line, row), label in zip(rows, labels, strict=True):
-        sample_id = row[data_cfg.id_column].strip()
-        source = f"{csv_path.name} line {line}"
-        if sample_id in seen:
-            raise DataError(f"{source}: id '{sample_id}' already appears on line {seen[sample_id]}")
-        seen[sample_id] = line
         group = (row[data_cfg.group_column] or "").strip() if data_cfg.group_column else ""
-        samples.append(Sample(sample_id, index.get(sample_id), source, label, group))
+        sample_id = row[data_cfg.id_column].strip()
+        samples.append(Sample(sample_id, index.get(sample_id), f"{csv_path.name} line {line}", label, group))
     return samples, names, label_type
+
+
+def bad_rows_message(csv_name: str, problems: dict[str, list[str]], shown: int = 5) -> str:
+    """Every kind of bad row with its count and its first rows, in one message."""
+    kinds = [f"  {len(rows)} x {kind}: {', '.join(rows[:shown])}" + (" ..." if len(rows) > shown else "")
+             for kind, rows in problems.items()]
+    total = sum(len(rows) for rows in problems.values())
+    return (f"{csv_name} has {total} bad row(s), found in one pass before any image was read:\n" + "\n".join(kinds)
+            + f"\nFix: correct or remove those rows of {csv_name}")
 
 
 def read_test_samples(comp_dir: Path, data_cfg, ids: list[str] | None = None) -> list[Sample]:

@@ -82,7 +82,7 @@ class CompetitionSource:
         return str(records)
 
     def test_batches(self, card, template, infer_cfg):
-        from common.data.pipeline import make_image_bytes_dataset, make_image_file_dataset
+        from common.data.pipeline import make_image_file_dataset
 
         found = [s for s in self.folder.test_samples(template.ids) if s.path is not None]  # a missing one: unread
         if infer_cfg.check_images != "off":
@@ -91,8 +91,12 @@ class CompetitionSource:
                 print(f"[infer] warning: {sum(unlike.values())} of {len(found)} test images differ from the training "
                       f"images ({', '.join(f'{n} x {kind}' for kind, n in unlike.most_common(5))}); the pipeline "
                       "resizes and converts them to RGB. infer.check_images=strict refuses them", flush=True)
-        if not found:  # every image is missing: unread.py names them
-            return make_image_bytes_dataset([], [], card.image_size, infer_cfg.batch_size)
+        if not found:  # every image is missing: common/inference/unread.py names them
+            import tensorflow as tf
+
+            size = card.image_size
+            return tf.data.Dataset.from_tensor_slices({"image": tf.zeros([0, size, size, 3], tf.uint8),
+                                                       "id": tf.constant([], tf.string)}).batch(infer_cfg.batch_size)
         return make_image_file_dataset([s.path for s in found], [s.id for s in found], card.image_size,
                                        infer_cfg.batch_size)
 
@@ -120,11 +124,15 @@ class RecordSource:
         return self.root
 
     def test_files(self) -> list[str]:
-        """The test split of a tpu2gpu manifest, else the files data.test_files matches."""
-        from common.data.records import glob_files, has_manifest, read_manifest, shard_paths
+        """The test split of a tpu2gpu manifest (its shards checked against it), else the files data.test_files
+        matches."""
+        from common.data.records import check_shards, glob_files, has_manifest, read_manifest, shard_paths
 
-        return (shard_paths(read_manifest(self.root), self.root, ["test"]) if has_manifest(self.root)
-                else glob_files(self.root, self.data_cfg.test_files))
+        if not has_manifest(self.root):
+            return glob_files(self.root, self.data_cfg.test_files)
+        manifest = read_manifest(self.root)
+        check_shards(manifest, self.root, ["test"])
+        return shard_paths(manifest, self.root, ["test"])
 
     def test_batches(self, card, template, infer_cfg):
         from common.data.pipeline import make_eval_dataset, read_ids_and_labels

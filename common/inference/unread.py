@@ -1,7 +1,7 @@
 """The test images the pipeline could not decode: read with Pillow where it can, the rest named and given the fallback
 prediction, so that one odd image in a hidden test set never fails a submission.
 
-    ids, predictions, bad = predict_unread(members, source, template, ids, predictions, cfg.infer, strategy)
+    ids, predictions, bad = predict_unread(members, source, template, (ids, predictions), cfg.infer, strategy)
     write_bad_test_images(out / BAD_TEST_IMAGES, bad)
 
 The test pipeline leaves out what TensorFlow refuses (common/data/pipeline.py, at no cost while every image decodes);
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.core.errors import DataError
-from common.data.pipeline import make_image_bytes_dataset
+from common.data.pipeline import decode_image
 from common.data.sources import TestImage
 from common.inference.ensemble import ensemble_predict
 
@@ -84,10 +84,20 @@ def bad_images_message(bad: list[BadTestImage], shown: int = 30) -> str:
     return "\n".join(lines + ([f"  ... and {len(bad) - shown} more"] if len(bad) > shown else []))
 
 
-def predict_unread(members, source, template, ids: list[str], predictions: np.ndarray, infer_cfg,
+def image_bytes_batches(images: list[bytes], ids: list[str], image_size: int, batch_size: int) -> tf.data.Dataset:
+    """The test pipeline's batches from encoded images in memory: decode_image sizes them as it sizes the rest."""
+    dataset = tf.data.Dataset.from_tensor_slices({"bytes": tf.constant(list(images), tf.string),
+                                                  "id": tf.constant(list(ids), tf.string)})
+    return dataset.map(lambda item: {"image": decode_image(item["bytes"], image_size), "id": item["id"]}).batch(
+        batch_size)
+
+
+def predict_unread(members, source, template, predicted: tuple[list[str], np.ndarray], infer_cfg,
                    strategy=None) -> tuple[list[str], np.ndarray, list[BadTestImage]]:
-    """The template ids the test pipeline did not return, predicted from what Pillow reads, the rest given the mean
-    prediction of the readable test images (or, infer.on_bad_image=error, one error naming every one)."""
+    """The template ids the test pipeline did not return (predicted: its ids and predictions), predicted from what
+    Pillow reads, the rest given the mean prediction of the readable test images (or, infer.on_bad_image=error, one
+    error naming every one)."""
+    ids, predictions = predicted
     returned = set(ids)
     left_out = [i for i in template.ids if i not in returned]
     if not left_out:
@@ -104,8 +114,8 @@ def predict_unread(members, source, template, ids: list[str], predictions: np.nd
         print(f"[infer] {len(read)} test image(s) TensorFlow could not decode were read with Pillow: "
               f"{', '.join(i for i, _ in read[:5])}" + (" ..." if len(read) > 5 else ""), flush=True)
         more_ids, more = ensemble_predict(
-            members, lambda card: make_image_bytes_dataset([b for _, b in read], [i for i, _ in read],
-                                                           card.image_size, infer_cfg.batch_size),
+            members, lambda card: image_bytes_batches([b for _, b in read], [i for i, _ in read], card.image_size,
+                                                      infer_cfg.batch_size),
             infer_cfg.tta, strategy, infer_cfg.xla)
         predictions = np.concatenate([predictions, more]) if ids else more
         ids = ids + more_ids

@@ -16,12 +16,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.core.errors import UserError
-from common.data.records import has_manifest, read_manifest, record_set
+from common.core.errors import DataError, UserError
+from common.data.records import RECORDS_FIX, damage_words, damaged_files, has_manifest, read_manifest, record_set
 from common.export.card import read_card
 from common.training.budget import FoldTiming, estimate_fold_seconds, export_reserve_seconds, should_start
 from common.training.finish import export_fold, out_of_fold_scores
 from common.training.fold import epochs_checkpointed, train_fold
+
+import tensorflow as tf
 
 
 @dataclass(frozen=True)
@@ -58,16 +60,31 @@ def train_and_export(cfg, backend, job: FoldJob, deadline: float) -> tuple[dict,
     """One fold trained and exported (by process 0): (its card's metrics, {} on the other processes; where its time
     went, None when it ran no epoch)."""
     started = time.monotonic()
-    records = record_set(job.tfrecord_dir, cfg.data, job.fold)
-    result = train_fold(cfg, backend, records, job.work, deadline)
-    trained = time.monotonic()
-    metrics = export_fold(cfg, result, records, job.fold, job.export_dir).metrics if backend.hosts.writer else {}
+    records = record_set(job.tfrecord_dir, cfg.data, job.fold)  # every shard checked against the manifest first
+    try:
+        result = train_fold(cfg, backend, records, job.work, deadline)
+        trained = time.monotonic()
+        metrics = export_fold(cfg, result, records, job.fold, job.export_dir).metrics if backend.hosts.writer else {}
+    except tf.errors.DataLossError as err:  # a record whose CRC fails: tf.data names no file
+        raise damaged_records(records, job, err) from None
     backend.hosts.wait(f"fold{job.fold} exported")  # process 0 alone exports; the others wait for it
     shutil.rmtree(job.work / "checkpoints", ignore_errors=True)  # exported: the checkpoints have served
     if not result.epoch_seconds:  # resumed after its last epoch: nothing measured, the last estimate stands
         return metrics, None
     return metrics, FoldTiming(trained - started - sum(result.epoch_seconds), result.epoch_seconds,
                                time.monotonic() - trained)
+
+
+def damaged_records(records, job, err) -> DataError:
+    """The error for a damaged record met while a fold trained: the shard found by reading the fold's files once more,
+    and the checkpoint that stays for the rerun after the repair."""
+    found = damaged_files([*records.train_files, *records.val_files])
+    where = ("; ".join(f"{path}: {words}" for path, words in found) if found
+             else f"one of its TFRecords ({damage_words(err)})")
+    kept = epochs_checkpointed(job.work)
+    return DataError(f"fold {job.fold} met a damaged record in {where}. " + RECORDS_FIX + "; "
+                     + (f"its checkpoint after epoch {kept} is kept, and the same command resumes from it"
+                        if kept else "no epoch had finished, so the same command starts the fold again"))
 
 
 def train_folds(cfg, backend, tfrecord_dir: str, out: Path, scratch: Path, deadline: float) -> dict:

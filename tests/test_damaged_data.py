@@ -1,0 +1,173 @@
+"""Damaged data named before the TPU time is spent: shards checked against their manifest, a corrupt record found
+while training named with its file (and the rerun resuming), foreign records' damage named by the scan, every bad
+CSV row at once, and a disk too small said before anything is written."""
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from common.core.atomic import staged_dir
+from common.core.config import load_config
+from common.core.errors import DataError, UserError
+from common.data.conversion import convert_competition
+from common.data.records import RecordSchema, scan_records
+from common.launch.kernel import guarded
+
+import pytest
+
+from infer_gpu.infer import main as infer_main
+from train_tpu.train import main as train_main
+
+from builders import read_csv, write_competition, write_csv
+
+REPO = Path(__file__).resolve().parents[1]
+FIX = ("Fix: upload the dataset again (an upload or a copy cut short leaves a shard short or damaged), or write the "
+       "records again (`tpu2gpu tfrecords`) and attach them")
+
+
+def records_copy(demo_records, tmp_path: Path) -> tuple[Path, dict]:
+    records = shutil.copytree(demo_records[0], tmp_path / "records")
+    return records, json.loads((records / "manifest.json").read_text())
+
+
+def first_shard(manifest: dict, split: str) -> str:
+    return manifest["splits"][split]["shards"][0]["file"]
+
+
+def truncate(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return len(data), len(data) // 2
+
+
+@pytest.mark.e2e
+def test_a_truncated_and_a_missing_shard_stop_the_kernel_before_a_model_is_built(train_argv, demo_records, tmp_path,
+                                                                                  capsys):
+    records, manifest = records_copy(demo_records, tmp_path)
+    short, missing = records / first_shard(manifest, "fold1"), records / first_shard(manifest, "fold2")
+    recorded, found = truncate(short)
+    missing_bytes = missing.stat().st_size
+    missing.unlink()
+    assert guarded("train_tpu", train_main, train_argv(f"runtime.tfrecords={records}")) == 2
+    captured = capsys.readouterr()
+    assert captured.err == (f"train_tpu: error: 2 TFRecord shard(s) of {records} do not match its manifest.json "
+                            f"(checked before any record is read):\n  {short}: {found} bytes, the manifest recorded "
+                            f"{recorded}\n  {missing}: missing ({missing_bytes} bytes expected)\n{FIX}\n")
+    assert "[train] precision" not in captured.out  # printed once the model is built
+    assert not (tmp_path / "out" / "work" / "fold0" / "checkpoints").exists()
+
+
+@pytest.mark.e2e
+def test_a_corrupt_record_ends_the_fold_naming_its_shard_and_the_repaired_run_resumes(train_argv, demo_records,
+                                                                                      tmp_path, capsys):
+    records, manifest = records_copy(demo_records, tmp_path)
+    argv = train_argv(f"runtime.tfrecords={records}", "train.epochs=4")
+    progress = tmp_path / "out" / "work" / "fold0" / "checkpoints" / "progress.json"
+    run = subprocess.Popen([sys.executable, "-m", "train_tpu.train", *argv], cwd=REPO, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while not (progress.is_file() and json.loads(progress.read_text())["epochs_done"] >= 1):
+            assert run.poll() is None and time.monotonic() < deadline, "training ended before epoch 1"
+            time.sleep(0.05)
+    finally:
+        run.send_signal(signal.SIGKILL)
+        run.wait()
+    kept = json.loads(progress.read_text())["epochs_done"]
+    assert 1 <= kept < 4
+
+    damaged = records / first_shard(manifest, "fold1")  # same size, 16 bytes flipped in the middle
+    original = damaged.read_bytes()
+    middle = len(original) // 2
+    damaged.write_bytes(original[:middle] + bytes(b ^ 0xFF for b in original[middle:middle + 16])
+                        + original[middle + 16:])
+    assert guarded("train_tpu", train_main, argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"train_tpu: error: fold 0 met a damaged record in {damaged}: corrupted record at byte ")
+    assert err.endswith(f"{FIX}; its checkpoint after epoch {kept} is kept, and the same command resumes from it\n")
+    assert "Traceback" not in err and json.loads(progress.read_text())["epochs_done"] == kept
+
+    damaged.write_bytes(original)  # the shard restored: the same command resumes
+    assert guarded("train_tpu", train_main, argv) == 0
+    assert f"[train] resuming from the checkpoint after epoch {kept}" in capsys.readouterr().out
+
+
+@pytest.mark.e2e
+def test_the_inference_kernel_names_a_truncated_test_shard(trained_export, demo_records, demo_dir, tmp_path):
+    records, manifest = records_copy(demo_records, tmp_path)
+    shard = records / first_shard(manifest, "test")
+    recorded, found = truncate(shard)
+    with pytest.raises(DataError) as err:
+        infer_main(["--set", f"infer.exports=[{trained_export}]", "--set", f"runtime.competition_dir={demo_dir}",
+                    "--set", f"runtime.tfrecords={records}", "--set", f"runtime.output_dir={tmp_path / 'out'}"])
+    assert str(err.value) == (f"1 TFRecord shard(s) of {records} do not match its manifest.json (checked before any "
+                              f"record is read):\n  {shard}: {found} bytes, the manifest recorded {recorded}\n{FIX}")
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_scan_of_foreign_records_names_a_damaged_file(demo_records, tmp_path):
+    records, manifest = records_copy(demo_records, tmp_path)
+    whole, short = records / first_shard(manifest, "fold0"), records / first_shard(manifest, "fold1")
+    truncate(short)
+    with pytest.raises(DataError) as err:
+        scan_records([whole, short], RecordSchema())
+    assert str(err.value).startswith(f"1 TFRecord file(s) do not read back whole:\n  {short}: truncated record at "
+                                     "byte ")
+    assert str(err.value).endswith(FIX)
+    assert not (records / ".tpu2gpu-scan.json").exists()  # nothing cached from a failed scan
+
+
+def test_every_bad_train_csv_row_is_named_at_once_before_any_image_is_read(tmp_path):
+    comp = write_competition(tmp_path / "comp", ["a", "b"] * 6)
+    rows = read_csv(comp / "train.csv")
+    rows[3]["label"] = rows[8]["label"] = ""  # lines 5 and 10
+    rows[6]["id"], rows[11]["id"] = rows[1]["id"], rows[2]["id"]  # lines 8 and 13 repeat lines 3 and 4
+    write_csv(comp / "train.csv", ["id", "label"], [(r["id"], r["label"]) for r in rows])
+    for image in (comp / "train").iterdir():
+        image.write_bytes(b"")  # were any image read, the error would name it
+    with pytest.raises(DataError) as err:
+        convert_competition(comp, tmp_path / "out", load_config(None, ["data.folds=2"]).data)
+    assert str(err.value) == (
+        "train.csv has 4 bad row(s), found in one pass before any image was read:\n"
+        "  2 x empty label in column 'label': line 5 (id 'img003'), line 10 (id 'img008')\n"
+        "  2 x duplicated id: line 8 (id 'img001', first on line 3), line 13 (id 'img002', first on line 4)\n"
+        "Fix: correct or remove those rows of train.csv")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 1 MB tmpfs (root only: mounted here, unmounted after)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True,
+                           text=True)
+    if mount.returncode != 0:
+        pytest.skip(f"a tmpfs cannot be mounted here ({mount.stderr.strip()}): run as root")
+    (disk / "kept.txt").write_text("the folder's other files stay")
+    yield disk
+    subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_conversion_onto_a_full_disk_is_refused_before_writing_with_both_figures(demo_dir, tiny_disk):
+    with pytest.raises(UserError) as err:
+        convert_competition(demo_dir, tiny_disk / "records", load_config(None, []).data)
+    needed = str(err.value).split("need about ")[1].split(",")[0]
+    assert float(needed.split()[0]) > 1.0 and needed.endswith(" MB")
+    assert str(err.value) == (f"the records of 1797 images need about {needed}, and {tiny_disk} has 1.0 MB free; "
+                              "nothing was written. Fix: free space there, or write to a folder on a larger disk (on "
+                              "Kaggle /kaggle/working holds about 20 GB)")
+    assert [p.name for p in tiny_disk.iterdir()] == ["kept.txt"]
+
+
+def test_a_write_that_runs_out_of_space_is_one_line_and_leaves_nothing(tiny_disk):
+    with pytest.raises(UserError) as err, staged_dir(tiny_disk / "export") as tmp:
+        (tmp / "big.bin").write_bytes(b"\0" * 2_000_000)
+    assert str(err.value).startswith(f"{tiny_disk} ran out of space while export was written there (")
+    assert str(err.value).endswith("free once its partial copy was removed); nothing of it was kept. Fix: free space "
+                                   "there, or write to a folder on a larger disk")
+    assert [p.name for p in tiny_disk.iterdir()] == ["kept.txt"]
