@@ -1,9 +1,9 @@
 """Every benchmark, one table: `.venv/bin/python bench/run_all.py` (5-8 minutes on 2 cores).
 
-Runs input_pipeline.py, train_step.py, multihost.py and inference.py as they are, each in its own process, one after
-the other, collects the RESULT lines each prints, and prints a markdown table: the figure, its baseline measured in
-the same run, their ratio, and the public anchor from docs/kaggle-facts.md that the ratio should be read against. The
-machine is printed above it.
+Runs input_pipeline.py, train_step.py, multihost.py, inference.py and verify_records.py as they are, each in its own
+process, one after the other, collects the RESULT lines each prints, and prints a markdown table: the figure, its
+baseline measured in the same run, their ratio, and the public anchor from docs/kaggle-facts.md that the ratio
+should be read against. The machine is printed above it.
 
     .venv/bin/python bench/run_all.py --smoke
 
@@ -32,6 +32,8 @@ BENCHES = [
     ("multihost.py", "no public figure for CPU processes; JAX's CPU collectives go through gloo over TCP "
                      "(jax_cpu_collectives_implementation): read the ratio as the all-reduce's cost on loopback"),
     ("inference.py", "NVIDIA DeepLearningExamples: EfficientNet-B0 FP16 inference 9,730 img/s at batch 1024 (A100)"),
+    ("verify_records.py", "no public figure; the full check reads every byte once, so the read itself is its floor "
+                          "(here the page cache; on Kaggle the /kaggle/input mount)"),
 ]
 
 

@@ -21,6 +21,7 @@ EXPECTED = {
     "training, keras_jax vs tf_keras": r"training, keras_jax vs tf_keras kernel path \(\d+px, batch \d+\)",
     "multihost": r"training, 2 processes x 1 device vs 1 process x 2 devices \(\d+px, batch \d+\)",
     "inference": r"inference kernel, (EfficientNet-B0|tiny backbone) \d+px",
+    "records check": r"full record check, [\d.]+ GB from the page cache",
 }
 OPTIONAL = {"inference with XLA": r"inference kernel\+XLA, (EfficientNet-B0|tiny backbone) \d+px"}
 FIGURE = re.compile(r"(?P<value>\S+) (?P<unit>\S+)")
@@ -55,7 +56,8 @@ def test_run_all_smoke_prints_a_row_of_real_figures_per_benchmark():
         value = FIGURE.fullmatch(figure)
         base = BASELINE.fullmatch(baseline)
         assert value and base, (figure, baseline)
-        assert value["unit"] == base["unit"] == "img/s", (figure, baseline)
+        assert value["unit"] == base["unit"] == ("MB/s" if matches[0] == "records check" else "img/s"), (figure,
+                                                                                                        baseline)
         value, base, ratio = positive(value["value"]), positive(base["value"]), positive(ratio)
         # One round each in smoke mode, so the ratio is the figure over its baseline (as printed: 2 decimals).
         assert ratio == pytest.approx(value / base, rel=0.01, abs=0.006), (bench, figure, baseline, ratio)

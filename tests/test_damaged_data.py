@@ -171,3 +171,27 @@ def test_a_write_that_runs_out_of_space_is_one_line_and_leaves_nothing(tiny_disk
     assert str(err.value).endswith("free once its partial copy was removed); nothing of it was kept. Fix: free space "
                                    "there, or write to a folder on a larger disk")
     assert [p.name for p in tiny_disk.iterdir()] == ["kept.txt"]
+
+
+@pytest.mark.e2e
+def test_the_full_check_reads_every_record_before_training_and_the_command_does_it_before_an_upload(
+        train_argv, demo_records, tmp_path, capsys):
+    records, manifest = records_copy(demo_records, tmp_path)
+    from tpu2gpu.cli import main as cli_main
+
+    assert cli_main(["verify-records", "--records", str(records), "--full"]) == 0
+    assert capsys.readouterr().out.startswith(f"6 shards of {records} (fold0, fold1, fold2, fold3, fold4, test): "
+                                              "present and of the size the manifest recorded, and every record read "
+                                              "back whole (")
+    damaged = records / first_shard(manifest, "fold3")  # same size: only reading its records finds it
+    data = damaged.read_bytes()
+    damaged.write_bytes(data[:1000] + bytes(b ^ 0xFF for b in data[1000:1016]) + data[1016:])
+    assert cli_main(["verify-records", "--records", str(records)]) == 0  # the size check alone passes it
+    assert cli_main(["verify-records", "--records", str(records), "--full"]) == 2
+    assert f"1 shard(s) hold a damaged record:\n  {damaged}: corrupted record at byte " in capsys.readouterr().err
+    assert guarded("train_tpu", train_main, train_argv(f"runtime.tfrecords={records}",
+                                                       "data.verify_records=full")) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"train_tpu: error: 1 TFRecord shard(s) of {records} hold a damaged record "
+                                   f"(data.verify_records=full read every record):\n  {damaged}: corrupted record at ")
+    assert "[train] precision" not in captured.out  # before any model is built

@@ -27,7 +27,7 @@ def free_bytes(path: str | Path) -> int:
     return shutil.disk_usage(path).free
 
 
-def gigabytes(n: int) -> str:
+def size_text(n: int) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
 
 
@@ -35,7 +35,7 @@ def require_space(target: str | Path, needed: int, what: str) -> None:
     """Refuse before writing when `what` (about `needed` bytes) cannot fit beside `target`, both figures named."""
     free = free_bytes(Path(target).parent)
     if needed > free:
-        raise UserError(f"{what} need about {gigabytes(needed)}, and {Path(target).parent} has {gigabytes(free)} free; "
+        raise UserError(f"{what} need about {size_text(needed)}, and {Path(target).parent} has {size_text(free)} free; "
                         "nothing was written. Fix: free space there, or write to a folder on a larger disk (on "
                         "Kaggle /kaggle/working holds about 20 GB)")
 
@@ -70,6 +70,6 @@ def staged_dir(target: str | Path, overwrite: bool = False) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
         if out_of_space(err):
             raise UserError(f"{target.parent} ran out of space while {target.name} was written there "
-                            f"({gigabytes(free_bytes(target.parent))} free once its partial copy was removed); nothing "
+                            f"({size_text(free_bytes(target.parent))} free once its partial copy was removed); nothing "
                             "of it was kept. Fix: free space there, or write to a folder on a larger disk") from None
         raise
