@@ -2,6 +2,7 @@
 while training named with its file (and the rerun resuming), foreign records' damage named by the scan, every bad
 CSV row at once, and a disk too small said before anything is written."""
 
+import contextlib
 import json
 import shutil
 import signal
@@ -139,18 +140,25 @@ def test_every_bad_train_csv_row_is_named_at_once_before_any_image_is_read(tmp_p
     assert not (tmp_path / "out").exists()
 
 
-@pytest.fixture
-def tiny_disk(tmp_path):
-    """A 1 MB tmpfs (root only: mounted here, unmounted after)."""
-    disk = tmp_path / "disk"
+@contextlib.contextmanager
+def tmpfs(disk: Path, size: str):
+    """A tmpfs of `size` at `disk` (root only: mounted here, unmounted after), holding one file of the user's."""
     disk.mkdir()
-    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True,
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)], capture_output=True,
                            text=True)
     if mount.returncode != 0:
         pytest.skip(f"a tmpfs cannot be mounted here ({mount.stderr.strip()}): run as root")
     (disk / "kept.txt").write_text("the folder's other files stay")
-    yield disk
-    subprocess.run(["umount", str(disk)], check=True)
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    with tmpfs(tmp_path / "disk", "1m") as disk:
+        yield disk
 
 
 def test_a_conversion_onto_a_full_disk_is_refused_before_writing_with_both_figures(demo_dir, tiny_disk):
@@ -195,3 +203,16 @@ def test_the_full_check_reads_every_record_before_training_and_the_command_does_
     assert captured.err.startswith(f"train_tpu: error: 1 TFRecord shard(s) of {records} hold a damaged record "
                                    f"(data.verify_records=full read every record):\n  {damaged}: corrupted record at ")
     assert "[train] precision" not in captured.out  # before any model is built
+
+
+@pytest.mark.e2e
+def test_a_checkpoint_that_runs_out_of_space_is_one_line_and_the_last_one_stays(train_argv, tmp_path, capsys):
+    with tmpfs(tmp_path / "disk", "300k") as disk:  # the tiny model's first checkpoint fits, its second does not
+        assert guarded("train_tpu", train_main, train_argv(f"runtime.output_dir={disk}")) == 2
+        err = capsys.readouterr().err
+        checkpoints = disk / "work" / "fold0" / "checkpoints"
+        assert err.startswith(f"train_tpu: error: {disk / 'work' / 'fold0'} ran out of space while fold 0 trained (")
+        assert err.endswith("free); a rerun resumes from its checkpoint after epoch 1. Fix: free space there, or set "
+                            "runtime.scratch_dir to a larger disk\n")
+        assert json.loads((checkpoints / "progress.json").read_text())["epochs_done"] == 1
+        assert not list(checkpoints.glob("*_temp"))  # the half-written one is gone

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.core.atomic import free_bytes, out_of_space, size_text
 from common.core.errors import DataError, UserError
 from common.data.records import RECORDS_FIX, damage_words, damaged_files, has_manifest, read_manifest, record_set
 from common.export.card import read_card
@@ -67,6 +68,15 @@ def train_and_export(cfg, backend, job: FoldJob, deadline: float) -> tuple[dict,
         metrics = export_fold(cfg, result, records, job.fold, job.export_dir).metrics if backend.hosts.writer else {}
     except tf.errors.DataLossError as err:  # a record whose CRC fails: tf.data names no file
         raise damaged_records(records, job, err) from None
+    except (OSError, tf.errors.OpError) as err:  # a checkpoint that did not fit (an export's: common/core/atomic.py)
+        if out_of_space(err):
+            for partial in (job.work / "checkpoints").glob("*_temp"):  # TensorFlow's half-written checkpoint
+                shutil.rmtree(partial, ignore_errors=True)
+            free, kept = size_text(free_bytes(job.work)), epochs_checkpointed(job.work)
+            raise UserError(f"{job.work} ran out of space while fold {job.fold} trained ({free} free); a rerun "
+                            f"resumes from its checkpoint after epoch {kept}. Fix: free space there, or set "
+                            "runtime.scratch_dir to a larger disk") from None
+        raise
     backend.hosts.wait(f"fold{job.fold} exported")  # process 0 alone exports; the others wait for it
     shutil.rmtree(job.work / "checkpoints", ignore_errors=True)  # exported: the checkpoints have served
     if not result.epoch_seconds:  # resumed after its last epoch: nothing measured, the last estimate stands
