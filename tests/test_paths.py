@@ -101,3 +101,32 @@ def test_outside_kaggle_the_gcs_route_says_so(kaggle, monkeypatch):
     monkeypatch.setitem(sys.modules, "kaggle_datasets", None)  # import fails, as on a laptop
     with pytest.raises(DataPathError, match="kaggle_datasets exists only inside a Kaggle kernel"):
         resolve_data_path("flowers-tfrec", needs_gcs=True)
+
+
+@pytest.mark.e2e
+def test_a_gs_url_where_only_a_local_folder_works_is_refused_not_rewritten(train_argv, trained_export, demo_dir,
+                                                                          tmp_path, monkeypatch, capsys):
+    """pathlib makes 'gs://bars-bucket/run' the local folder 'gs:/bars-bucket/run': an output there would have stayed
+    on this disk and been reported as written to the bucket. Refused by name, before anything is written."""
+    from common.launch.kernel import guarded
+
+    from infer_gpu.infer import main as infer_main
+    from tpu2gpu.cli import main as cli_main
+    from train_tpu.train import main as train_main
+
+    monkeypatch.chdir(tmp_path)
+    assert cli_main(["tfrecords", "--competition", str(demo_dir), "--out", "gs://bars-bucket/tfr"]) == 2
+    assert capsys.readouterr().err == (
+        "tpu2gpu tfrecords: error: --out='gs://bars-bucket/tfr' is a URL, and the records' folder can only be a local "
+        "folder for now (pathlib would make it the local folder 'gs:/bars-bucket/tfr'). Fix: a local folder; copy it "
+        "to or from the bucket with `gcloud storage cp -r`\n")
+    assert guarded("train_tpu", train_main, train_argv("runtime.output_dir=gs://bars-bucket/run")) == 2
+    assert "error: runtime.output_dir='gs://bars-bucket/run' is a URL, and the output can only be a local folder" in \
+        capsys.readouterr().err
+    assert guarded("infer_gpu", infer_main, ["--set", f"infer.exports=[{trained_export}]", "--set",
+                                             f"runtime.competition_dir={demo_dir}", "--set",
+                                             "runtime.scratch_dir=gs://bars-bucket/tmp", "--set",
+                                             "infer.exports=[gs://bars-bucket/run/export]"]) == 2
+    assert "error: infer.exports='gs://bars-bucket/run/export' is a URL, and an export can only be a local folder" in \
+        capsys.readouterr().err
+    assert not (tmp_path / "gs:").exists()

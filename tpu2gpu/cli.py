@@ -57,6 +57,7 @@ def cmd_demo_data(args) -> int:
 
 
 def cmd_tfrecords(args) -> int:
+    from common.core.paths import local_folder
     from common.data.conversion import convert_competition
 
     cfg = config_from_args(args)
@@ -66,7 +67,8 @@ def cmd_tfrecords(args) -> int:
 
         competition = make_demo_competition(DEFAULT_DEMO_DIR)
         print(f"[tfrecords] no competition given: using the embedded demo in {competition}", file=sys.stderr)
-    out = Path(args.out or cfg.runtime.tfrecords or f"{Path(competition).resolve()}-tfrec")
+    out = local_folder(args.out or cfg.runtime.tfrecords or f"{Path(competition).resolve()}-tfrec",
+                       "--out" if args.out else "runtime.tfrecords", "the records' folder")
     print(format_config(cfg))
     manifest = convert_competition(competition, out, cfg.data, overwrite=args.overwrite)
     for name, split in manifest["splits"].items():

@@ -34,12 +34,22 @@ def kaggle_working_dir() -> Path:
     return kaggle_root() / "working"
 
 
+def local_folder(value: str, key: str, what: str) -> Path:
+    """The local folder `value` (what `key` names: `what`). A gs:// (or any scheme://) URL is refused by name, never
+    made into a Path: pathlib turns 'gs://b/x' into a local folder 'gs:/b/x', and an output would stay on this disk."""
+    if "://" in str(value):
+        raise DataPathError(f"{key}={value!r} is a URL, and {what} can only be a local folder for now (pathlib would "
+                            f"make it the local folder '{Path(str(value))}'). Fix: a local folder; copy it to or from "
+                            "the bucket with `gcloud storage cp -r`")
+    return Path(value)
+
+
 def output_dir(configured: str, local_default: str) -> Path:
     """runtime.output_dir, else /kaggle/working in a Kaggle kernel, else local_default (e.g. runs/train)."""
     from common.core.platform import detect_platform
 
     if configured:
-        return Path(configured)
+        return local_folder(configured, "runtime.output_dir", "the output")
     return kaggle_working_dir() if detect_platform().on_kaggle else Path(local_default)
 
 
@@ -49,7 +59,7 @@ def scratch_dir(configured: str, output: Path) -> Path:
     from common.core.platform import detect_platform
 
     if configured:
-        return Path(configured)
+        return local_folder(configured, "runtime.scratch_dir", "the scratch folder")
     return kaggle_root() / "temp" if detect_platform().on_kaggle else Path(output)
 
 
