@@ -100,6 +100,11 @@ def test_the_built_kernels_train_on_keras_jax_where_no_tensorflow_tpu_stack_can_
 
     image = environment(f"tpu-image-{TPU_IMAGE[2].replace('==', '')}-{KERAS.replace('==', '')}", TPU_IMAGE)
     tensorflow_only = environment("tf2.19.1", ["tensorflow-cpu==2.19.1", "pillow"])
+    # Both kernels run without pkg_resources: pip gives these Python 3.12 venvs the newest setuptools, which has none
+    # (setuptools 82 removed it), as a python:3.12 image built without a setuptools pin may have (docs/kaggle-facts.md).
+    for python in (image, tensorflow_only):
+        probe = "import importlib.util; print(importlib.util.find_spec('pkg_resources'))"
+        assert subprocess.run([python, "-c", probe], capture_output=True, text=True).stdout.strip() == "None", python
     cfg = load_config(REPO / "configs" / "demo.yaml", PROJECT)
     folders = build(cfg, tmp_path / "build")
     kaggle = tmp_path / "kaggle"
