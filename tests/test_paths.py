@@ -115,18 +115,18 @@ def test_a_gs_url_where_only_a_local_folder_works_is_refused_not_rewritten(train
     from train_tpu.train import main as train_main
 
     monkeypatch.chdir(tmp_path)
-    assert cli_main(["tfrecords", "--competition", str(demo_dir), "--out", "gs://bars-bucket/tfr"]) == 2
+    assert cli_main(["tfrecords", "--competition", str(demo_dir), "--out", "s3://bars-bucket/tfr"]) == 2
     assert capsys.readouterr().err == (
-        "tpu2gpu tfrecords: error: --out='gs://bars-bucket/tfr' is a URL, and the records' folder can only be a local "
-        "folder for now (pathlib would make it the local folder 'gs:/bars-bucket/tfr'). Fix: a local folder; copy it "
-        "to or from the bucket with `gcloud storage cp -r`\n")
+        "tpu2gpu tfrecords: error: --out='s3://bars-bucket/tfr' is a URL, and the records' folder can only be a local "
+        "folder for now (pathlib would make it the local folder 's3:/bars-bucket/tfr'). Fix: a local folder; copy it "
+        "to or from the bucket with `gcloud storage cp -r`\n")  # gs:// is converted there (tests/test_gcs.py)
     assert guarded("train_tpu", train_main, train_argv("runtime.output_dir=gs://bars-bucket/run")) == 2
-    assert "error: runtime.output_dir='gs://bars-bucket/run' is a URL, and the output can only be a local folder" in \
-        capsys.readouterr().err
+    assert ("train_tpu: error: runtime.output_dir='gs://bars-bucket/run' is a URL, and the output can only be a local "
+            "folder for now (pathlib would make it the local folder 'gs:/bars-bucket/run')") in capsys.readouterr().err
     assert guarded("infer_gpu", infer_main, ["--set", f"infer.exports=[{trained_export}]", "--set",
                                              f"runtime.competition_dir={demo_dir}", "--set",
                                              "runtime.scratch_dir=gs://bars-bucket/tmp", "--set",
                                              "infer.exports=[gs://bars-bucket/run/export]"]) == 2
     assert "error: infer.exports='gs://bars-bucket/run/export' is a URL, and an export can only be a local folder" in \
         capsys.readouterr().err
-    assert not (tmp_path / "gs:").exists()
+    assert not (tmp_path / "gs:").exists() and not (tmp_path / "s3:").exists()

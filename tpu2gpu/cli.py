@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -59,6 +60,7 @@ def cmd_demo_data(args) -> int:
 def cmd_tfrecords(args) -> int:
     from common.core.paths import local_folder
     from common.data.conversion import convert_competition
+    from common.data.records import require_no_records, upload_records
 
     cfg = config_from_args(args)
     competition = args.competition or cfg.runtime.competition_dir
@@ -67,17 +69,23 @@ def cmd_tfrecords(args) -> int:
 
         competition = make_demo_competition(DEFAULT_DEMO_DIR)
         print(f"[tfrecords] no competition given: using the embedded demo in {competition}", file=sys.stderr)
-    out = local_folder(args.out or cfg.runtime.tfrecords or f"{Path(competition).resolve()}-tfrec",
-                       "--out" if args.out else "runtime.tfrecords", "the records' folder")
+    out = args.out or cfg.runtime.tfrecords or f"{Path(competition).resolve()}-tfrec"
     print(format_config(cfg))
-    manifest = convert_competition(competition, out, cfg.data, overwrite=args.overwrite)
+    if out.startswith("gs://"):  # converted here, then uploaded with the manifest last
+        require_no_records(out, args.overwrite)
+        with tempfile.TemporaryDirectory() as local:
+            manifest = convert_competition(competition, Path(local) / "records", cfg.data)
+            upload_records(Path(local) / "records", out)
+    else:
+        out = local_folder(out, "--out" if args.out else "runtime.tfrecords", "the records' folder")
+        manifest = convert_competition(competition, out, cfg.data, overwrite=args.overwrite)
     for name, split in manifest["splits"].items():
         sizes = [s["bytes"] / 1e6 for s in split["shards"]]
         print(f"{name:>8}: {split['count']:6d} records in {len(sizes):3d} shards of "
               f"{min(sizes):.2f}-{max(sizes):.2f} MB")
     skipped = manifest["skipped"]
     if skipped["count"]:
-        print(f"skipped {skipped['count']} bad image(s) (data.on_bad_image=skip): listed in {out / skipped['file']}")
+        print(f"skipped {skipped['count']} bad image(s) (data.on_bad_image=skip): listed in {out}/{skipped['file']}")
     print(f"{len(manifest['class_names'])} classes; TFRecords and manifest.json in {out}")
     return 0
 

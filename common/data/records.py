@@ -207,6 +207,30 @@ def shard_paths(manifest: dict, tfrecord_dir: str, names: Iterable[str]) -> list
     return [f"{root}/{shard['file']}" for name in names for shard in manifest["splits"][name]["shards"]]
 
 
+def require_no_records(url: str, overwrite: bool) -> None:
+    """A gs:// folder to convert into: empty, or replaced only with --overwrite (checked before converting)."""
+    import tensorflow as tf
+
+    if tf.io.gfile.exists(url) and tf.io.gfile.listdir(url) and not overwrite:
+        raise FileExistsError(f"{url} already exists. Fix: pass --overwrite to replace it, or choose another --out")
+
+
+def upload_records(local: Path, url: str) -> None:
+    """A finished conversion copied to a gs:// folder, replacing what was there. GCS renames no folder, so the
+    manifest is the marker: the old one is removed first and the new one written last, and read_manifest refuses a
+    folder without it, so a reader never takes a cut upload (or a mix of two) for complete."""
+    import tensorflow as tf
+
+    url = url.rstrip("/")
+    if tf.io.gfile.exists(f"{url}/{MANIFEST_NAME}"):
+        tf.io.gfile.remove(f"{url}/{MANIFEST_NAME}")
+    if tf.io.gfile.exists(url):
+        tf.io.gfile.rmtree(url)
+    files = sorted(p for p in Path(local).iterdir() if p.name != MANIFEST_NAME)
+    for path in [*files, Path(local) / MANIFEST_NAME]:
+        tf.io.gfile.copy(str(path), f"{url}/{path.name}", overwrite=True)
+
+
 def check_shards(manifest: dict, tfrecord_dir: str, names: Iterable[str]) -> None:
     """Every shard of the splits `names` present and of the size the manifest recorded, all checked before any record
     is read (a stat each: milliseconds), every damaged or missing one named in one error."""
