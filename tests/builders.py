@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +35,21 @@ def checkout_copy(destination: Path, link_venv: bool = False) -> Path:
     if link_venv:
         (destination / ".venv").symlink_to(REPO / ".venv")
     return destination
+
+
+def kill_after_epochs(command: list[str], progress: Path, epochs: int, timeout: float = 300) -> int:
+    """Start a training run (or the demo), SIGKILL it once its progress.json counts `epochs` checkpointed epochs (the
+    user's Ctrl-C, or worse), and return the epochs its checkpoint holds."""
+    run = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + timeout
+        while not (progress.is_file() and json.loads(progress.read_text())["epochs_done"] >= epochs):
+            assert run.poll() is None and time.monotonic() < deadline, f"the run ended before epoch {epochs}"
+            time.sleep(0.05)
+    finally:
+        run.send_signal(signal.SIGKILL)
+        run.wait()
+    return json.loads(progress.read_text())["epochs_done"]
 
 
 def run_inference_kernel(argv: list[str]) -> subprocess.CompletedProcess:

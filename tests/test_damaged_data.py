@@ -5,10 +5,8 @@ CSV row at once, and a disk too small said before anything is written."""
 import contextlib
 import json
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from common.core.atomic import staged_dir
@@ -23,7 +21,7 @@ import pytest
 from infer_gpu.infer import main as infer_main
 from train_tpu.train import main as train_main
 
-from builders import read_csv, write_competition, write_csv
+from builders import kill_after_epochs, read_csv, write_competition, write_csv
 
 REPO = Path(__file__).resolve().parents[1]
 FIX = ("Fix: upload the dataset again (an upload or a copy cut short leaves a shard short or damaged), or write the "
@@ -68,17 +66,7 @@ def test_a_corrupt_record_ends_the_fold_naming_its_shard_and_the_repaired_run_re
     records, manifest = records_copy(demo_records, tmp_path)
     argv = train_argv(f"runtime.tfrecords={records}", "train.epochs=4")
     progress = tmp_path / "out" / "work" / "fold0" / "checkpoints" / "progress.json"
-    run = subprocess.Popen([sys.executable, "-m", "train_tpu.train", *argv], cwd=REPO, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 300
-        while not (progress.is_file() and json.loads(progress.read_text())["epochs_done"] >= 1):
-            assert run.poll() is None and time.monotonic() < deadline, "training ended before epoch 1"
-            time.sleep(0.05)
-    finally:
-        run.send_signal(signal.SIGKILL)
-        run.wait()
-    kept = json.loads(progress.read_text())["epochs_done"]
+    kept = kill_after_epochs([sys.executable, "-m", "train_tpu.train", *argv], progress, 1)
     assert 1 <= kept < 4
 
     damaged = records / first_shard(manifest, "fold1")  # same size, 16 bytes flipped in the middle

@@ -1,12 +1,12 @@
 import json
 import re
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from builders import kill_after_epochs
 
 pytestmark = pytest.mark.e2e  # tpu2gpu.demo run in child interpreters
 
@@ -22,15 +22,7 @@ def test_an_interrupted_demo_is_finished_by_the_next_run(tmp_path):
     root = tmp_path / "demo"
     command = [sys.executable, "-m", "tpu2gpu.demo", "--root", str(root)]
     progress = root / "train" / "work" / "fold0" / "checkpoints" / "progress.json"
-    run = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 300
-        while not (progress.is_file() and json.loads(progress.read_text())["epochs_done"] >= 3):
-            assert run.poll() is None and time.monotonic() < deadline, "the demo ended before epoch 3"
-            time.sleep(0.05)
-    finally:
-        run.send_signal(signal.SIGKILL)  # the user's Ctrl-C, or worse
-        run.wait()
+    kill_after_epochs(command, progress, 3)
     # Nothing downstream of the interruption looks complete.
     assert not (root / "train" / "export" / "fold0").exists()
     assert not (root / "infer").exists() and not (root / "build").exists()

@@ -1,7 +1,6 @@
 import dataclasses
 import json
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -25,7 +24,7 @@ import tensorflow as tf
 
 from train_tpu.train import main as train_main
 
-from builders import BLOCK_KERAS_AND_HUB
+from builders import BLOCK_KERAS_AND_HUB, kill_after_epochs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -136,16 +135,7 @@ def test_bfloat16_training_exports_a_float32_signature_and_says_which_part_ran_i
 def test_a_killed_run_resumes_at_the_next_epoch(train_argv, tmp_path):
     argv = [sys.executable, "-m", "train_tpu.train", *train_argv("train.epochs=6", "train.steps_per_epoch=6")]
     progress = tmp_path / "out" / "work" / "fold0" / "checkpoints" / PROGRESS_NAME
-    run = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 300
-        while not (progress.is_file() and json.loads(progress.read_text())["epochs_done"] >= 2):
-            assert run.poll() is None and time.monotonic() < deadline, "training ended before epoch 2"
-            time.sleep(0.05)
-    finally:
-        run.send_signal(signal.SIGKILL)  # killed, not asked to stop
-        run.wait()
-    killed_after = json.loads(progress.read_text())["epochs_done"]
+    killed_after = kill_after_epochs(argv, progress, 2)  # killed, not asked to stop
     assert 2 <= killed_after < 6
     assert not (tmp_path / "out" / "export" / "fold0").exists()
 
