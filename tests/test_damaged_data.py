@@ -184,7 +184,8 @@ def test_the_full_check_reads_every_record_before_training_and_the_command_does_
     damaged.write_bytes(data[:1000] + bytes(b ^ 0xFF for b in data[1000:1016]) + data[1016:])
     assert cli_main(["verify-records", "--records", str(records)]) == 0  # the size check alone passes it
     assert cli_main(["verify-records", "--records", str(records), "--full"]) == 2
-    assert f"1 shard(s) hold a damaged record:\n  {damaged}: corrupted record at byte " in capsys.readouterr().err
+    assert (f"1 TFRecord shard(s) of {records} hold a damaged record (verify-records --full read every record):\n  "
+            f"{damaged}: corrupted record at byte ") in capsys.readouterr().err
     assert guarded("train_tpu", train_main, train_argv(f"runtime.tfrecords={records}",
                                                        "data.verify_records=full")) == 2
     captured = capsys.readouterr()

@@ -91,8 +91,7 @@ def cmd_tfrecords(args) -> int:
 
 
 def cmd_verify_records(args) -> int:
-    from common.core.errors import DataError
-    from common.data.records import RECORDS_FIX, check_shards, damaged_files, read_manifest, shard_paths
+    from common.data.records import check_shards, read_manifest, require_whole_records, shard_paths
 
     manifest = read_manifest(args.records)
     names = list(manifest["splits"])
@@ -101,10 +100,7 @@ def cmd_verify_records(args) -> int:
     how = "present and of the size the manifest recorded"
     if args.full:
         started = time.perf_counter()
-        damaged = damaged_files(files)
-        if damaged:
-            raise DataError(f"{len(damaged)} shard(s) hold a damaged record:\n"
-                            + "\n".join(f"  {path}: {words}" for path, words in damaged) + "\n" + RECORDS_FIX)
+        require_whole_records(files, args.records, "verify-records --full")
         how += f", and every record read back whole ({time.perf_counter() - started:.1f} s)"
     print(f"{len(files)} shards of {args.records} ({', '.join(names)}): {how}")
     return 0

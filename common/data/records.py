@@ -252,6 +252,16 @@ def check_shards(manifest: dict, tfrecord_dir: str, names: Iterable[str]) -> Non
                         "before any record is read):\n" + "\n".join(problems) + "\n" + RECORDS_FIX)
 
 
+def require_whole_records(files: Sequence[str], tfrecord_dir: str, asked_by: str) -> None:
+    """The full check (data.verify_records=full, `tpu2gpu verify-records --full`): every record of `files` read back,
+    every damaged shard named in one error."""
+    damaged = damaged_files(files)
+    if damaged:
+        raise DataError(f"{len(damaged)} TFRecord shard(s) of {tfrecord_dir} hold a damaged record ({asked_by} read "
+                        "every record):\n" + "\n".join(f"  {path}: {words}" for path, words in damaged) + "\n"
+                        + RECORDS_FIX)
+
+
 def damage_words(err) -> str:
     """What a tf.errors.DataLossError says of the damage, without TensorFlow's op names: 'corrupted record at byte
     N' (a failed CRC) or 'truncated record at byte N' (a file cut short)."""
@@ -301,11 +311,8 @@ def record_set(tfrecord_dir: str, data_cfg, fold: int) -> RecordSet:
 
         check_shards(manifest, tfrecord_dir, train_names + val_names)
         if data_cfg.verify_records == "full":
-            damaged = damaged_files(shard_paths(manifest, tfrecord_dir, train_names + val_names))
-            if damaged:
-                raise DataError(f"{len(damaged)} TFRecord shard(s) of {tfrecord_dir} hold a damaged record "
-                                "(data.verify_records=full read every record):\n"
-                                + "\n".join(f"  {path}: {words}" for path, words in damaged) + "\n" + RECORDS_FIX)
+            require_whole_records(shard_paths(manifest, tfrecord_dir, train_names + val_names), tfrecord_dir,
+                                  "data.verify_records=full")
         task = manifest.get("task", "multiclass")
         if task != data_cfg.task:
             raise DataError(f"{tfrecord_dir} was converted for data.task={task}, the config says data.task="
