@@ -18,8 +18,10 @@ object) is an empty body, not none. ../shared/GCS.md has the facts; about 0.2 s 
 from __future__ import annotations
 
 import argparse
+import base64
 import copy
 import io
+import json
 import logging
 import os
 import signal
@@ -27,13 +29,17 @@ import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import threading
+import urllib.parse
 from functools import partial
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 NAMES = ("www.googleapis.com", "storage.googleapis.com", "oauth2.googleapis.com", "metadata.google.internal")
-GCS_ENV = {"GOOGLE_AUTH_TOKEN_FOR_TESTING": "any", "GCS_REQUEST_CONNECTION_TIMEOUT_SECS": "5",
+TOKEN = "ya29.fake-gcs-token-4f1d"  # the one bearer token the bucket accepts (and the token endpoint gives)
+ACCOUNT = "trainer@tpu2gpu-tests.iam.gserviceaccount.com"
+GCS_ENV = {"GOOGLE_AUTH_TOKEN_FOR_TESTING": TOKEN, "NO_GCE_CHECK": "true", "GCS_REQUEST_CONNECTION_TIMEOUT_SECS": "5",
            "GCS_WRITE_REQUEST_TIMEOUT_SECS": "10", "GCS_READ_REQUEST_TIMEOUT_SECS": "10",
            "GCS_METADATA_REQUEST_TIMEOUT_SECS": "5", "GCS_RETRY_CONFIG_MAX_RETRIES": "1",
            "GCS_RETRY_CONFIG_INIT_DELAY_TIME_US": "1000"}
@@ -43,6 +49,7 @@ ip link set lo up
 mount --make-rprivate / 2>/dev/null || true
 mount --bind "$FAKE_GCS_HOSTS" /etc/hosts
 "$FAKE_GCS_PYTHON" "$FAKE_GCS_SERVER" $FAKE_GCS_BUCKETS --cert "$CURL_CA_BUNDLE" --key "$FAKE_GCS_KEY" \
+    --token "$FAKE_GCS_TOKEN" --account "$FAKE_GCS_ACCOUNT" --account-public-key "$FAKE_GCS_ACCOUNT_PUBLIC_KEY" \
     2> "$FAKE_GCS_LOG" &
 server=$!
 trap 'kill $server 2>/dev/null; wait $server 2>/dev/null || true' EXIT
@@ -73,19 +80,39 @@ def certificate(folder: Path) -> tuple[Path, Path]:
     return cert, key
 
 
+def service_account_key(folder: Path) -> tuple[Path, Path]:
+    """A service-account key file as Google's console downloads it (what GOOGLE_APPLICATION_CREDENTIALS names), and
+    the public half the fake token endpoint verifies its signed grants with."""
+    key_file, public = folder / "service-account.json", folder / "service-account-public.pem"
+    if not key_file.is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        private = subprocess.run(["openssl", "genrsa", "2048"], check=True, capture_output=True, text=True).stdout
+        public.write_text(subprocess.run(["openssl", "rsa", "-pubout"], input=private, check=True, capture_output=True,
+                                         text=True).stdout)
+        key_file.write_text(json.dumps({
+            "type": "service_account", "project_id": "tpu2gpu-tests", "private_key_id": "0" * 40,
+            "private_key": private, "client_email": ACCOUNT, "client_id": "1" * 21,
+            "token_uri": "https://oauth2.googleapis.com/token"}))
+    return key_file, public
+
+
 def run_with_gcs(command: list[str], folder: Path, buckets: list[str], env: dict | None = None,
                  timeout: int = 600) -> subprocess.CompletedProcess:
-    """`command` in a network namespace of its own, with the fake GCS serving `buckets` (empty at the start)."""
+    """`command` in a network namespace of its own, with the fake GCS serving `buckets` (empty at the start). The
+    bucket takes only TOKEN, which GCS_ENV hands TensorFlow; env's None values remove a variable (e.g. that one)."""
     folder.mkdir(parents=True, exist_ok=True)
     cert, key = certificate(folder)
+    public = service_account_key(folder)[1]
     hosts = folder / "hosts"
     hosts.write_text("127.0.0.1 localhost\n127.0.0.1 " + " ".join(NAMES) + "\n")
     script = folder / "fake_gcs.sh"
     script.write_text(SCRIPT)
-    run_env = {**os.environ, **(env or {}), **GCS_ENV, "CURL_CA_BUNDLE": str(cert), "FAKE_GCS_KEY": str(key),
+    run_env = {**os.environ, **GCS_ENV, "CURL_CA_BUNDLE": str(cert), "FAKE_GCS_KEY": str(key),
                "FAKE_GCS_HOSTS": str(hosts), "FAKE_GCS_PYTHON": sys.executable, "FAKE_GCS_SERVER": __file__,
                "FAKE_GCS_LOG": str(folder / "fake_gcs.log"),
-               "FAKE_GCS_BUCKETS": " ".join(f"--bucket {b}" for b in buckets)}
+               "FAKE_GCS_BUCKETS": " ".join(f"--bucket {b}" for b in buckets), "FAKE_GCS_TOKEN": TOKEN,
+               "FAKE_GCS_ACCOUNT": ACCOUNT, "FAKE_GCS_ACCOUNT_PUBLIC_KEY": str(public)}
+    run_env = {k: v for k, v in {**run_env, **(env or {})}.items() if v is not None}
     return subprocess.run(["unshare", "--net", "--mount", "--fork", "bash", str(script), *command], env=run_env,
                           capture_output=True, text=True, timeout=timeout)
 
@@ -155,7 +182,76 @@ class _TLSServer(ThreadingHTTPServer):
             connection.close()
 
 
-def serve(buckets: list[str], cert: str, key: str) -> None:
+class _Access:
+    """What the server lets in: requests bearing `token`, which its token endpoint also gives for a JWT signed by the
+    service account's key (verified with its public key: openssl, as the test machine has no JWT library)."""
+
+    def __init__(self, token: str, email: str, public_key: str):
+        self.token, self.email, self.public_key = token, email, public_key
+
+    def grant(self, form: dict) -> str | None:
+        """The token for a valid jwt-bearer grant (signed by the key, issued by the account, for this endpoint)."""
+        try:
+            header, payload, signature = form["assertion"][0].split(".")
+            claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+            raw = base64.urlsafe_b64decode(signature + "=" * (-len(signature) % 4))
+        except (KeyError, ValueError):
+            return None
+        if claims.get("iss") != self.email or not str(claims.get("aud", "")).endswith("/token"):
+            return None
+        with tempfile.NamedTemporaryFile() as signed:
+            signed.write(raw)
+            signed.flush()
+            check = subprocess.run(["openssl", "dgst", "-sha256", "-verify", self.public_key, "-signature",
+                                    signed.name], input=f"{header}.{payload}".encode(), capture_output=True)
+        return self.token if check.returncode == 0 else None
+
+
+def checked_handler(base, access: _Access):
+    """The emulator's handler, with GCS's bearer-token check (401 without the token) and an OAuth token endpoint."""
+
+    class Checked(base):
+        def _answer(self, status: int, body: dict) -> None:
+            content = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(content)))
+            self.end_headers()
+            self.wfile.write(content)
+
+        def _checked(self, method: str) -> None:
+            if (self.headers.get("Expect") or "").lower() == "100-continue":  # curl waits a second for it otherwise
+                self.wfile.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                self.wfile.flush()
+            if self.path.startswith("/oauth2/"):  # the token endpoint of a service-account key
+                form = urllib.parse.parse_qs((_read_raw_data(self) or b"").decode())
+                token = access.grant(form)
+                return self._answer(200, {"access_token": token, "token_type": "Bearer", "expires_in": 3600}) \
+                    if token else self._answer(400, {"error": "invalid_grant"})
+            if self.headers.get("Authorization") != f"Bearer {access.token}":
+                _read_raw_data(self)  # the body, read and dropped
+                return self._answer(401, {"error": {"code": 401, "message": "Invalid Credentials"}})
+            return getattr(base, "do_" + method)(self)
+
+        def do_GET(self):
+            self._checked("GET")
+
+        def do_POST(self):
+            self._checked("POST")
+
+        def do_PUT(self):
+            self._checked("PUT")
+
+        def do_DELETE(self):
+            self._checked("DELETE")
+
+        def do_PATCH(self):
+            self._checked("PATCH")
+
+    return Checked
+
+
+def serve(buckets: list[str], cert: str, key: str, access: _Access) -> None:
     from gcp_storage_emulator import server
     from gcp_storage_emulator.handlers import buckets as bucket_handlers
     from gcp_storage_emulator.storage import Storage
@@ -167,7 +263,7 @@ def serve(buckets: list[str], cert: str, key: str) -> None:
     storage = Storage(use_memory_fs=True)
     for name in buckets:
         bucket_handlers.create_bucket(name, storage)
-    handler = partial(server.RequestHandler, storage)
+    handler = partial(checked_handler(server.RequestHandler, access), storage)
     secure, plain = _TLSServer(("127.0.0.1", 443), handler), _TLSServer(("127.0.0.1", 80), handler)
     secure.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     secure.context.load_cert_chain(cert, key)
@@ -183,5 +279,8 @@ if __name__ == "__main__":
     parser.add_argument("--bucket", action="append", default=[])
     parser.add_argument("--cert", required=True)
     parser.add_argument("--key", required=True)
+    parser.add_argument("--token", required=True)
+    parser.add_argument("--account", required=True, help="the service account's email")
+    parser.add_argument("--account-public-key", required=True)
     args = parser.parse_args()
-    serve(args.bucket, args.cert, args.key)
+    serve(args.bucket, args.cert, args.key, _Access(args.token, args.account, args.account_public_key))

@@ -1,58 +1,192 @@
-"""gs:// for real: TensorFlow's own GCS file system against a fake bucket in a network namespace of its own
-(tests/fake_gcs.py; root only, skipped with the reason elsewhere)."""
+"""gs:// for real: TensorFlow's own GCS file system against a fake bucket that checks a bearer token, in a network
+namespace of its own (tests/fake_gcs.py; root only, skipped with the reason elsewhere)."""
 
 import json
+import re
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-from fake_gcs import run_with_gcs, unavailable
+from fake_gcs import TOKEN, run_with_gcs, service_account_key, unavailable
 
-from builders import write_competition
+from builders import BLOCK_KERAS_AND_HUB, write_competition
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(bool(unavailable()), reason=unavailable() or "root")]
 
+BUCKET_RUN = "gs://bars-bucket/run"
 
-def test_records_converted_into_a_bucket_train_a_fold_and_a_cut_upload_is_refused(tmp_path, tiny_backbone):
-    """`tpu2gpu tfrecords --out gs://...` converts, then uploads with manifest.json last; `verify-records --full` and
-    the training kernel read the bucket; without its manifest (an upload cut short) the folder is refused by name."""
-    competition = write_competition(tmp_path / "comp", ["a", "b"] * 20, size=16, n_test=4)
-    train = ["runtime.tfrecords=gs://bars-bucket/tfr", f"model.hub_handle={tiny_backbone}", "data.image_size=16",
-             "train.epochs=1", "train.steps_per_epoch=2", "train.batch_size_per_replica=8",
-             f"runtime.output_dir={tmp_path / 'out'}"]
-    code = textwrap.dedent(f"""
-        import json
-        from tpu2gpu.cli import main as cli
-        from train_tpu.train import main as train
-        from common.core.config import load_config
-        from common.core.errors import DataError
-        from common.data.records import record_set
-        import tensorflow as tf
+# In the bucket's namespace, from the test's folder: convert into the bucket; train with the output in it, killed
+# once its first epoch's checkpoint is pushed; forget the local copy (a new machine), train again (it resumes from
+# the bucket) and export; score the export from the bucket and from the local copy with the TF-only inference kernel.
+JOURNEY = """
+set -u
+py() { "$PYTHON" "$@"; }
+py -c "$CONVERT" > convert.log 2>&1; echo "CONVERT $?"
+"$PYTHON" -m train_tpu.train $TRAIN > killed.log 2>&1 &
+run=$!
+until grep -q "work/fold0: .* pushed" killed.log; do
+  kill -0 $run 2>/dev/null || { echo "KILLED never: the run ended first"; exit 1; }; sleep 0.05
+done
+kill -9 $run; wait $run 2>/dev/null; echo "KILLED after the first push"
+rm -rf runs/gcs  # a new machine: only the bucket holds the checkpoint
+py -m train_tpu.train $TRAIN > resumed.log 2>&1; echo "RESUMED $?"
+py -c "$INFER" --set "infer.exports=[$RUN/export]" --set runtime.output_dir=infer-gcs > infer-gcs.log 2>&1
+echo "INFER_GCS $?"
+py -c "$INFER" --set "infer.exports=[runs/gcs/output/bars-bucket/run/export]" --set runtime.output_dir=infer-local \
+    > infer-local.log 2>&1; echo "INFER_LOCAL $?"
+py -c "$AFTER" > after.log 2>&1; echo "AFTER $?"
+"""
 
-        url = "gs://bars-bucket/tfr"
-        convert = ["tfrecords", "--competition", {str(competition)!r}, "--out", url, "--set", "data.folds=2"]
-        print("CONVERT", cli(convert), "AGAIN", cli(convert))
-        print("LISTING", json.dumps(sorted(tf.io.gfile.listdir(url))))
-        print("VERIFY", cli(["verify-records", "--records", url, "--full"]))
-        print("TRAIN", train([a for s in {train!r} for a in ("--set", s)]))
-        tf.io.gfile.remove(url + "/manifest.json")  # the shards without their marker: an upload cut short
-        try:
-            record_set(url, load_config(None, []).data, 0)
-        except DataError as err:
-            print("REFUSED", err)
-        """)
-    run = run_with_gcs([sys.executable, "-c", code], tmp_path / "gcs", ["bars-bucket"])
-    out = run.stdout
-    assert run.returncode == 0, out[-3000:] + run.stderr[-3000:]
-    assert "CONVERT 0 AGAIN 2" in out  # a second conversion into the same folder needs --overwrite
-    assert "tpu2gpu tfrecords: error: gs://bars-bucket/tfr already exists. Fix: pass --overwrite" in run.stderr
-    listing = json.loads(out.split("LISTING ")[1].splitlines()[0])
+CONVERT = """
+import json, sys
+import tensorflow as tf
+from tpu2gpu.cli import main as cli
+
+url = "gs://bars-bucket/tfr"
+convert = ["tfrecords", "--competition", "comp", "--out", url, "--set", "data.folds=2"]
+print("CONVERT", cli(convert), "AGAIN", cli(convert))
+print("LISTING", json.dumps(sorted(tf.io.gfile.listdir(url))))
+print("VERIFY", cli(["verify-records", "--records", url, "--full"]))
+"""
+
+# The bucket afterwards: what the run left there; an export without its card and records without their manifest
+# (uploads cut short) refused by name.
+AFTER = """
+import json
+import tensorflow as tf
+from common.core.config import load_config
+from common.core.errors import DataError
+from common.core.gcs import fetch_exports
+from common.data.records import record_set
+from common.export.card import ExportError
+
+run = "gs://bars-bucket/run"
+objects = [f"{d.rstrip('/')}/{n}"[len(run) + 1:] for d, _, files in tf.io.gfile.walk(run) for n in files]
+print("BUCKET", json.dumps(sorted(objects)))
+tf.io.gfile.remove(run + "/export/fold0/model_card.json")
+try:
+    fetch_exports(run + "/export")
+except ExportError as err:
+    print("NO CARD", err)
+tf.io.gfile.remove("gs://bars-bucket/tfr/manifest.json")
+try:
+    record_set("gs://bars-bucket/tfr", load_config(None, []).data, 0)
+except DataError as err:
+    print("NO MANIFEST", err)
+"""
+
+
+def training_settings(backbone: Path) -> str:
+    items = ["runtime.tfrecords=gs://bars-bucket/tfr", f"runtime.output_dir={BUCKET_RUN}", "train.fold=0",
+             f"model.hub_handle={backbone}", "data.image_size=16", "train.epochs=2", "train.steps_per_epoch=20",
+             "train.batch_size_per_replica=8", "train.export_float16=false"]
+    return " ".join(f"--set {item}" for item in items)
+
+
+def test_a_run_in_a_bucket_converts_trains_is_killed_resumes_from_the_bucket_and_scores(tmp_path, tiny_backbone):
+    """The records, the checkpoints and the export in a bucket, end to end; the TF-only inference kernel scores the
+    export from the bucket exactly as from the local copy; uploads cut short (no card, no manifest) are refused."""
+    write_competition(tmp_path / "comp", ["a", "b"] * 20, size=16, n_test=4)
+    infer = BLOCK_KERAS_AND_HUB + ("from infer_gpu.infer import main; sys.exit(main(sys.argv[1:] + ['--set', "
+                                   "'runtime.competition_dir=comp', '--set', 'runtime.tfrecords=']))")
+    env = {"PYTHON": sys.executable, "CONVERT": CONVERT, "AFTER": AFTER, "INFER": infer, "RUN": BUCKET_RUN,
+           "TRAIN": training_settings(tiny_backbone)}
+    run = run_with_gcs(["bash", "-c", f"cd {tmp_path} && {JOURNEY}"], tmp_path / "gcs", ["bars-bucket"], env)
+    logs = {p.stem: p.read_text() for p in tmp_path.glob("*.log")}
+    report = run.stdout + run.stderr + "".join(f"\n--- {k}\n{v[-2500:]}" for k, v in logs.items())
+    for step in ("CONVERT", "RESUMED", "INFER_GCS", "INFER_LOCAL", "AFTER"):
+        assert f"{step} 0" in run.stdout, report
+    assert "KILLED after the first push" in run.stdout, report
+
+    # Conversion: the shards and the manifest in the bucket; a second one refused without --overwrite.
+    convert = logs["convert"]
+    assert "CONVERT 0 AGAIN 2" in convert
+    assert "tpu2gpu tfrecords: error: gs://bars-bucket/tfr already exists. Fix: pass --overwrite" in convert
+    listing = json.loads(convert.split("LISTING ")[1].splitlines()[0])
     assert listing == ["fold0-000-n20.tfrec", "fold1-000-n20.tfrec", "manifest.json", "test-000-n4.tfrec"]
-    assert "VERIFY 0" in out and "3 shards of gs://bars-bucket/tfr (fold0, fold1, test): present and of the size" in out
-    assert "TRAIN 0" in out
-    card = json.loads((tmp_path / "out" / "export" / "fold0" / "model_card.json").read_text())
-    assert card["complete"] and card["config"]["runtime"]["tfrecords"] == "gs://bars-bucket/tfr"
-    assert ("REFUSED gs://bars-bucket/tfr has no manifest.json, so data.class_names must list the classes in label "
-            "order. Fix: --set data.class_names=[...], or convert the data with `tpu2gpu tfrecords`") in out
-    assert not Path("gs:").exists()
+    assert "VERIFY 0" in convert and "3 shards of gs://bars-bucket/tfr (fold0, fold1, test): present and of" in convert
+
+    # The killed run pushed its first checkpoint; the second, on a bare machine, took it from the bucket and resumed.
+    assert re.search(r"\[gcs\] gs://bars-bucket/run/work/fold0: \d+ file\(s\), [\d.]+ MB, pushed", logs["killed"])
+    resumed = logs["resumed"]
+    assert "[gcs] gs://bars-bucket: access granted with the token in GOOGLE_AUTH_TOKEN_FOR_TESTING" in resumed
+    assert ("[gcs] gs://bars-bucket/run/work/fold0: taken from the bucket into "
+            "runs/gcs/output/bars-bucket/run/work/fold0") in resumed
+    assert "[train] resuming from the checkpoint after epoch 1" in resumed
+    assert "[train] epoch 2:" in resumed and "[train] epoch 1:" not in resumed
+
+    # What the bucket holds: the export (its card), the history, the report; no checkpoint once exported.
+    after = logs["after"]
+    bucket = json.loads(after.split("BUCKET ")[1].splitlines()[0])
+    assert {"export/fold0/model_card.json", "export/fold0/saved_model/saved_model.pb", "export/fold0/history.csv",
+            "export/training_report.json", "work/fold0/history.csv"} <= set(bucket), bucket
+    assert not [name for name in bucket if "checkpoints/" in name], bucket
+    card = json.loads((tmp_path / "runs/gcs/output/bars-bucket/run/export/fold0/model_card.json").read_text())
+    assert card["complete"] and card["config"]["runtime"]["output_dir"] == BUCKET_RUN
+    assert [row["epoch"] for row in csv_rows(tmp_path / "runs/gcs/output/bars-bucket/run/export/fold0/history.csv")] \
+        == ["0", "1"]
+
+    # The inference kernel (TensorFlow alone) scores the export from the bucket as from the local copy.
+    assert "[gcs] gs://bars-bucket/run/export: 1 export(s)" in logs["infer-gcs"]
+    from_bucket = (tmp_path / "infer-gcs" / "submission.csv").read_text()
+    assert from_bucket == (tmp_path / "infer-local" / "submission.csv").read_text()
+    assert len(from_bucket.splitlines()) == 5
+
+    # Uploads cut short are refused by name.
+    assert ("NO CARD gs://bars-bucket/run/export/fold0 holds a SavedModel without its model_card.json: its upload "
+            "was cut short") in after
+    assert ("NO MANIFEST gs://bars-bucket/tfr has no manifest.json, so data.class_names must list the classes") in after
+    assert not Path("gs:").exists() and not (tmp_path / "gs:").exists()
+
+
+def csv_rows(path: Path) -> list[dict]:
+    import csv
+
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_a_credential_the_bucket_refuses_ends_the_job_before_training_and_no_secret_is_written(tmp_path):
+    """A wrong token, and a service-account key the bucket's token endpoint does not know, are one error naming the
+    bucket and the fix before any training; the right key converts into the bucket (its token fetched by TensorFlow
+    from the token endpoint). No log or file holds the token or the key."""
+    write_competition(tmp_path / "comp", ["a", "b"] * 10, size=16, n_test=2)
+    harness = tmp_path / "gcs"
+    harness.mkdir()
+    key = service_account_key(harness)[0]
+    stranger = service_account_key(tmp_path / "stranger")[0]  # a key of the same account the bucket never issued
+    convert = "--competition comp --out gs://bars-bucket/tfr --set data.folds=2"
+    train = "--set runtime.tfrecords=gs://bars-bucket/tfr --set runtime.output_dir=gs://bars-bucket/run"
+    script = f"""
+    cd {tmp_path}
+    GOOGLE_AUTH_TOKEN_FOR_TESTING=ya29.wrong "$PYTHON" -m train_tpu.train {train} > wrong-token.log 2>&1
+    echo "WRONG_TOKEN $?"
+    GOOGLE_APPLICATION_CREDENTIALS={stranger} "$PYTHON" -m tpu2gpu.cli tfrecords {convert} > wrong-key.log 2>&1
+    echo "WRONG_KEY $?"
+    GOOGLE_APPLICATION_CREDENTIALS={key} "$PYTHON" -m tpu2gpu.cli tfrecords {convert} > right-key.log 2>&1
+    echo "RIGHT_KEY $?"
+    """
+    env = {"PYTHON": sys.executable, "GOOGLE_AUTH_TOKEN_FOR_TESTING": None, "HOME": str(tmp_path)}
+    run = run_with_gcs(["bash", "-c", textwrap.dedent(script)], harness, ["bars-bucket"], env)
+    logs = {p.stem: p.read_text() for p in tmp_path.glob("*.log")}
+    report = run.stdout + run.stderr + "".join(f"\n--- {k}\n{v[-2500:]}" for k, v in logs.items())
+    assert "WRONG_TOKEN 2" in run.stdout and "WRONG_KEY 2" in run.stdout and "RIGHT_KEY 0" in run.stdout, report
+
+    assert ("train_tpu: error: gs://bars-bucket refused reading gs://bars-bucket/tfr (HTTP 401) with the token in "
+            "GOOGLE_AUTH_TOKEN_FOR_TESTING. Fix: export GOOGLE_APPLICATION_CREDENTIALS=") in logs["wrong-token"]
+    assert "=== fold" not in logs["wrong-token"] and not (tmp_path / "runs").exists()
+    assert (f"tpu2gpu tfrecords: error: gs://bars-bucket refused writing to gs://bars-bucket/tfr (HTTP 401) with the "
+            f"key file GOOGLE_APPLICATION_CREDENTIALS names ({stranger}). Fix:") in logs["wrong-key"]
+    assert "[gcs] gs://bars-bucket: access granted with the key file GOOGLE_APPLICATION_CREDENTIALS names" in \
+        logs["right-key"]
+    assert "TFRecords and manifest.json in gs://bars-bucket/tfr" in logs["right-key"]
+
+    # No secret anywhere: the token the bucket accepts, the wrong one, and each key's private part.
+    private_lines = [json.loads(k.read_text())["private_key"].splitlines()[1] for k in (key, stranger)]
+    secrets = [TOKEN, "ya29.wrong", *private_lines]
+    written = [p for p in tmp_path.rglob("*") if p.is_file() and p.parent not in (harness, stranger.parent)]
+    for path in written:
+        text = path.read_bytes().decode("utf-8", "replace")
+        assert not [s for s in secrets if s in text], path
+    assert not [s for s in secrets if s in run.stdout + run.stderr]

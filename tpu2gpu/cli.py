@@ -58,6 +58,7 @@ def cmd_demo_data(args) -> int:
 
 
 def cmd_tfrecords(args) -> int:
+    from common.core.gcs import require_access
     from common.core.paths import local_folder
     from common.data.conversion import convert_competition
     from common.data.records import require_no_records, upload_records
@@ -72,6 +73,7 @@ def cmd_tfrecords(args) -> int:
     out = args.out or cfg.runtime.tfrecords or f"{Path(competition).resolve()}-tfrec"
     print(format_config(cfg))
     if out.startswith("gs://"):  # converted here, then uploaded with the manifest last
+        require_access(writes=[out])
         require_no_records(out, args.overwrite)
         with tempfile.TemporaryDirectory() as local:
             manifest = convert_competition(competition, Path(local) / "records", cfg.data)

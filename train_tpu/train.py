@@ -4,11 +4,13 @@
     python -m train_tpu.train --config configs/demo_jax.yaml                      # Keras 3 on JAX (CPU devices)
     tpu2gpu build, then kaggle kernels push                                     # on Kaggle (TPU v5e-8)
 
-Writes to runtime.output_dir (/kaggle/working on Kaggle, ./runs/train locally):
+Writes to runtime.output_dir (/kaggle/working on Kaggle, ./runs/train locally, or a gs:// folder: worked on in a
+local copy, each checkpoint and export uploaded with its marker last, common/core/gcs.py):
     export/fold<k>/            the verified export of each fold (what becomes the model dataset)
     export/training_report.json  per-fold and out-of-fold scores
     export/bad_images.csv      images the conversion left out (data.on_bad_image=skip), if any
-and to runtime.scratch_dir (/kaggle/temp on Kaggle, not kernel output; runtime.output_dir locally):
+and to runtime.scratch_dir (/kaggle/temp on Kaggle, not kernel output; runtime.output_dir locally; work/ goes to a
+gs:// output's local copy, and so to the bucket):
     tfrecords/                 runtime.competition_dir converted, when no runtime.tfrecords is given
     work/fold<k>/              checkpoints and history while a fold trains (checkpoints removed once it is exported)
 Started again with the same output folder, it skips exported folds and resumes a fold from its last checkpoint.
@@ -24,7 +26,8 @@ from pathlib import Path
 
 import common  # noqa: F401  (TF_USE_LEGACY_KERAS before tensorflow)
 from common.core.config import config_to_dict, format_config, parse_kernel_args
-from common.core.paths import output_dir, scratch_dir
+from common.core.gcs import require_access
+from common.core.paths import training_folders
 from common.data.records import has_manifest, read_manifest
 from common.data.sources import open_source
 from common.launch.kernel import guarded
@@ -59,18 +62,19 @@ def main(argv: list[str] | None = None) -> int:
 
     # ---- data
     hosts = backend.hosts  # several processes (keras_jax across hosts): process 0 alone writes the output
-    out = output_dir(cfg.runtime.output_dir, "runs/train")
-    scratch = scratch_dir(cfg.runtime.scratch_dir, out)
-    scratch = scratch if hosts.writer else scratch / f"process{hosts.index}"  # its own, were the folder shared
-    tfrecord_dir = open_source(cfg).training_records(scratch)
+    folders = training_folders(cfg.runtime, hosts)  # a gs:// output: its local copy, pushed by folders.mirror
+    require_access(reads=[cfg.runtime.tfrecords], writes=[cfg.runtime.output_dir] if hosts.writer else [])
+    tfrecord_dir = open_source(cfg).training_records(folders.scratch)
 
     # ---- train and export each fold, as far as the time budget goes (common/training/budget.py)
-    skipped = skipped_images(tfrecord_dir, out / "export") if hosts.writer else None
-    report = train_folds(cfg, backend, tfrecord_dir, out, scratch, start + cfg.train.time_budget_hours * 3600)
+    skipped = skipped_images(tfrecord_dir, folders.out / "export") if hosts.writer else None
+    report = train_folds(cfg, backend, tfrecord_dir, folders, start + cfg.train.time_budget_hours * 3600)
     if hosts.writer:
-        write_report(out / "export", {"folds": report["folds"], "config": config_to_dict(cfg),
-                                      "runtime": backend.runtime(), "not_started": report["not_started"],
-                                      "skipped_images": skipped})
+        path = write_report(folders.out / "export", {
+            "folds": report["folds"], "config": config_to_dict(cfg), "runtime": backend.runtime(),
+            "not_started": report["not_started"], "skipped_images": skipped})
+        for written in [path, *([path.parent / skipped["file"]] if skipped else [])]:
+            folders.mirror.push(written)
     return 0
 
 

@@ -13,9 +13,11 @@ Credentials are handed from kaggle_secrets to TensorFlow and never printed, logg
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from common.core.errors import DataPathError
+from common.core.gcs import Mirror, is_gcs, local_copy
 
 KAGGLE_ROOT_ENV = "TPU2GPU_KAGGLE_ROOT"
 _MOUNT_KINDS = ("datasets", "competitions", "models")
@@ -44,10 +46,13 @@ def local_folder(value: str, key: str, what: str) -> Path:
     return Path(value)
 
 
-def output_dir(configured: str, local_default: str) -> Path:
-    """runtime.output_dir, else /kaggle/working in a Kaggle kernel, else local_default (e.g. runs/train)."""
+def output_dir(configured: str, local_default: str, bucket_ok: bool = False) -> Path:
+    """runtime.output_dir, else /kaggle/working in a Kaggle kernel, else local_default (e.g. runs/train). With
+    bucket_ok, a gs:// output is worked on in its local copy (common/core/gcs.py pushes it)."""
     from common.core.platform import detect_platform
 
+    if bucket_ok and is_gcs(configured):
+        return local_copy(configured, "output")
     if configured:
         return local_folder(configured, "runtime.output_dir", "the output")
     return kaggle_working_dir() if detect_platform().on_kaggle else Path(local_default)
@@ -61,6 +66,28 @@ def scratch_dir(configured: str, output: Path) -> Path:
     if configured:
         return local_folder(configured, "runtime.scratch_dir", "the scratch folder")
     return kaggle_root() / "temp" if detect_platform().on_kaggle else Path(output)
+
+
+@dataclass(frozen=True)
+class TrainingFolders:
+    """Where the training kernel writes: out (the exports; for a gs:// output, its local copy), scratch (records
+    converted in-kernel) and work (checkpoints: in out when the output is a bucket, so that they reach it too), and
+    the mirror that pushes out to the bucket (process 0's alone; a local output has nothing to push)."""
+
+    out: Path
+    scratch: Path
+    work: Path
+    mirror: Mirror
+
+
+def training_folders(runtime, hosts) -> TrainingFolders:
+    out = output_dir(runtime.output_dir, "runs/train", bucket_ok=True)
+    scratch = scratch_dir(runtime.scratch_dir, out)
+    bucket = is_gcs(runtime.output_dir)
+    work = out if bucket else scratch
+    if not hosts.writer:  # its own folders, were they shared
+        scratch, work = scratch / f"process{hosts.index}", work / f"process{hosts.index}"
+    return TrainingFolders(out, scratch, work, Mirror(runtime.output_dir if bucket and hosts.writer else "", out))
 
 
 def _mounted(input_dir: Path) -> list[str]:

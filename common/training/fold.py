@@ -34,6 +34,7 @@ from common.training.plan import FoldPlan, needs_train_labels, plan_fold
 import numpy as np
 
 PROGRESS_NAME = "progress.json"  # {"epochs_done": n}, written after each checkpoint
+CHECKPOINT_MARKER = f"checkpoints/{PROGRESS_NAME}"  # in a fold's work folder: its checkpoint is complete
 BEST_NAME = "best.json"  # {"epoch", "value"} of the best epoch so far
 
 
@@ -54,10 +55,12 @@ class Scoring:
 
 @dataclass(frozen=True)
 class FoldWork:
-    """A fold's working folder (checkpoints, history, the best epoch) and the epochs its checkpoint already holds."""
+    """A fold's working folder (checkpoints, history, the best epoch), the epochs its checkpoint already holds, and
+    what follows each checkpoint (a gs:// output's push)."""
 
     folder: Path
     initial_epoch: int
+    checkpointed: Callable[[], None] = lambda: None
 
 
 @dataclass
@@ -74,7 +77,7 @@ class FoldResult:
 
 def epochs_checkpointed(work_dir: Path) -> int:
     """Epochs a fold's checkpoint already holds (its progress.json), so a resumed fold is planned for the rest."""
-    progress = Path(work_dir) / "checkpoints" / PROGRESS_NAME
+    progress = Path(work_dir) / CHECKPOINT_MARKER
     return int(json.loads(progress.read_text())["epochs_done"]) if progress.is_file() else 0
 
 
@@ -119,6 +122,7 @@ class EpochMonitor:
 
         self.plan, self.backend, self.deadline = plan, backend, deadline
         self.validation, self.predict_val, self.work_dir = scoring.validation, scoring.predict, Path(work.folder)
+        self.checkpointed = work.checkpointed
         self.keep_best, self.patience = cfg.train.keep == "best", cfg.train.early_stopping
         labels = tf.constant(self.validation.labels)
         self.targets = plan.task.target(labels, len(plan.class_names), plan.scaling).numpy()
@@ -139,7 +143,8 @@ class EpochMonitor:
         self.score(epoch, logs, trained)
         self.history.append(epoch, logs)
         self.backend.save_checkpoint(epoch + 1)
-        _write_json(self.work_dir / "checkpoints" / PROGRESS_NAME, {"epochs_done": epoch + 1})  # after the checkpoint
+        _write_json(self.work_dir / CHECKPOINT_MARKER, {"epochs_done": epoch + 1})  # after the checkpoint
+        self.checkpointed()
         now = time.monotonic()
         self.seconds.append(now - self.started)
         early = bool(self.patience and epoch + 1 - self.best["epoch"] >= self.patience)
@@ -223,8 +228,9 @@ def describe_precision(backend, cfg) -> str:
             + ("; a TF Hub backbone keeps its SavedModel's dtypes" if cfg.model.backbone == "hub" else "") + ")")
 
 
-def train_fold(cfg, backend, records, work_dir: Path, deadline: float) -> FoldResult:
-    """Plan, build (and resume), fit and finish one fold. Checkpoints live in work_dir."""
+def train_fold(cfg, backend, records, work_dir: Path, deadline: float,
+               checkpointed: Callable[[], None] = lambda: None) -> FoldResult:
+    """Plan, build (and resume), fit and finish one fold. Checkpoints live in work_dir; `checkpointed` follows each."""
     work_dir = Path(work_dir)
     (work_dir / "best").mkdir(parents=True, exist_ok=True)
     labels = read_ids_and_labels(records.train_files, records.schema, True)[1] if needs_train_labels(cfg) else None
@@ -247,8 +253,8 @@ def train_fold(cfg, backend, records, work_dir: Path, deadline: float) -> FoldRe
     def to_target(labels):
         return plan.task.target(labels, len(plan.class_names), plan.scaling)
 
-    monitor = EpochMonitor(cfg, plan, backend, Scoring(validation, predict_val), FoldWork(work_dir, initial_epoch),
-                           deadline)
+    monitor = EpochMonitor(cfg, plan, backend, Scoring(validation, predict_val),
+                           FoldWork(work_dir, initial_epoch, checkpointed), deadline)
     if initial_epoch < plan.epochs:
         data = backend.distribute(lambda ctx: make_train_dataset(
             records.train_files, cfg.data, InputShare(plan.global_batch, ctx), to_target, records.schema,

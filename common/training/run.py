@@ -1,11 +1,13 @@
 """The training kernel's folds in turn, as far as the time budget goes (common/training/budget.py), and its report.
 
-    report = train_folds(cfg, backend, tfrecord_dir, out, scratch, deadline)    # export/fold<k>/ for each fold
+    report = train_folds(cfg, backend, tfrecord_dir, folders, deadline)         # export/fold<k>/ for each fold
     write_report(out / "export", report)                                         # export/training_report.json
 
 A fold already exported (a complete card) is skipped and reported; a fold with a checkpoint resumes and is planned
 for the epochs it has left. A fold starts only if the time left covers its estimate (the last fold's measured
 setup, epochs and export); a fold the budget refuses is listed in not_started, and later folds are still looked at.
+With a gs:// output (common/core/gcs.py), a fold's export and checkpoint are first taken from the bucket, and its
+checkpoint is pushed there after each epoch, its export once written (each with its marker last).
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ from pathlib import Path
 
 from common.core.atomic import free_bytes, out_of_space, size_text
 from common.core.errors import DataError, UserError
+from common.core.gcs import Mirror
+from common.core.paths import TrainingFolders
 from common.data.records import RECORDS_FIX, damage_words, damaged_files, has_manifest, read_manifest, record_set
-from common.export.card import read_card
+from common.export.card import CARD_NAME, read_card
 from common.training.budget import FoldTiming, estimate_fold_seconds, export_reserve_seconds, should_start
 from common.training.finish import export_fold, out_of_fold_scores
-from common.training.fold import epochs_checkpointed, train_fold
+from common.training.fold import CHECKPOINT_MARKER, epochs_checkpointed, train_fold
 
 import tensorflow as tf
 
@@ -35,11 +39,18 @@ class FoldJob:
     tfrecord_dir: str
     work: Path  # checkpoints, history and the best epoch, until the export
     export_dir: Path
+    mirror: Mirror  # what pushes both to a gs:// output (nothing for a local one)
 
     @classmethod
-    def of(cls, fold: int, tfrecord_dir: str, out: Path, scratch: Path) -> FoldJob:
-        """Fold `fold`, working in scratch/work/fold<k> and exporting to out/export/fold<k>."""
-        return cls(fold, tfrecord_dir, scratch / "work" / f"fold{fold}", out / "export" / f"fold{fold}")
+    def of(cls, fold: int, tfrecord_dir: str, folders: TrainingFolders) -> FoldJob:
+        """Fold `fold`, working in <work>/work/fold<k> and exporting to <out>/export/fold<k>."""
+        return cls(fold, tfrecord_dir, folders.work / "work" / f"fold{fold}", folders.out / "export" / f"fold{fold}",
+                   folders.mirror)
+
+    def pull(self) -> None:
+        """What a killed run left in a gs:// output (an export, or a checkpoint), taken into the local copy."""
+        self.mirror.pull(self.export_dir, CARD_NAME)
+        self.mirror.pull(self.work, CHECKPOINT_MARKER)
 
 
 def folds_to_train(cfg, tfrecord_dir: str) -> list[int]:
@@ -63,9 +74,11 @@ def train_and_export(cfg, backend, job: FoldJob, deadline: float) -> tuple[dict,
     started = time.monotonic()
     records = record_set(job.tfrecord_dir, cfg.data, job.fold)  # every shard checked against the manifest first
     try:
-        result = train_fold(cfg, backend, records, job.work, deadline)
+        checkpointed = lambda: job.mirror.push(job.work, CHECKPOINT_MARKER)  # noqa: E731  (after each epoch's)
+        result = train_fold(cfg, backend, records, job.work, deadline, checkpointed)
         trained = time.monotonic()
         metrics = export_fold(cfg, result, records, job.fold, job.export_dir).metrics if backend.hosts.writer else {}
+        job.mirror.push(job.export_dir, CARD_NAME)  # the card last: an export cut short has none
     except tf.errors.DataLossError as err:  # a record whose CRC fails: tf.data names no file
         raise damaged_records(records, job, err) from None
     except (OSError, tf.errors.OpError) as err:  # a checkpoint that did not fit (an export's: common/core/atomic.py)
@@ -79,6 +92,7 @@ def train_and_export(cfg, backend, job: FoldJob, deadline: float) -> tuple[dict,
         raise
     backend.hosts.wait(f"fold{job.fold} exported")  # process 0 alone exports; the others wait for it
     shutil.rmtree(job.work / "checkpoints", ignore_errors=True)  # exported: the checkpoints have served
+    job.mirror.push(job.work, CHECKPOINT_MARKER)
     if not result.epoch_seconds:  # resumed after its last epoch: nothing measured, the last estimate stands
         return metrics, None
     return metrics, FoldTiming(trained - started - sum(result.epoch_seconds), result.epoch_seconds,
@@ -97,11 +111,12 @@ def damaged_records(records, job, err) -> DataError:
                         if kept else "no epoch had finished, so the same command starts the fold again"))
 
 
-def train_folds(cfg, backend, tfrecord_dir: str, out: Path, scratch: Path, deadline: float) -> dict:
+def train_folds(cfg, backend, tfrecord_dir: str, folders: TrainingFolders, deadline: float) -> dict:
     """Every fold to train, in turn: {"folds": {name: metrics}, "not_started": [fold, ...]}."""
     report, last, why = {"folds": {}, "not_started": []}, None, ""
     for fold in folds_to_train(cfg, tfrecord_dir):
-        job = FoldJob.of(fold, tfrecord_dir, out, scratch)
+        job = FoldJob.of(fold, tfrecord_dir, folders)
+        job.pull()
         metrics = exported_metrics(job.export_dir)
         if backend.hosts.agree(metrics is not None):  # process 0 sees the exports (it alone writes them)
             report["folds"][f"fold{fold}"] = metrics or {}
