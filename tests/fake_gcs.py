@@ -104,7 +104,8 @@ def run_with_gcs(command: list[str], folder: Path, buckets: list[str], env: dict
     cert, key = certificate(folder)
     public = service_account_key(folder)[1]
     hosts = folder / "hosts"
-    hosts.write_text("127.0.0.1 localhost\n127.0.0.1 " + " ".join(NAMES) + "\n")
+    # The machine's own name too (gloo, JAX's CPU collectives, looks it up), on lo: the only interface in there.
+    hosts.write_text(f"127.0.0.1 localhost {socket.gethostname()}\n127.0.0.1 " + " ".join(NAMES) + "\n")
     script = folder / "fake_gcs.sh"
     script.write_text(SCRIPT)
     run_env = {**os.environ, **GCS_ENV, "CURL_CA_BUNDLE": str(cert), "FAKE_GCS_KEY": str(key),

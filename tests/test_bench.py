@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from fake_gcs import unavailable
 
 pytestmark = pytest.mark.e2e  # every benchmark run in a child interpreter
 
@@ -24,6 +25,13 @@ EXPECTED = {
     "records check": r"full record check, [\d.]+ GB from the page cache",
 }
 OPTIONAL = {"inference with XLA": r"inference kernel\+XLA, (EfficientNet-B0|tiny backbone) \d+px"}
+GCS = {"gs:// upload": r"gs:// upload of records, \d+ MB \(fake bucket on loopback\)",  # as root (its namespace)
+       "gs:// read": r"gs:// records read by tf.data, \d+ MB \(fake bucket on loopback\)",
+       "gs:// push": r"gs:// checkpoint push, \d+ MB \(fake bucket on loopback\)",
+       "gs:// pull": r"gs:// checkpoint pull \(resume\), \d+ MB \(fake bucket on loopback\)"}
+if not unavailable():
+    EXPECTED.update(GCS)
+IN_MB_PER_S = ("records check", *GCS)
 FIGURE = re.compile(r"(?P<value>\S+) (?P<unit>\S+)")
 BASELINE = re.compile(r"(?P<value>\S+) (?P<unit>\S+) \((?P<name>.+)\)")
 
@@ -56,7 +64,7 @@ def test_run_all_smoke_prints_a_row_of_real_figures_per_benchmark():
         value = FIGURE.fullmatch(figure)
         base = BASELINE.fullmatch(baseline)
         assert value and base, (figure, baseline)
-        assert value["unit"] == base["unit"] == ("MB/s" if matches[0] == "records check" else "img/s"), (figure,
+        assert value["unit"] == base["unit"] == ("MB/s" if matches[0] in IN_MB_PER_S else "img/s"), (figure,
                                                                                                         baseline)
         value, base, ratio = positive(value["value"]), positive(base["value"]), positive(ratio)
         # One round each in smoke mode, so the ratio is the figure over its baseline (as printed: 2 decimals).

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fake_gcs import run_with_gcs, unavailable
 
 from builders import run_inference_kernel
 
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[1]
 
 
-def settings(records: Path, backbone: Path, out: Path, *extra: str) -> list[str]:
+def settings(records: Path | str, backbone: Path, out: Path | str, *extra: str) -> list[str]:
     """Tiny keras_jax training on fold 0, reading and batching in a fixed order, no augmentation."""
     items = ["train.framework=keras_jax", "model.backbone=keras", f"model.keras_backbone={backbone}",
              "data.image_size=16", "data.augment=false", "data.deterministic=true", "train.fold=0", "train.epochs=6",
@@ -60,6 +61,33 @@ def input_shares(log: str) -> dict[str, list[str]]:
     return {k: names.split(", ") for k, names in found}
 
 
+# Two processes with the data and the output in a bucket, from a folder of their own (the output's local copy goes
+# to runs/gcs there): the records uploaded, the job, and the bucket's output copied back to $COPY to be looked at.
+BUCKET_JOB = """set -e
+cd "$WORK"
+"$PYTHON" -c 'import sys; from common.data.records import upload_records; upload_records(*sys.argv[1:])' \
+    "$RECORDS" gs://bars-bucket/tfr
+"$PYTHON" -m tpu2gpu.cli train --processes 2 "$@"
+"$PYTHON" -c 'import sys, tensorflow as tf
+for folder, _, files in tf.io.gfile.walk(sys.argv[1]):
+    here = sys.argv[2] + folder.rstrip("/")[len(sys.argv[1]):]
+    tf.io.gfile.makedirs(here)
+    for name in files:
+        tf.io.gfile.copy(folder.rstrip("/") + "/" + name, here + "/" + name)' gs://bars-bucket/two "$COPY"
+"""
+
+
+def train_two_in_a_bucket(records: Path, backbone: Path, folder: Path) -> tuple[subprocess.CompletedProcess, Path]:
+    """Two processes reading gs://bars-bucket/tfr (records uploaded) and writing gs://bars-bucket/two: the run, and
+    the local folder the bucket's output was copied to."""
+    argv = [*settings("gs://bars-bucket/tfr", backbone, "gs://bars-bucket/two"), "--set", "runtime.cpu_devices=2"]
+    env = {**{k: environment(1).get(k) for k in ("KERAS_BACKEND", "PYTHONPATH", "XLA_FLAGS", "JAX_PLATFORMS")},
+           "PYTHON": sys.executable, "WORK": str(folder), "RECORDS": str(records), "COPY": str(folder / "two")}
+    folder.mkdir(parents=True, exist_ok=True)
+    run = run_with_gcs(["bash", "-c", BUCKET_JOB, "bash", *argv], folder / "gcs", ["bars-bucket"], env)
+    return run, folder / "two"
+
+
 @pytest.fixture(scope="module")
 def one_process(demo_records, tiny_keras_backbone, tmp_path_factory):
     """One process with two devices, fed by two input pipelines (data.input_pipelines=2): the batches two processes
@@ -72,10 +100,16 @@ def one_process(demo_records, tiny_keras_backbone, tmp_path_factory):
 
 def test_two_processes_train_as_one_process_with_two_devices(one_process, demo_records, tiny_keras_backbone,
                                                               tmp_path):
+    """Where a bucket can be had (tests/fake_gcs.py), the two processes read their records from gs:// and write their
+    checkpoints and export there, as the hosts of a pod slice do."""
     one, one_log = one_process
-    run = train(2, settings(demo_records[0], tiny_keras_backbone, tmp_path / "two"))
+    if unavailable():
+        run, two = train(2, settings(demo_records[0], tiny_keras_backbone, tmp_path / "two")), tmp_path / "two"
+        own_folders = tmp_path / "two"
+    else:
+        run, two = train_two_in_a_bucket(demo_records[0], tiny_keras_backbone, tmp_path)
+        own_folders = tmp_path / "runs" / "gcs" / "output" / "bars-bucket" / "two"  # the local copy
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    two = tmp_path / "two"
 
     # Each process read its own files; together, every training file of the fold, as the one process's pipelines.
     shares = input_shares(run.stdout)
@@ -100,7 +134,12 @@ def test_two_processes_train_as_one_process_with_two_devices(one_process, demo_r
     assert card(two)["runtime"]["local_devices"] == 1 and card(one)["runtime"]["processes"] == 1
     # One writer: the export, the report and the work folder are process 0's; process 1 kept to its own folder.
     assert sorted(p.name for p in (two / "export").iterdir()) == ["fold0", "training_report.json"]
-    assert not list((two / "process1").rglob("*.npz"))
+    assert (own_folders / "process1").is_dir() and not list((own_folders / "process1").rglob("*.npz"))
+    if not unavailable():  # both read the bucket; process 0 alone pushed, its marker last
+        assert re.search(r"\[p1\] \[gcs\] gs://bars-bucket: access granted", run.stdout)
+        assert re.search(r"\[p0\] \[gcs\] gs://bars-bucket/two/export/fold0: \d+ file", run.stdout)
+        assert not re.search(r"\[p1\] \[gcs\].*pushed", run.stdout)
+        assert not (two / "process1").exists()
 
 
 def test_the_launcher_names_the_first_process_to_fail(demo_records, tiny_keras_backbone, tmp_path):

@@ -139,7 +139,7 @@ class TrainConfig:
 
 @dataclass
 class InferConfig:
-    exports: tuple[str, ...] = ()  # export folders / attached dataset names; empty = all under /kaggle/input
+    exports: tuple[str, ...] = ()  # export folders, attached dataset names or gs:// folders; empty = /kaggle/input
     batch_size: int = within(128, "[1, inf)")  # global inference batch
     tta: tuple[str, ...] = one_of((), TTA_NAMES, "views")  # noqa: E501  # extra views, e.g. [flip_left_right]; averaged with the original image's
     xla: bool = False  # compile the prediction step with XLA (for GPUs; slower on the CPU)
@@ -191,8 +191,8 @@ class RuntimeConfig:
     competition_dir: str = ""  # a Kaggle-style folder (CSV + images): a path or an attached Kaggle input name
     tfrecords: str = ""  # TFRecords (+ manifest): a path, gs:// URL or an attached Kaggle dataset name
     private_dataset: bool = False  # read through GCS with the kernel's gcloud credential (TPU Node only)
-    output_dir: str = ""  # "" = /kaggle/working on Kaggle, ./runs/train or ./runs/infer locally
-    scratch_dir: str = ""  # records converted in-kernel, checkpoints; "" = /kaggle/temp on Kaggle, else output_dir
+    output_dir: str = ""  # "" = /kaggle/working on Kaggle, ./runs/train or ./runs/infer locally; training: gs:// too
+    scratch_dir: str = ""  # noqa: E501  # records converted in-kernel, checkpoints (a gs:// output keeps those); "" = /kaggle/temp on Kaggle, else output_dir
     multihost: bool = False  # noqa: E501  # a Cloud TPU VM pod slice (keras_jax): JAX's distributed runtime finds the other hosts; several GPU nodes set KERAS_DISTRIBUTION_* instead
     host_timeout_seconds: int = within(60, "[10, 3600]")  # noqa: E501  # several processes: a host silent this long ends the job (JAX's coordination heartbeat)
 
