@@ -103,7 +103,7 @@ def main() -> None:
     print("|---|---:|---:|---:|---|")
     for r, anchor in rows:
         print(f"| {r['bench']} | {r['value']:.1f} {r['unit']} | {r['baseline']:.1f} {r['unit']} "
-              f"({r['baseline_name']}) | {r['ratio']:.2f} | {anchor} |")
+              f"({r['baseline_name']}) | {r['ratio']:.3g} | {anchor} |")
 
 
 if __name__ == "__main__":

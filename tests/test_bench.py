@@ -67,7 +67,7 @@ def test_run_all_smoke_prints_a_row_of_real_figures_per_benchmark():
         assert value["unit"] == base["unit"] == ("MB/s" if matches[0] in IN_MB_PER_S else "img/s"), (figure,
                                                                                                         baseline)
         value, base, ratio = positive(value["value"]), positive(base["value"]), positive(ratio)
-        # One round each in smoke mode, so the ratio is the figure over its baseline (as printed: 2 decimals).
+        # One round each in smoke mode, so the ratio is the figure over its baseline (as printed: 3 significant digits).
         assert ratio == pytest.approx(value / base, rel=0.01, abs=0.006), (bench, figure, baseline, ratio)
         assert anchor, bench
     assert set(EXPECTED) <= set(seen), f"missing rows: {set(EXPECTED) - set(seen)}\n{result.stdout}"

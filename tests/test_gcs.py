@@ -57,16 +57,16 @@ import json
 import tensorflow as tf
 from common.core.config import load_config
 from common.core.errors import DataError
-from common.core.gcs import fetch_exports
 from common.data.records import record_set
 from common.export.card import ExportError
+from common.inference.ensemble import find_exports
 
 run = "gs://bars-bucket/run"
 objects = [f"{d.rstrip('/')}/{n}"[len(run) + 1:] for d, _, files in tf.io.gfile.walk(run) for n in files]
 print("BUCKET", json.dumps(sorted(objects)))
 tf.io.gfile.remove(run + "/export/fold0/model_card.json")
 try:
-    fetch_exports(run + "/export")
+    find_exports([run + "/export"])  # what infer.exports=[gs://...] does
 except ExportError as err:
     print("NO CARD", err)
 tf.io.gfile.remove("gs://bars-bucket/tfr/manifest.json")

@@ -107,7 +107,8 @@ def test_outside_kaggle_the_gcs_route_says_so(kaggle, monkeypatch):
 def test_a_gs_url_where_only_a_local_folder_works_is_refused_not_rewritten(train_argv, trained_export, demo_dir,
                                                                           tmp_path, monkeypatch, capsys):
     """pathlib makes 'gs://bars-bucket/run' the local folder 'gs:/bars-bucket/run': an output there would have stayed
-    on this disk and been reported as written to the bucket. Refused by name, before anything is written."""
+    on this disk and been reported as written to the bucket. Where gs:// is not taken, it is refused by name, before
+    anything is written."""
     from common.launch.kernel import guarded
 
     from infer_gpu.infer import main as infer_main
@@ -120,13 +121,15 @@ def test_a_gs_url_where_only_a_local_folder_works_is_refused_not_rewritten(train
         "tpu2gpu tfrecords: error: --out='s3://bars-bucket/tfr' is a URL, and the records' folder can only be a local "
         "folder for now (pathlib would make it the local folder 's3:/bars-bucket/tfr'). Fix: a local folder; copy it "
         "to or from the bucket with `gcloud storage cp -r`\n")  # gs:// is converted there (tests/test_gcs.py)
-    assert guarded("train_tpu", train_main, train_argv("runtime.output_dir=gs://bars-bucket/run")) == 2
-    assert ("train_tpu: error: runtime.output_dir='gs://bars-bucket/run' is a URL, and the output can only be a local "
-            "folder for now (pathlib would make it the local folder 'gs:/bars-bucket/run')") in capsys.readouterr().err
+    # The training kernel's output takes gs:// (tests/test_gcs.py); its scratch folder and the inference kernel's
+    # output (the submission) do not.
+    assert guarded("train_tpu", train_main, train_argv("runtime.scratch_dir=gs://bars-bucket/tmp")) == 2
+    assert ("train_tpu: error: runtime.scratch_dir='gs://bars-bucket/tmp' is a URL, and the scratch folder can only be "
+            "a local folder for now (pathlib would make it the local folder 'gs:/bars-bucket/tmp')") in \
+        capsys.readouterr().err
     assert guarded("infer_gpu", infer_main, ["--set", f"infer.exports=[{trained_export}]", "--set",
                                              f"runtime.competition_dir={demo_dir}", "--set",
-                                             "runtime.scratch_dir=gs://bars-bucket/tmp", "--set",
-                                             "infer.exports=[gs://bars-bucket/run/export]"]) == 2
-    assert "error: infer.exports='gs://bars-bucket/run/export' is a URL, and an export can only be a local folder" in \
-        capsys.readouterr().err
+                                             "runtime.output_dir=gs://bars-bucket/infer"]) == 2
+    assert "error: runtime.output_dir='gs://bars-bucket/infer' is a URL, and the output can only be a local folder" \
+        in capsys.readouterr().err
     assert not (tmp_path / "gs:").exists() and not (tmp_path / "s3:").exists()

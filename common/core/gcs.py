@@ -1,10 +1,10 @@
 """gs:// for the kernels: access checked before any training, an output folder in a bucket, exports read from one.
 
     require_access(reads=[cfg.runtime.tfrecords], writes=[cfg.runtime.output_dir])  # one error per refused bucket
-    mirror = Mirror("gs://bucket/run", local_copy("gs://bucket/run"))  # the bucket folder, worked on in a local copy
+    mirror = Mirror("gs://bucket/run", Path("runs/gcs/output/bucket/run"))  # the folder, worked on in a local copy
     mirror.pull(work / "fold0", marker="checkpoints/progress.json")   # what a killed run left in the bucket
     mirror.push(work / "fold0", marker="checkpoints/progress.json")   # after each checkpoint; exports likewise
-    folder = fetch_exports("gs://bucket/run/export")                   # its complete exports, copied here
+    fetch_exports("gs://bucket/run/export", Path("runs/gcs/input/..."))  # its complete exports, copied there
 
 GCS has no rename of a folder, so the staged folders of common/core/atomic.py cannot be made in a bucket. There a
 folder is complete when its marker object is: a push removes the marker first and uploads it last, and a reader takes
@@ -42,16 +42,6 @@ def is_gcs(value) -> bool:
 
 def bucket_of(url: str) -> str:
     return url[len("gs://"):].split("/", 1)[0]
-
-
-def local_copy(url: str, role: str) -> Path:
-    """Where a bucket folder is worked on (role "output") or read ("input") here: /kaggle/temp/gcs/<role>/<bucket>/
-    <path> in a Kaggle kernel (kept out of the kernel's output), else runs/gcs/<role>/<bucket>/<path>."""
-    from common.core.paths import kaggle_root
-    from common.core.platform import detect_platform
-
-    base = kaggle_root() / "temp" if detect_platform().on_kaggle else Path("runs")
-    return base / "gcs" / role / url[len("gs://"):].strip("/")
 
 
 def credential_words() -> str:
@@ -189,14 +179,13 @@ def _stamp(path: Path) -> tuple[int, int]:
     return stat.st_size, stat.st_mtime_ns
 
 
-def fetch_exports(url: str) -> Path:
-    """The complete exports (folders whose model_card.json is there) under a gs:// folder, copied into its local
-    copy; an export without its card (an upload cut short) is refused by name."""
+def fetch_exports(url: str, local: Path) -> Path:
+    """The complete exports (folders whose model_card.json is there) under a gs:// folder, copied into `local`
+    (replaced); an export without its card (an upload cut short) is refused by name."""
     from common.export.card import CARD_NAME, SAVED_MODEL_DIR, ExportError
 
     import tensorflow as tf
 
-    local = local_copy(url, "input")
     with bucket_errors(url, "reading"):
         files = _remote_files(url)
         saved = {Path(r).parent.parent for r in files if r.endswith(f"{SAVED_MODEL_DIR}/saved_model.pb")}

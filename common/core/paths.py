@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.core.errors import DataPathError
-from common.core.gcs import Mirror, is_gcs, local_copy
+from common.core.gcs import Mirror, is_gcs
 
 KAGGLE_ROOT_ENV = "TPU2GPU_KAGGLE_ROOT"
 _MOUNT_KINDS = ("datasets", "competitions", "models")
@@ -44,6 +44,15 @@ def local_folder(value: str, key: str, what: str) -> Path:
                             f"make it the local folder '{Path(str(value))}'). Fix: a local folder; copy it to or from "
                             "the bucket with `gcloud storage cp -r`")
     return Path(value)
+
+
+def local_copy(url: str, role: str) -> Path:
+    """Where a bucket folder is worked on (role "output") or read ("input") here: /kaggle/temp/gcs/<role>/<bucket>/
+    <path> in a Kaggle kernel (kept out of the kernel's output), else runs/gcs/<role>/<bucket>/<path>."""
+    from common.core.platform import detect_platform
+
+    base = kaggle_root() / "temp" if detect_platform().on_kaggle else Path("runs")
+    return base / "gcs" / role / url[len("gs://"):].strip("/")
 
 
 def output_dir(configured: str, local_default: str, bucket_ok: bool = False) -> Path:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from common.core.config import TTA_NAMES
 from common.core.gcs import fetch_exports, is_gcs
-from common.core.paths import kaggle_input_dir, local_folder, resolve_data_path
+from common.core.paths import kaggle_input_dir, local_copy, local_folder, resolve_data_path
 from common.export.card import CARD_NAME, ExportError, ModelCard, read_card
 from common.export.loader import serving_function
 
@@ -58,8 +58,9 @@ def _exports_under(root: Path) -> list[Path]:
 def find_exports(names_or_paths) -> list[Path]:
     """Export folders (holding model_card.json) under each given path / attached dataset / gs:// folder (copied here
     first, common/core/gcs.py), or under /kaggle/input."""
-    roots = [fetch_exports(n) if is_gcs(n) else local_folder(resolve_data_path(n), "infer.exports", "an export")
-             for n in names_or_paths] or [kaggle_input_dir()]
+    roots = [fetch_exports(n, local_copy(n, "input")) if is_gcs(n) else
+             local_folder(resolve_data_path(n), "infer.exports", "an export") for n in names_or_paths]
+    roots = roots or [kaggle_input_dir()]
     exports = [e for root in roots for e in _exports_under(root)]
     if not exports:
         where = ", ".join(str(r) for r in roots)
