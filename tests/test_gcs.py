@@ -19,22 +19,31 @@ BUCKET_RUN = "gs://bars-bucket/run"
 # In the bucket's namespace, from the test's folder: convert into the bucket; train with the output in it, killed
 # once its first epoch's checkpoint is pushed; forget the local copy (a new machine), train again (it resumes from
 # the bucket) and export; score the export from the bucket and from the local copy with the TF-only inference kernel.
+# Then the same run on local paths (records converted here, killed after its first checkpoint, resumed), scored too.
 JOURNEY = """
 set -u
 py() { "$PYTHON" "$@"; }
+killed_after_epoch_1() {  # $1: its log, $2: the training's settings, $3: true once epoch 1's checkpoint is kept
+  "$PYTHON" -m train_tpu.train $2 > $1 2>&1 &
+  local run=$!
+  until eval "$3"; do
+    kill -0 $run 2>/dev/null || { echo "KILLED never: the run of $1 ended first"; exit 1; }; sleep 0.05
+  done
+  kill -9 $run; wait $run 2>/dev/null; echo "KILLED $1"
+}
 py -c "$CONVERT" > convert.log 2>&1; echo "CONVERT $?"
-"$PYTHON" -m train_tpu.train $TRAIN > killed.log 2>&1 &
-run=$!
-until grep -q "work/fold0: .* pushed" killed.log; do
-  kill -0 $run 2>/dev/null || { echo "KILLED never: the run ended first"; exit 1; }; sleep 0.05
-done
-kill -9 $run; wait $run 2>/dev/null; echo "KILLED after the first push"
+killed_after_epoch_1 killed.log "$TRAIN" 'grep -q "work/fold0: .* pushed" killed.log'
 rm -rf runs/gcs  # a new machine: only the bucket holds the checkpoint
 py -m train_tpu.train $TRAIN > resumed.log 2>&1; echo "RESUMED $?"
 py -c "$INFER" --set "infer.exports=[$RUN/export]" --set runtime.output_dir=infer-gcs > infer-gcs.log 2>&1
 echo "INFER_GCS $?"
 py -c "$INFER" --set "infer.exports=[runs/gcs/output/bars-bucket/run/export]" --set runtime.output_dir=infer-local \
     > infer-local.log 2>&1; echo "INFER_LOCAL $?"
+py -m tpu2gpu.cli tfrecords --competition comp --out tfr --set data.folds=2 > local-convert.log 2>&1
+killed_after_epoch_1 local-killed.log "$LOCAL_TRAIN" '[ -f local/work/fold0/checkpoints/progress.json ]'
+py -m train_tpu.train $LOCAL_TRAIN > local-resumed.log 2>&1; echo "LOCAL_RESUMED $?"
+py -c "$INFER" --set "infer.exports=[local/export]" --set runtime.output_dir=infer-local-run > infer-local-run.log \
+    2>&1; echo "INFER_LOCAL_RUN $?"
 py -c "$AFTER" > after.log 2>&1; echo "AFTER $?"
 """
 
@@ -77,10 +86,12 @@ except DataError as err:
 """
 
 
-def training_settings(backbone: Path) -> str:
-    items = ["runtime.tfrecords=gs://bars-bucket/tfr", f"runtime.output_dir={BUCKET_RUN}", "train.fold=0",
+def training_settings(backbone: Path, records: str, out: str) -> str:
+    """Two short epochs of fold 0, reproducible (train.seed, a fixed read order, no augmentation)."""
+    items = [f"runtime.tfrecords={records}", f"runtime.output_dir={out}", "train.fold=0",
              f"model.hub_handle={backbone}", "data.image_size=16", "train.epochs=2", "train.steps_per_epoch=20",
-             "train.batch_size_per_replica=8", "train.export_float16=false"]
+             "train.batch_size_per_replica=8", "train.export_float16=false", "data.deterministic=true",
+             "data.augment=false"]
     return " ".join(f"--set {item}" for item in items)
 
 
@@ -91,13 +102,14 @@ def test_a_run_in_a_bucket_converts_trains_is_killed_resumes_from_the_bucket_and
     infer = BLOCK_KERAS_AND_HUB + ("from infer_gpu.infer import main; sys.exit(main(sys.argv[1:] + ['--set', "
                                    "'runtime.competition_dir=comp', '--set', 'runtime.tfrecords=']))")
     env = {"PYTHON": sys.executable, "CONVERT": CONVERT, "AFTER": AFTER, "INFER": infer, "RUN": BUCKET_RUN,
-           "TRAIN": training_settings(tiny_backbone)}
+           "TRAIN": training_settings(tiny_backbone, "gs://bars-bucket/tfr", BUCKET_RUN),
+           "LOCAL_TRAIN": training_settings(tiny_backbone, "tfr", "local")}
     run = run_with_gcs(["bash", "-c", f"cd {tmp_path} && {JOURNEY}"], tmp_path / "gcs", ["bars-bucket"], env)
     logs = {p.stem: p.read_text() for p in tmp_path.glob("*.log")}
     report = run.stdout + run.stderr + "".join(f"\n--- {k}\n{v[-2500:]}" for k, v in logs.items())
-    for step in ("CONVERT", "RESUMED", "INFER_GCS", "INFER_LOCAL", "AFTER"):
+    for step in ("CONVERT", "RESUMED", "INFER_GCS", "INFER_LOCAL", "LOCAL_RESUMED", "INFER_LOCAL_RUN", "AFTER"):
         assert f"{step} 0" in run.stdout, report
-    assert "KILLED after the first push" in run.stdout, report
+    assert "KILLED killed.log" in run.stdout and "KILLED local-killed.log" in run.stdout, report
 
     # Conversion: the shards and the manifest in the bucket; a second one refused without --overwrite.
     convert = logs["convert"]
@@ -127,11 +139,16 @@ def test_a_run_in_a_bucket_converts_trains_is_killed_resumes_from_the_bucket_and
     assert [row["epoch"] for row in csv_rows(tmp_path / "runs/gcs/output/bars-bucket/run/export/fold0/history.csv")] \
         == ["0", "1"]
 
-    # The inference kernel (TensorFlow alone) scores the export from the bucket as from the local copy.
+    # The inference kernel (TensorFlow alone) scores the export from the bucket as from its local copy, and as the
+    # same run on local paths: the same probabilities to the last printed digit.
     assert "[gcs] gs://bars-bucket/run/export: 1 export(s)" in logs["infer-gcs"]
-    from_bucket = (tmp_path / "infer-gcs" / "submission.csv").read_text()
-    assert from_bucket == (tmp_path / "infer-local" / "submission.csv").read_text()
+    assert "[train] resuming from the checkpoint after epoch 1" in logs["local-resumed"]
+    from_bucket = (tmp_path / "infer-gcs" / "probabilities.csv").read_text()
     assert len(from_bucket.splitlines()) == 5
+    for other in ("infer-local", "infer-local-run"):
+        assert (tmp_path / other / "probabilities.csv").read_text() == from_bucket, other
+        assert (tmp_path / other / "submission.csv").read_text() == (tmp_path / "infer-gcs" / "submission.csv"
+                                                                      ).read_text()
 
     # Uploads cut short are refused by name.
     assert ("NO CARD gs://bars-bucket/run/export/fold0 holds a SavedModel without its model_card.json: its upload "

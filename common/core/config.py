@@ -134,7 +134,7 @@ class TrainConfig:
     fold_minutes: float = within(0.0, "[0, inf)")  # noqa: E501  # a fold's time before one is measured: the first fold starts only if it fits
     export_minutes: float = within(5.0, "[0, inf)")  # noqa: E501  # time a fold keeps for its export until one export has been measured
     export_float16: bool = True  # add a float16 signature (T4 tensor cores) where the graph computes in float16
-    seed: int = within(42, "[0, inf)")  # shuffling seed, and the keras_jax route's weight initialisation
+    seed: int = within(42, "[0, inf)")  # shuffling seed and the initial weights of what is not pretrained (the head)
 
 
 @dataclass

@@ -63,6 +63,7 @@ class TFBackend:
         """The model and its optimiser, loss and running metric, inside the strategy's scope; the optimiser's slots
         exist before any restore, so nothing is deferred."""
         self.plan = plan
+        tf.keras.utils.set_random_seed(self.cfg.train.seed)  # the head's initial weights, as on the keras_jax route
         with self.strategy.scope():
             self.model = self._build(tf.keras.mixed_precision.global_policy().name)
             schedule = learning_rate_schedule(plan.peak_lr, plan.total_steps, plan.warmup_steps,
