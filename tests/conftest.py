@@ -55,6 +55,15 @@ def tiny_keras_backbone(tmp_path_factory):
     return save_tiny_keras_backbone(tmp_path_factory.mktemp("keras") / "tiny_backbone.keras", width=8)
 
 
+@pytest.fixture(scope="session")
+def tiny_timm_backbone(tmp_path_factory):
+    """A timm MobileNetV3 (random weights) as save_for_hf writes it: the torch_xla route's backbone
+    (model.backbone=timm). Imports torch and timm in this process, never torch_xla (TensorFlow is loaded here)."""
+    from tpu2gpu.backbones import save_tiny_timm_backbone
+
+    return save_tiny_timm_backbone(tmp_path_factory.mktemp("timm") / "tiny_timm")
+
+
 @pytest.fixture
 def train_argv(demo_records, tiny_backbone, tmp_path):
     """argv for train_tpu.train on the demo records: 16 px, tiny backbone, a few short epochs, output in tmp_path."""

@@ -65,7 +65,7 @@ THIRD_BACKEND = textwrap.dedent('''
         return backend
 
 
-    routes.ROUTES["keras_tf"] = routes.Route("keras_tf", prepare, "__main__:start", ("keras",))
+    routes.ROUTES["keras_tf"] = routes.Route("keras_tf", lambda cfg: prepare(), "__main__:start", ("keras",))
     from train_tpu.train import main
 
     sys.exit(main(sys.argv[1:]))
@@ -73,9 +73,9 @@ THIRD_BACKEND = textwrap.dedent('''
 
 
 def test_the_route_table_gives_the_framework_choices_and_each_backend_meets_the_protocol():
-    assert framework_choices() == ("auto", "tf_keras", "keras_jax")
+    assert framework_choices() == ("auto", "tf_keras", "keras_jax", "torch_xla")
     assert {name: route.backbones for name, route in ROUTES.items()} == {
-        "tf_keras": ("hub", "efficientnet"), "keras_jax": ("efficientnet", "keras")}
+        "tf_keras": ("hub", "efficientnet"), "keras_jax": ("efficientnet", "keras"), "torch_xla": ("timm",)}
     assert all(isinstance(route, Route) and route.start.endswith(":start") for route in ROUTES.values())
     from common.training.backends.keras_jax.backend import JaxBackend
     from common.training.backends.tf_keras.backend import TFBackend

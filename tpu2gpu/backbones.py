@@ -64,3 +64,24 @@ def save_tiny_keras_backbone(path: str | Path, width: int = 32, seed: int = 0, o
     model.save(partial)
     partial.replace(path)
     return path
+
+
+TINY_TIMM_ARCHITECTURE = "mobilenetv3_small_050"  # the smallest architecture keras-hub's timm converters rebuild
+
+
+def save_tiny_timm_backbone(folder: str | Path, seed: int = 0, overwrite: bool = False) -> Path:
+    """A timm model of the smallest supported architecture (random weights) as timm.models.save_for_hf writes it,
+    config.json + model.safetensors: the torch_xla route's offline stand-in for an attached timm model
+    (model.backbone=timm, model.timm_model=<this folder>). Imports torch and timm, never torch_xla."""
+    import timm
+    import timm.models
+    import torch
+
+    folder = Path(folder)
+    if (folder / "model.safetensors").is_file() and not overwrite:
+        return folder
+    torch.manual_seed(seed)
+    model = timm.create_model(TINY_TIMM_ARCHITECTURE, pretrained=False, num_classes=0)
+    with staged_dir(folder, overwrite=True) as tmp:
+        timm.models.save_for_hf(model, str(tmp), safe_serialization=True)
+    return folder

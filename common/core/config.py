@@ -26,7 +26,7 @@ from typing import Any, Literal
 from common.core.errors import ConfigError
 from common.core.fields import field_value, one_of, within
 from common.launch.candidates import TPU_PACKAGES
-from common.launch.routes import framework_choices
+from common.launch.routes import check_backbone, framework_choices
 
 TTA_NAMES = ("identity", "flip_left_right", "flip_up_down", "rotate90", "rotate180", "rotate270", "transpose")
 
@@ -99,12 +99,14 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    backbone: Literal["hub", "efficientnet", "keras"] = "hub"  # noqa: E501  # TF Hub model (tf_keras route); EfficientNet (efficientnet package on tf_keras, keras.applications on keras_jax); keras = model.keras_backbone (keras_jax)
+    backbone: Literal["hub", "efficientnet", "keras", "timm"] = "hub"  # noqa: E501  # TF Hub model (tf_keras route); EfficientNet (efficientnet package on tf_keras, keras.applications on keras_jax); keras = model.keras_backbone (keras_jax); timm = model.timm_model (torch_xla)
     # A TF Hub / Kaggle Models handle or a local SavedModel directory (e.g. an attached /kaggle/input/... model).
     hub_handle: str = "https://www.kaggle.com/models/google/efficientnet-v2/TensorFlow2/imagenet21k-b0-feature-vector/1"  # noqa: E501  # feature-vector model: a handle, Kaggle Models handle or SavedModel path
     efficientnet_variant: str = "B0"  # B0-B7 when backbone=efficientnet; V2B0-V2B3, V2S, V2M, V2L on keras_jax too
     efficientnet_weights: str = "imagenet"  # noqa: E501  # none | imagenet | noisy-student (tf_keras) | path to a weights file (keras_jax: keras.applications' .h5)
     keras_backbone: str = ""  # noqa: E501  # backbone=keras: a .keras feature extractor (images in [0, 1]) or a KerasHub preset folder
+    timm_model: str = "efficientnet_b0"  # noqa: E501  # backbone=timm: a timm architecture name, or a folder as timm's save_for_hf writes it (config.json + model.safetensors)
+    timm_weights: Literal["none", "pretrained"] = "pretrained"  # noqa: E501  # a timm name's weights: pretrained (timm downloads them: the training kernel needs internet) or none; a folder brings its own
     trainable: bool = True  # fine-tune the backbone (false: train the head only)
     dropout: float = within(0.2, "[0, 1)")  # dropout before the classification layer
     num_classes: int = within(0, "[0, inf)")  # 0 = from the data; else must match it
@@ -120,7 +122,7 @@ class TrainConfig:
     lr_reference_batch: int = within(256, "[1, inf)")  # the global batch learning_rate is meant for
     warmup_epochs: float = within(1.0, "[0, inf)")  # linear warm-up, then cosine decay to zero
     steps_per_execution: int = within(32, "[1, inf)")  # training steps per host round trip (tf.function call)
-    framework: str = one_of("auto", framework_choices)  # noqa: E501  # tf_keras under tf.distribute, or Keras 3 on JAX; auto: tf_keras, and on a Kaggle TPU keras_jax when no TensorFlow TPU stack answers
+    framework: str = one_of("auto", framework_choices)  # noqa: E501  # tf_keras under tf.distribute, Keras 3 on JAX, or PyTorch/XLA (timm models); auto: torch_xla for model.backbone=timm, else tf_keras, and on a Kaggle TPU keras_jax when no TensorFlow TPU stack answers
     loop: Literal["fit", "custom"] = "fit"  # Keras fit, or the custom strategy.run loop (tf_keras)
     label_smoothing: float = within(0.0, "[0, 1)")  # cross-entropy label smoothing
     class_weight: Literal["none", "balanced"] = "none"  # balanced: weigh the loss by n / (classes x count) per class
@@ -292,6 +294,7 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
         config_from_dict(raw or {}, cfg)
     for text in overrides:
         _apply(cfg, *parse_override(text))
+    check_backbone(cfg)
     return cfg
 
 

@@ -39,7 +39,7 @@ def tpu_hardware_signals(environ: Mapping[str, str] | None = None, dev: Path = P
     return tuple(signals)
 
 
-def _has_nvidia_gpu(proc: Path = Path("/proc/driver/nvidia/gpus"), dev: Path = Path("/dev/nvidia0")) -> bool:
+def has_nvidia_gpu(proc: Path = Path("/proc/driver/nvidia/gpus"), dev: Path = Path("/dev/nvidia0")) -> bool:
     return (proc.is_dir() and any(proc.iterdir())) or dev.exists()
 
 
@@ -53,7 +53,7 @@ def detect_platform(environ: Mapping[str, str] | None = None, dev: Path = Path("
         kind = "kaggle-tpu-vm"
     elif environ.get("TPU_NAME"):
         kind = "kaggle-tpu-node"
-    elif _has_nvidia_gpu():
+    elif has_nvidia_gpu():
         kind = "kaggle-gpu"
     else:
         kind = "kaggle-cpu"

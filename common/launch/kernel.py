@@ -36,7 +36,7 @@ def prepare_runtime(kernel: str, cfg, rerun) -> int | None:
     if kernel != "train":
         return None  # inference needs TensorFlow alone, whichever build the GPU image holds
     if chosen_framework(cfg) != "tf_keras":
-        ROUTES[chosen_framework(cfg)].prepare()  # keras_jax: the image as it is, TensorFlow kept off the TPU
+        ROUTES[chosen_framework(cfg)].prepare(cfg)  # keras_jax: the image as it is, TensorFlow kept off the TPU
         return None
     if detect_platform().kind == "kaggle-tpu-vm" and cfg.kaggle.tpu_runtime == "install":
         from common.launch.fallback import negotiate

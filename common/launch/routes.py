@@ -1,13 +1,15 @@
 """The training routes (train.framework) and what each needs in the process before its framework is imported.
 
-    ROUTES["keras_jax"].prepare()    # KERAS_BACKEND=jax, TPU_LOAD_LIBRARY=0; or an error naming what is missing
+    ROUTES["keras_jax"].prepare(cfg) # KERAS_BACKEND=jax, TPU_LOAD_LIBRARY=0; or an error naming what is missing
     chosen_framework(cfg)            # the negotiation's fallback (FRAMEWORK_ENV), else train.framework, auto = tf_keras
 
 tf_keras: tf_keras under a tf.distribute strategy (TPU, several GPUs or logical CPUs, or the default), every
 backbone. keras_jax: Keras 3 on JAX with keras.distribution.DataParallel over every JAX device; TensorFlow is kept off
 the TPU (TPU_LOAD_LIBRARY=0) and only reads the data. auto: tf_keras, except that on a Kaggle TPU VM the kernel
 switches to keras_jax when no TensorFlow TPU stack answers and the backbone has a Keras 3 form
-(common/launch/fallback.py sets FRAMEWORK_ENV for the run). The backends start in
+(common/launch/fallback.py sets FRAMEWORK_ENV for the run). torch_xla: PyTorch/XLA with a timm model over every XLA
+device of one host (the TPU's chips; runtime.cpu_devices XLA CPU devices elsewhere), torch_xla imported before
+anything imports TensorFlow (the other order aborts the process: two LLVMs in one process). The backends start in
 common/training/backends/registry.py. Standard library at import time.
 """
 
@@ -20,17 +22,25 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from common.core.errors import StrategyError
+from common.core.errors import ConfigError, StrategyError
 
 FRAMEWORK_ENV = "TPU2GPU_FRAMEWORK"  # set by the TPU negotiation when it falls back to keras_jax
 KERAS_3_BACKBONES = ("efficientnet", "keras")  # model.backbone values with a Keras 3 form (a TF Hub model has none)
+# The timm architectures the torch_xla route trains: those keras-hub 0.32's timm converters rebuild under TensorFlow
+# for the export (keras_hub/src/utils/timm/convert_*.py: by exact name; their features are timm's forward_features).
+TIMM_ARCHITECTURES = (*(f"efficientnet_b{k}" for k in range(6)), "efficientnet_lite0",
+                      *(f"resnet{depth}" for depth in (18, 26, 34, 50, 101, 152)),
+                      "mobilenetv3_small_050", "mobilenetv3_small_100", "mobilenetv3_large_100")
 
 
 def chosen_framework(cfg, environ=None) -> str:
-    """tf_keras or keras_jax: the negotiation's choice, else train.framework, auto meaning tf_keras."""
+    """The route: the negotiation's choice, else train.framework, auto meaning torch_xla for a timm backbone and
+    tf_keras for any other."""
     environ = os.environ if environ is None else environ
     choice = environ.get(FRAMEWORK_ENV) or cfg.train.framework
-    return "tf_keras" if choice == "auto" else choice
+    if choice == "auto":
+        return "torch_xla" if cfg.model.backbone == "timm" else "tf_keras"
+    return choice
 
 
 def keras_jax_missing() -> list[str]:
@@ -46,7 +56,7 @@ def keras_jax_missing() -> list[str]:
     return missing
 
 
-def use_keras_jax() -> None:
+def use_keras_jax(cfg=None) -> None:
     """Keras 3 on JAX for this process; call before keras and TensorFlow are first imported. TensorFlow must not load
     libtpu: one process may own the TPU, and JAX does."""
     missing = keras_jax_missing()
@@ -61,7 +71,7 @@ def use_keras_jax() -> None:
     os.environ["TPU_LOAD_LIBRARY"] = "0"
 
 
-def require_tf_keras() -> None:
+def require_tf_keras(cfg=None) -> None:
     """hub.KerasLayer is a tf_keras (Keras 2) layer; TensorFlow >= 2.16 without tf-keras only has Keras 3, and the
     first `tf.keras` then fails inside TensorFlow's lazy loader. Checked from metadata, before TensorFlow loads."""
     if importlib.util.find_spec("tf_keras") is not None:
@@ -77,13 +87,56 @@ def require_tf_keras() -> None:
         "would otherwise pull in the `tensorflow` package over the installed one)")
 
 
+OTHER_ROUTES_FIX = ("Fix: train.framework=tf_keras (a TPU with its TensorFlow stack, GPUs, the CPU) or keras_jax "
+                    "(the TPU as Kaggle's image ships it, GPUs, several hosts)")
+
+
+def torch_xla_missing() -> list[str]:
+    """What the torch_xla route lacks here, from package metadata (nothing is imported)."""
+    return [name for name in ("torch", "torch_xla", "timm") if importlib.util.find_spec(name) is None]
+
+
+def use_torch_xla(cfg) -> None:
+    """PyTorch/XLA for this process, imported now, before TensorFlow: on a TPU its chips (PJRT_DEVICE=TPU), elsewhere
+    runtime.cpu_devices XLA CPU devices (PJRT_DEVICE=CPU), which stand for the chips in tests and the demo. One
+    process on one host: a job of several processes, a CUDA-only machine or a missing torch_xla is one line naming
+    the routes that serve it."""
+    from common.core.platform import has_nvidia_gpu, tpu_hardware_signals
+    from common.launch.hosts import multiprocess_job
+
+    missing = torch_xla_missing()
+    if missing:
+        raise StrategyError(f"train.framework=torch_xla needs torch, torch_xla and timm, and this environment lacks "
+                            f"{', '.join(missing)}. Kaggle's TPU image ships them; elsewhere `pip install -e "
+                            f"'.[torch]'` (about 4.6 GB). {OTHER_ROUTES_FIX}")
+    if multiprocess_job(cfg) is not None:
+        raise StrategyError("the torch_xla route trains on the XLA devices of one host; this job has several "
+                            "processes (runtime.multihost or KERAS_DISTRIBUTION_*). Fix: train.framework=keras_jax "
+                            "(Keras 3 on JAX trains across hosts), or run one process")
+    on_tpu = bool(tpu_hardware_signals())
+    if has_nvidia_gpu() and not on_tpu:
+        raise StrategyError("the torch_xla route runs on a TPU or on the CPU: torch_xla from the package index has no "
+                            "CUDA devices, and this machine has NVIDIA GPUs. " + OTHER_ROUTES_FIX)
+    if "tensorflow" in sys.modules:
+        raise StrategyError("TensorFlow was imported before torch_xla, and torch_xla imported after it aborts the "
+                            "process (two LLVMs in one process). Fix: import torch_xla first (the training kernel "
+                            "does: start it with `python -m train_tpu.train` or the built kernel script)")
+    if on_tpu:
+        os.environ.setdefault("PJRT_DEVICE", "TPU")
+    else:
+        os.environ.update({"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": str(cfg.runtime.cpu_devices),
+                           "TPU_SKIP_MDS_QUERY": "1"})
+    os.environ["TPU_LOAD_LIBRARY"] = "0"  # TensorFlow reads the data only: the TPU is torch_xla's
+    import torch_xla  # noqa: F401  (now: TensorFlow may follow it, never precede it)
+
+
 @dataclass(frozen=True)
 class Route:
     """A training framework: what it needs set up before its framework is first imported, and where its backend
     starts (a "module:function" taking the config, imported only after prepare)."""
 
     name: str
-    prepare: Callable[[], None]
+    prepare: Callable[[object], None]  # prepare(cfg)
     start: str
     backbones: tuple[str, ...]  # the model.backbone values it can train
 
@@ -93,9 +146,25 @@ ROUTES = {route.name: route for route in (
     Route("tf_keras", require_tf_keras, "common.training.backends.tf_keras.backend:start",
           ("hub", "efficientnet")),
     Route("keras_jax", use_keras_jax, "common.training.backends.keras_jax.backend:start", KERAS_3_BACKBONES),
+    Route("torch_xla", use_torch_xla, "common.training.backends.torch_xla.backend:start", ("timm",)),
 )}
 
 
 def framework_choices() -> tuple[str, ...]:
     """train.framework's values: every route, and auto (read at each check: a route added at run time is a choice)."""
     return ("auto", *ROUTES)
+
+
+def check_backbone(cfg) -> None:
+    """The backbone is one the chosen route trains, and a timm architecture one the export can rebuild (a folder's
+    is checked when its config.json is read): checked at load, so neither a kernel nor `tpu2gpu build` goes on."""
+    model, framework = cfg.model, chosen_framework(cfg)
+    if model.backbone not in ROUTES[framework].backbones:
+        takers = [name for name, route in ROUTES.items() if model.backbone in route.backbones]
+        raise ConfigError(f"model.backbone={model.backbone} is not trained by train.framework={framework} (it trains "
+                          f"{list(ROUTES[framework].backbones)}). Fix: train.framework={' or '.join(takers)}, or "
+                          "another model.backbone")
+    if model.backbone == "timm" and "/" not in model.timm_model and model.timm_model not in TIMM_ARCHITECTURES:
+        raise ConfigError(f"model.timm_model={model.timm_model!r} is not an architecture the export can rebuild "
+                          f"under TensorFlow (keras-hub's timm converters): {', '.join(TIMM_ARCHITECTURES)}. Fix: one "
+                          "of those, or a folder holding one (config.json + model.safetensors)")

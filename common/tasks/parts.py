@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 from common.core.errors import DataError
 
@@ -84,6 +85,8 @@ class Ops:
     sum_last: Callable  # x -> sum over the last axis
     mean_last: Callable  # x -> mean over the last axis
     constant: Callable  # list of floats -> a float32 array
+    array: Callable = lambda x: x  # a NumPy array -> one its losses take (TensorFlow and Keras take NumPy as it is)
+    to_numpy: Callable = np.asarray  # a loss's value -> NumPy
 
 
 def tensorflow_ops() -> Ops:
@@ -101,6 +104,30 @@ def keras_ops() -> Ops:
     return Ops(keras.losses, keras.metrics, lambda x: keras.ops.cast(x, "float32"),
                lambda x: keras.ops.sum(x, axis=-1), lambda x: keras.ops.mean(x, axis=-1),
                lambda values: keras.ops.convert_to_tensor(values, "float32"))
+
+
+def torch_ops(device) -> Ops:
+    """PyTorch on `device` (an XLA device on the torch_xla route), with Keras' cross-entropies on probabilities: the
+    same clipping (1e-7) and label smoothing, so a loss means the same on every route. No running metrics: that
+    route logs the loss, and the fold scores each epoch."""
+    import torch
+
+    def categorical_crossentropy(targets, outputs, label_smoothing=0.0):
+        targets = targets * (1 - label_smoothing) + label_smoothing / targets.shape[-1]
+        outputs = (outputs / outputs.sum(dim=-1, keepdim=True)).clamp(1e-7, 1 - 1e-7)
+        return -(targets * torch.log(outputs)).sum(dim=-1)
+
+    def binary_crossentropy(targets, outputs, label_smoothing=0.0):
+        targets = targets * (1 - label_smoothing) + 0.5 * label_smoothing
+        outputs = outputs.clamp(1e-7, 1 - 1e-7)
+        return -(targets * torch.log(outputs) + (1 - targets) * torch.log(1 - outputs)).mean(dim=-1)
+
+    losses = SimpleNamespace(categorical_crossentropy=categorical_crossentropy,
+                             binary_crossentropy=binary_crossentropy)
+    return Ops(losses, None, lambda x: x.float(), lambda x: x.sum(dim=-1), lambda x: x.mean(dim=-1),
+               lambda values: torch.tensor(values, dtype=torch.float32, device=device),
+               lambda x: torch.as_tensor(np.asarray(x, dtype=np.float32), device=device),
+               lambda x: x.detach().cpu().numpy())
 
 
 def running(metric: str, name: str) -> Callable:

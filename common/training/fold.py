@@ -180,7 +180,8 @@ class EpochMonitor:
             except ValueError as err:  # e.g. AUC on a validation fold that holds one class: no score, no best
                 print(f"[train] epoch {epoch + 1}: val_{metric} cannot be computed ({err})", flush=True)
                 value = math.nan
-            logs["val_loss"] = float(np.mean(np.asarray(self.loss(self.targets, raw))))
+            ops = self.backend.ops
+            logs["val_loss"] = float(np.mean(ops.to_numpy(self.loss(ops.array(self.targets), ops.array(raw)))))
             logs[f"val_{metric}"] = value
             if self.backend.hosts.agree(is_better(metric, value, self.best["value"])):
                 self.best = {"epoch": epoch + 1, "value": value}

@@ -25,6 +25,6 @@ def with_local_paths(cfg):
 def start_backend(cfg):
     """The training backend for cfg (a common.training.backends.base.Backend)."""
     route = ROUTES[chosen_framework(cfg)]
-    route.prepare()
+    route.prepare(cfg)
     module, function = route.start.split(":")
     return getattr(importlib.import_module(module), function)(with_local_paths(cfg))

@@ -1,0 +1,246 @@
+"""The training backend for PyTorch/XLA with a timm model (train.framework=torch_xla): the guide's "TPU in PyTorch",
+on Kaggle's TPU image as it ships (torch, torch_xla and timm; no install). torch_xla was imported before TensorFlow
+(common/launch/routes.py); TensorFlow only reads the data.
+
+    backend = TorchXlaBackend(cfg)    # SPMD data parallel over every XLA device (the TPU's chips; XLA CPU devices)
+    backend.build(plan); backend.fit(backend.distribute(make_dataset), loop)   # loop: the fold's EpochLoop
+    card = backend.export(export_dir, contents)     # the verified export (export.py)
+
+The same interface as the other routes, so the fold (plan, data, tasks, budget, scoring, card) is shared. What
+differs: one process drives all the host's devices (torch_xla's SPMD: a 1-D mesh, each global batch sharded along it,
+the weights replicated), the shared tf.data pipeline's batches move to the devices while the step before runs
+(MpDeviceLoader); every step has the same shapes, so its graph compiles once, and the log counts the compiles after
+each epoch; the learning rate is the plan's schedule at each optimiser step; checkpoints are torch.save files; the
+export is rebuilt under Keras' TensorFlow backend in a child (export.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+from pathlib import Path
+
+from common.core.errors import ConfigError
+from common.data.pipeline import make_padded_image_batches
+from common.data.records import RecordSchema
+from common.tasks.parts import torch_ops
+from common.training.backends.base import ONE_PROCESS, EpochLoop
+from common.training.backends.torch_xla.export import export
+from common.training.backends.torch_xla.model import build_timm_model
+
+import numpy as np
+import torch
+import torch_xla
+import torch_xla.debug.metrics as metrics
+import torch_xla.distributed.parallel_loader as parallel_loader
+import torch_xla.distributed.spmd as spmd
+import torch_xla.runtime as xla_runtime
+
+CHECKPOINT = "checkpoint.pt"  # model, optimiser, step count and moving average; replaced whole after each epoch
+
+
+class TorchXlaBackend:
+    name = "torch_xla"
+    hosts = ONE_PROCESS  # one host: several processes are the keras_jax route's
+
+    def __init__(self, cfg):
+        if cfg.train.loop != "fit":
+            raise ConfigError(f"train.loop={cfg.train.loop!r} is the tf_keras route's hand-written loop; the torch_xla "
+                              "route has its own. Fix: train.loop=fit")
+        self.cfg = cfg
+        self.device = torch_xla.device()
+        self.platform = xla_runtime.device_type().lower()
+        self.devices = xla_runtime.global_runtime_device_count()
+        self.mesh = spmd.Mesh(np.arange(self.devices), (self.devices,), ("data",))
+        self.autocast = cfg.train.precision in ("auto", "mixed_bfloat16") and self.platform == "tpu"
+        if cfg.train.precision == "mixed_float16":
+            raise ConfigError("train.precision=mixed_float16 is for GPUs; the torch_xla route computes in bfloat16 on "
+                              "the TPU (train.precision=auto) or float32")
+        self.ops = torch_ops(self.device)
+        torch.manual_seed(cfg.train.seed)
+        self.model = None
+
+    @property
+    def replicas(self) -> int:
+        return self.devices
+
+    def describe(self) -> str:
+        return (f"framework     torch {torch.__version__}, torch_xla {torch_xla.__version__}, timm "
+                f"{importlib.metadata.version('timm')} (train.framework=torch_xla)\n"
+                f"devices       {self.devices} x {self.platform} XLA device(s); "
+                f"{'SPMD data parallel' if self.devices > 1 else 'one device'}\n"
+                f"precision     {'bfloat16 backbone, float32 head' if self.autocast else 'float32'}")
+
+    def build(self, plan) -> None:
+        """The model on the XLA device, Adam (the plan's rate set before every step), the task's loss."""
+        self.plan, self.steps = plan, 0
+        torch.manual_seed(self.cfg.train.seed)
+        self.model = build_timm_model(self.cfg.model, plan.outputs, plan.task.activation, self.autocast)
+        self.model.to(self.device)
+        self.optimizer = torch.optim.Adam([p for p in self.model.parameters() if p.requires_grad],
+                                          lr=plan.peak_lr, eps=1e-7)
+        self.loss = plan.task.loss(self.cfg.train.label_smoothing, plan.class_weights, ops=self.ops)
+        ema = self.cfg.train.ema
+        self.average = [p.detach().clone() for p in self.model.parameters()] if ema > 0 else None
+
+    def optimizer_steps(self) -> int:
+        return self.steps
+
+    def runtime(self) -> dict:
+        import tensorflow as tf
+
+        return {"framework": self.name, "torch": torch.__version__, "torch_xla": torch_xla.__version__,
+                "timm": importlib.metadata.version("timm"), "devices": f"{self.devices} x {self.platform}",
+                "platform": self.platform, "distribution": "SPMD data parallel" if self.devices > 1 else "none",
+                "graphs_compiled": compiles(), "tensorflow": tf.__version__}
+
+    def precision(self) -> dict[str, str]:
+        return {"policy": "mixed_bfloat16" if self.autocast else "float32",
+                "backbone": "bfloat16" if self.autocast else "float32", "head": "float32"}
+
+    # ------------------------------------------------------------------------------------------------ checkpoints
+    def restore(self, directory: Path) -> int:
+        """Model, optimiser, step count and moving average from the checkpoint in directory: the epochs it holds."""
+        self.checkpoints = Path(directory)
+        self.checkpoints.mkdir(parents=True, exist_ok=True)
+        path = self.checkpoints / CHECKPOINT
+        if not path.is_file():
+            return 0
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.steps = int(state["steps"])
+        if self.average is not None:
+            for average, value in zip(self.average, state["average"], strict=True):
+                average.copy_(value.to(self.device))
+        return int(state["epochs_done"])
+
+    def save_checkpoint(self, epochs_done: int) -> None:
+        """Written to a temporary name and renamed: a run killed while saving keeps its previous checkpoint."""
+        state = {"model": on_cpu(self.model.state_dict()), "optimizer": on_cpu(self.optimizer.state_dict()),
+                 "steps": self.steps, "epochs_done": epochs_done,
+                 "average": on_cpu(self.average) if self.average is not None else None}
+        partial = self.checkpoints / f"partial-{CHECKPOINT}"
+        torch.save(state, partial)
+        partial.replace(self.checkpoints / CHECKPOINT)
+
+    def save_weights(self, path: Path) -> None:
+        torch.save(on_cpu(self.model.state_dict()), Path(path).with_suffix(".pt"))
+
+    def load_weights(self, path: Path) -> None:
+        self.model.load_state_dict(torch.load(Path(path).with_suffix(".pt"), map_location="cpu", weights_only=True))
+
+    @contextlib.contextmanager
+    def averaged(self):
+        """With train.ema, the moving average swapped into the model inside the block, the trained weights after."""
+        if self.average is None:
+            yield
+            return
+        parameters = list(self.model.parameters())
+        trained = [p.detach().clone() for p in parameters]
+        with torch.no_grad():
+            for parameter, average in zip(parameters, self.average, strict=True):
+                parameter.copy_(average)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for parameter, value in zip(parameters, trained, strict=True):
+                    parameter.copy_(value)
+
+    # ---------------------------------------------------------------------------------------------------- train
+    def distribute(self, make_dataset):
+        """The global batches of the shared tf.data pipeline, moved to the devices (each sharded along the mesh)
+        while the step before runs."""
+        sharding = {"images": spmd.ShardingSpec(self.mesh, ("data", None, None, None)),
+                    "targets": spmd.ShardingSpec(self.mesh, ("data", None))}
+        return parallel_loader.MpDeviceLoader(HostBatches(make_dataset(None)), self.device, input_sharding=sharding)
+
+    def fit(self, data, loop: EpochLoop) -> None:
+        batches = iter(data)
+        for epoch in range(loop.initial_epoch, loop.epochs):
+            loop.epoch_begin(epoch)
+            self.model.train()
+            total, before = torch.zeros((), device=self.device), compiles()
+            for _ in range(loop.steps_per_epoch):
+                batch = next(batches)
+                total += self._step(batch["images"], batch["targets"])
+            stop = loop.epoch_end(epoch, {"loss": float(total.item()) / loop.steps_per_epoch})
+            print(f"[torch_xla] epoch {epoch + 1}: {compiles() - before} graph(s) compiled (training and validation), "
+                  f"{compiles()} in all", flush=True)  # after the first epoch: none, or every step pays a compile
+            if stop:
+                return
+
+    def _step(self, images, targets) -> torch.Tensor:
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.plan.learning_rate(self.steps)  # the schedule at this update, as on the other routes
+        self.optimizer.zero_grad(set_to_none=False)
+        loss = self.loss(targets, self.model(images)).mean()
+        loss.backward()
+        self.optimizer.step()
+        if self.average is not None:
+            momentum = self.cfg.train.ema
+            with torch.no_grad():
+                for average, parameter in zip(self.average, self.model.parameters(), strict=True):
+                    average.mul_(momentum).add_(parameter.detach(), alpha=1 - momentum)
+        torch_xla.sync()
+        self.steps += 1
+        return loss.detach()
+
+    # -------------------------------------------------------------------------------------------------- predict
+    def predict(self, files, schema: RecordSchema, count: int) -> np.ndarray:
+        """Model outputs for the `count` records of `files`, in order: batches padded to the global batch (one graph),
+        the padding dropped after."""
+        batch = self.plan.global_batch
+        self.model.eval()
+        outputs = []
+        with torch.no_grad():
+            for images in make_padded_image_batches(files, schema, self.cfg.data.image_size, batch).take(
+                    -(-count // batch)):
+                on_device = torch.from_numpy(images.numpy()).to(self.device)
+                spmd.mark_sharding(on_device, self.mesh, ("data", None, None, None))
+                outputs.append(self.model(on_device).cpu().numpy())
+        return np.concatenate(outputs)[:count]
+
+    def export(self, export_dir: Path, contents):
+        """The verified export (common/training/backends/torch_xla/export.py: rebuilt under TensorFlow in a child)."""
+        return export(self, export_dir, contents)
+
+
+class HostBatches:
+    """The tf.data pipeline's (images, targets) batches as CPU tensors, for MpDeviceLoader."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __iter__(self):
+        for images, targets in self.dataset.as_numpy_iterator():
+            yield {"images": torch.from_numpy(images), "targets": torch.from_numpy(targets)}
+
+
+def on_cpu(value):
+    """Tensors (in dicts and lists) copied to the CPU, for torch.save."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: on_cpu(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(on_cpu(v) for v in value)
+    return value
+
+
+def compiles() -> int:
+    """XLA graphs compiled in this process so far (torch_xla's own counter)."""
+    data = metrics.metric_data("CompileTime")
+    return int(data[0]) if data else 0
+
+
+def start(cfg) -> TorchXlaBackend:
+    """The torch_xla backend (torch_xla imported, its devices set, by the route's prepare), SPMD on, logged."""
+    if cfg.model.backbone != "timm":
+        raise ConfigError(f"model.backbone={cfg.model.backbone} is not a timm model; the torch_xla route trains "
+                          "model.backbone=timm (model.timm_model)")
+    xla_runtime.use_spmd()
+    backend = TorchXlaBackend(cfg)
+    print(backend.describe(), flush=True)
+    return backend

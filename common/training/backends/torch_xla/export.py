@@ -1,0 +1,145 @@
+"""The torch_xla route's export: `export(backend, export_dir, contents)` writes a job folder and runs
+`python -m common.training.backends.torch_xla.export JOB_DIR`, a child interpreter under Keras 3's TensorFlow backend
+on the CPU, which rebuilds the model (keras-hub's timm converter for the backbone, then the same preprocessing and
+head) and writes the same SavedModel contract as the other routes, checked in a fresh process against the torch
+model's own float32 predictions. Neither torch nor torch_xla is imported there: TensorFlow loads first in the child.
+
+JOB_DIR holds job.json (config, head width and activation, mean and std, export folder, extra files, output scaling),
+backbone/ (the trained backbone as timm.models.save_for_hf writes it: config.json + model.safetensors), head.npz (the
+linear layer as Keras holds it), verify.npz (the verify images and the torch model's outputs) and model_card.json.
+"""
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+if __name__ == "__main__":  # the child: set before keras is imported, for it exports TensorFlow graphs
+    os.environ["KERAS_BACKEND"] = "tensorflow"
+
+import common  # noqa: F401
+from common.core.children import cpu_only_environment
+from common.core.config import config_from_dict, config_to_dict
+from common.core.errors import UserError
+from common.export.card import ExportError, read_card, write_card
+from common.export.writer import ExportContents, export_models
+
+import numpy as np
+
+CHILD = "common.training.backends.torch_xla.export"  # this module, run as the child
+
+
+# ------------------------------------------------------------------------------------------- the training process
+def export(backend, export_dir: Path, contents: ExportContents):
+    """The verified export of the weights backend.model holds now."""
+    model = backend.model
+    expected = torch_outputs(model, contents.verify_images)
+    with tempfile.TemporaryDirectory(prefix="tpu2gpu-export-") as folder:
+        job = Path(folder)
+        save_backbone(model.backbone, job / "backbone")
+        head = model.head
+        np.savez(job / "head.npz", kernel=head.weight.detach().cpu().numpy().T, bias=head.bias.detach().cpu().numpy())
+        np.savez(job / "verify.npz", images=contents.verify_images, expected=expected)
+        write_card(job, contents.card)
+        config = model.backbone.pretrained_cfg
+        (job / "job.json").write_text(json.dumps({
+            "config": config_to_dict(backend.cfg), "outputs": backend.plan.outputs,
+            "activation": backend.plan.task.activation, "mean": list(config["mean"]), "std": list(config["std"]),
+            "export_dir": str(export_dir), "extra_files": {n: str(p) for n, p in contents.extra_files.items()},
+            "output_scaling": contents.output_scaling, "export_float16": backend.cfg.train.export_float16}))
+        _run_child(job)
+    return read_card(export_dir)
+
+
+def torch_outputs(model, images: np.ndarray) -> np.ndarray:
+    """What the model computes for images in float32 (what a T4 runs), in evaluation mode."""
+    import torch
+
+    autocast, model.autocast = model.autocast, False
+    model.eval()
+    try:
+        with torch.no_grad():
+            device = next(model.parameters()).device
+            return model(torch.from_numpy(images).to(device)).cpu().numpy()
+    finally:
+        model.autocast = autocast
+
+
+def save_backbone(backbone, folder: Path) -> None:
+    """The trained backbone as timm.models.save_for_hf writes it (what keras-hub's timm converters read), from a CPU
+    copy of the same architecture."""
+    import timm
+    import timm.models
+
+    copy = timm.create_model(backbone.pretrained_cfg["architecture"], pretrained=False, num_classes=0)
+    copy.load_state_dict({k: v.detach().cpu() for k, v in backbone.state_dict().items()})
+    copy.pretrained_cfg = backbone.pretrained_cfg
+    timm.models.save_for_hf(copy, str(folder), safe_serialization=True)
+
+
+def _run_child(job: Path) -> None:
+    env = cpu_only_environment(os.environ)
+    env["KERAS_BACKEND"] = "tensorflow"
+    for name in ("PJRT_DEVICE", "CPU_NUM_DEVICES", "XLA_USE_SPMD"):  # the child is not an XLA client
+        env.pop(name, None)
+    result = subprocess.run([sys.executable, "-m", CHILD, str(job)], env=env, text=True, capture_output=True)
+    print(result.stdout, end="", flush=True)
+    if result.returncode != 0:
+        tail = "\n".join(result.stderr.strip().splitlines()[-10:])
+        raise ExportError(f"the torch_xla export (the timm model rebuilt under TensorFlow by keras-hub) failed:\n"
+                          f"{tail}")
+
+
+# ------------------------------------------------------------------------------------------------------ the child
+def build_keras_copy(job: dict, backbone_folder: Path, head: dict, policy: str):
+    """The trained model under Keras' TensorFlow backend: uint8 [B, S, S, 3] -> float32 [B, outputs]."""
+    import keras
+    import keras_hub
+
+    cfg = config_from_dict({section: job["config"][section] for section in ("model", "data")})
+    size, std = cfg.data.image_size, np.asarray(job["std"])
+    trained = keras.config.dtype_policy().name
+    keras.config.set_dtype_policy(policy)
+    try:
+        images = keras.Input((size, size, 3), dtype="uint8", name="image")
+        x = keras.layers.Rescaling(1.0 / 255.0, dtype="float32", name="to_unit_range")(images)
+        x = keras.layers.Normalization(mean=job["mean"], variance=list(std * std), dtype="float32",
+                                       name="timm_normalisation")(x)
+        with contextlib.redirect_stdout(io.StringIO()):  # keras-hub prints a line for every weight it ports
+            backbone = keras_hub.models.Backbone.from_preset(str(backbone_folder))
+        pooled = keras.layers.GlobalAveragePooling2D(name="pool")(backbone(x))
+        x = keras.layers.Dropout(cfg.model.dropout, name="head_dropout")(pooled)
+        logits = keras.layers.Dense(job["outputs"], name="head_logits")(x)
+        predictions = keras.layers.Activation(job["activation"], dtype="float32", name="predictions")(logits)
+        model = keras.Model(images, predictions, name=f"timm_{job['activation']}")
+    finally:
+        keras.config.set_dtype_policy(trained)
+    model.get_layer("head_logits").set_weights([head["kernel"], head["bias"]])
+    return model
+
+
+def main(job_dir: str) -> int:
+    job_path = Path(job_dir)
+    job = json.loads((job_path / "job.json").read_text())
+    with np.load(job_path / "head.npz") as saved:
+        head = {name: saved[name] for name in saved.files}
+    with np.load(job_path / "verify.npz") as verify:
+        images, expected = verify["images"], verify["expected"]
+    contents = ExportContents(read_card(job_path, require_complete=False), images,
+                              {name: Path(path) for name, path in job["extra_files"].items()}, job["output_scaling"],
+                              expected)
+    export_models(job["export_dir"], lambda policy: build_keras_copy(job, job_path / "backbone", head, policy),
+                  contents, job["export_float16"])
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1]))
+    except UserError as err:
+        print(f"export: error: {err}", file=sys.stderr)
+        sys.exit(2)

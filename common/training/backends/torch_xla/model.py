@@ -1,0 +1,89 @@
+"""The torch_xla route's model: a timm backbone's feature map (forward_features), pooled, and the template's head.
+
+    model = build_timm_model(cfg.model, outputs, activation)   # uint8 [B, S, S, 3] -> float32 [B, outputs]
+    architecture, folder = timm_source(cfg.model)              # e.g. ("efficientnet_b0", None)
+
+The preprocessing (uint8 to the model's own mean and std, from timm's pretrained_cfg) and the head (dropout, a linear
+layer of the task's width, the task's activation in float32) are part of the model, as on the other routes. The head
+sits on forward_features, not on timm's own pooled head: that feature map is what keras-hub's timm converters rebuild
+under TensorFlow for the export (for MobileNetV3, timm's pooled output would also pass its conv_head, which keras-hub's
+backbone does not hold). model.timm_model is an architecture name (timm.create_model, with timm_weights) or a folder
+as timm.models.save_for_hf writes it: config.json (its architecture and pretrained_cfg) + model.safetensors.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from common.core.errors import ConfigError
+from common.launch.routes import TIMM_ARCHITECTURES
+
+import timm
+import torch
+from torch import nn
+
+ACTIVATIONS = {"softmax": lambda x: torch.softmax(x, dim=-1), "sigmoid": torch.sigmoid, "linear": lambda x: x}
+WEIGHTS_FILE = "model.safetensors"
+
+
+def timm_source(model_cfg) -> tuple[str, Path | None]:
+    """(architecture, folder or None) of model.timm_model; a folder's architecture read from its config.json."""
+    name = model_cfg.timm_model
+    if "/" not in name:
+        return name, None
+    folder = Path(name)
+    config = folder / "config.json"
+    if not config.is_file() or not (folder / WEIGHTS_FILE).is_file():
+        raise ConfigError(f"model.timm_model={name!r} is not a timm model folder (config.json and {WEIGHTS_FILE}, as "
+                          "timm.models.save_for_hf writes them). Fix: the folder's path, or an architecture name")
+    architecture = json.loads(config.read_text()).get("architecture", "")
+    if architecture not in TIMM_ARCHITECTURES:
+        raise ConfigError(f"{config} holds a {architecture or 'nameless'} model, which the export cannot rebuild "
+                          f"under TensorFlow (keras-hub's timm converters take {', '.join(TIMM_ARCHITECTURES)}). "
+                          "Fix: a folder of one of those")
+    return architecture, folder
+
+
+def create_backbone(model_cfg) -> nn.Module:
+    """The timm model without its classifier: a folder's weights, or a name's (pretrained: timm downloads them)."""
+    architecture, folder = timm_source(model_cfg)
+    if folder is not None:
+        return timm.create_model(architecture, pretrained=True, num_classes=0,
+                                 pretrained_cfg_overlay={"file": str(folder / WEIGHTS_FILE)})
+    return timm.create_model(architecture, pretrained=model_cfg.timm_weights == "pretrained", num_classes=0)
+
+
+class TimmClassifier(nn.Module):
+    """uint8 images [B, S, S, 3] -> the task's outputs [B, outputs] in float32. With `autocast`, the backbone
+    computes in bfloat16 (torch.autocast on the XLA device); the head always in float32."""
+
+    def __init__(self, backbone: nn.Module, outputs: int, activation: str, dropout: float, autocast: bool = False):
+        super().__init__()
+        self.backbone, self.autocast, self.activation = backbone, autocast, activation
+        config = backbone.pretrained_cfg
+        self.register_buffer("mean", torch.tensor(config["mean"]).view(1, 3, 1, 1) * 255.0, persistent=False)
+        self.register_buffer("std", torch.tensor(config["std"]).view(1, 3, 1, 1) * 255.0, persistent=False)
+        self.dropout = nn.Dropout(dropout)
+        self.head = nn.Linear(feature_width(backbone), outputs)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        x = (images.permute(0, 3, 1, 2).float() - self.mean) / self.std
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+            features = self.backbone.forward_features(x)
+        pooled = features.float().mean(dim=(2, 3))
+        return ACTIVATIONS[self.activation](self.head(self.dropout(pooled)))
+
+
+def feature_width(backbone: nn.Module) -> int:
+    """Channels of forward_features' map (timm's feature_info; num_features may count a conv_head after it)."""
+    return int(backbone.feature_info[-1]["num_chs"])
+
+
+def build_timm_model(model_cfg, outputs: int, activation: str, autocast: bool = False) -> TimmClassifier:
+    if activation == "softmax" and outputs < 2:
+        raise ConfigError(f"a classifier needs at least 2 classes, got {outputs}")
+    backbone = create_backbone(model_cfg)
+    if not model_cfg.trainable:
+        backbone.requires_grad_(False)
+    return TimmClassifier(backbone, outputs, activation, model_cfg.dropout, autocast)

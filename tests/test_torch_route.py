@@ -1,0 +1,129 @@
+"""The torch_xla route (PyTorch/XLA with timm models): refused, with one line naming the routes that serve the case,
+where it cannot run; trained on two XLA CPU devices in a child interpreter (torch_xla must be imported before
+TensorFlow, which this pytest process has loaded), exported under TensorFlow and scored by the TF-only inference
+kernel. torch_xla is never imported here: the first import after TensorFlow aborts the process."""
+
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from builders import run_inference_kernel
+
+REPO = Path(__file__).resolve().parents[1]
+NO_TORCH_XLA = importlib.util.find_spec("torch_xla") is None
+needs_torch_xla = pytest.mark.skipif(NO_TORCH_XLA, reason="torch_xla is not installed (./dev test installs it)")
+
+
+def test_an_architecture_the_export_cannot_rebuild_is_refused_by_the_config_and_by_build(tmp_path, capsys):
+    from common.core.config import load_config
+    from common.core.errors import ConfigError
+
+    from tpu2gpu.cli import main as cli
+
+    with pytest.raises(ConfigError, match=r"model.timm_model='vit_base_patch16_224' is not an architecture the export "
+                                          r"can rebuild under TensorFlow \(keras-hub's timm converters\): "
+                                          r"efficientnet_b0, efficientnet_b1, .*, resnet18, .* Fix: one of those"):
+        load_config(None, ["model.backbone=timm", "model.timm_model=vit_base_patch16_224"])
+    assert cli(["build", "--out", str(tmp_path / "build"), "--set", "model.backbone=timm", "--set",
+                "model.timm_model=convnext_tiny"]) == 2
+    assert "error: model.timm_model='convnext_tiny' is not an architecture the export can rebuild" in \
+        capsys.readouterr().err
+    assert not (tmp_path / "build").exists()
+    with pytest.raises(ConfigError, match=r"model.backbone=timm is not trained by train.framework=tf_keras \(it "
+                                          r"trains \['hub', 'efficientnet'\]\). Fix: train.framework=torch_xla"):
+        load_config(None, ["model.backbone=timm", "train.framework=tf_keras"])
+    assert load_config(None, ["model.backbone=timm"]).model.timm_model == "efficientnet_b0"  # auto takes torch_xla
+
+
+def test_a_folder_of_an_architecture_the_export_cannot_rebuild_is_refused(tmp_path):
+    pytest.importorskip("timm")
+    from common.core.config import load_config
+    from common.core.errors import ConfigError
+    from common.training.backends.torch_xla.model import timm_source
+
+    folder = tmp_path / "convnext"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"architecture": "convnext_tiny"}))
+    (folder / "model.safetensors").write_bytes(b"")
+    cfg = load_config(None, ["model.backbone=timm", f"model.timm_model={folder}"])
+    with pytest.raises(ConfigError, match=f"{folder}/config.json holds a convnext_tiny model, which the export cannot "
+                                          "rebuild under TensorFlow"):
+        timm_source(cfg.model)
+
+
+def route_refusal(monkeypatch, missing=(), processes=1, cuda=False) -> str:
+    """use_torch_xla's error in this process on a machine as described (no TPU)."""
+    from common.core import platform
+    from common.core.config import load_config
+    from common.core.errors import StrategyError
+    from common.launch import hosts, routes
+
+    monkeypatch.setattr(routes, "torch_xla_missing", lambda: list(missing))
+    for name, value in zip(hosts.JOB_VARIABLES, ("10.0.0.1:1234", str(processes), "0"), strict=True):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(platform, "has_nvidia_gpu", lambda: cuda)
+    monkeypatch.setattr(platform, "tpu_hardware_signals", lambda: ())
+    with pytest.raises(StrategyError) as refused:
+        routes.use_torch_xla(load_config(None, ["model.backbone=timm"]))
+    return str(refused.value)
+
+
+def test_where_the_route_cannot_run_it_is_one_line_naming_the_routes_that_can(monkeypatch):
+    missing = route_refusal(monkeypatch, missing=["torch_xla"])  # one process: KERAS_DISTRIBUTION_NUM_PROCESSES=1
+    assert missing.startswith("train.framework=torch_xla needs torch, torch_xla and timm, and this environment lacks "
+                              "torch_xla. Kaggle's TPU image ships them; elsewhere `pip install -e '.[torch]'`")
+    assert missing.endswith("Fix: train.framework=tf_keras (a TPU with its TensorFlow stack, GPUs, the CPU) or "
+                            "keras_jax (the TPU as Kaggle's image ships it, GPUs, several hosts)")
+    assert route_refusal(monkeypatch, processes=2).startswith(
+        "the torch_xla route trains on the XLA devices of one host; this job has several processes (runtime.multihost "
+        "or KERAS_DISTRIBUTION_*). Fix: train.framework=keras_jax")
+    assert route_refusal(monkeypatch, cuda=True).startswith(
+        "the torch_xla route runs on a TPU or on the CPU: torch_xla from the package index has no CUDA devices, and "
+        "this machine has NVIDIA GPUs. Fix: train.framework=tf_keras")
+    # This process has imported TensorFlow: importing torch_xla now would abort it, so the route refuses first.
+    assert "tensorflow" in sys.modules
+    assert route_refusal(monkeypatch).startswith(
+        "TensorFlow was imported before torch_xla, and torch_xla imported after it aborts the process")
+    assert "torch_xla" not in sys.modules
+
+
+@needs_torch_xla
+@pytest.mark.e2e
+def test_a_timm_model_trains_on_two_xla_devices_exports_the_same_contract_and_the_tf_only_kernel_scores_it(
+        demo_records, demo_dir, tiny_timm_backbone, tmp_path):
+    records_dir, _ = demo_records
+    out = tmp_path / "train"
+    settings = ["train.framework=torch_xla", "model.backbone=timm", f"model.timm_model={tiny_timm_backbone}",
+                "runtime.cpu_devices=2", "data.image_size=32", "train.fold=0", "train.epochs=2",
+                "train.steps_per_epoch=8", "train.batch_size_per_replica=16", "train.learning_rate=0.01",
+                "train.export_float16=false", f"runtime.tfrecords={records_dir}", f"runtime.output_dir={out}"]
+    run = subprocess.run([sys.executable, "-m", "train_tpu.train", *[a for s in settings for a in ("--set", s)]],
+                         cwd=REPO, capture_output=True, text=True, timeout=900)
+    log = run.stdout + run.stderr
+    assert run.returncode == 0, log[-5000:]
+    assert "devices       2 x cpu XLA device(s); SPMD data parallel" in log
+    # Exactly the planned steps; every graph compiled in the first epoch, none after.
+    assert re.search(r"\[train\] epoch 1: step 8, \d+ ms/step", log) and re.search(r"epoch 2: step 16, ", log)
+    compiled = [int(n) for n in re.findall(r"\[torch_xla\] epoch \d: (\d+) graph\(s\) compiled", log)]
+    assert len(compiled) == 2 and compiled[0] > 0 and compiled[1] == 0, compiled
+    assert "porting weights" not in log  # keras-hub's conversion chatter stays in the export child
+
+    card = json.loads((out / "export" / "fold0" / "model_card.json").read_text())
+    assert card["complete"] and card["runtime"]["framework"] == "torch_xla"
+    assert card["runtime"]["devices"] == "2 x cpu" and card["runtime"]["torch_xla"].startswith("2.")
+    assert card["precision"]["trained"] == {"policy": "float32", "backbone": "float32", "head": "float32"}
+    difference = card["verification"]["max_abs_diff"]["float32"]
+    print(f"torch_xla export against the torch model: max abs difference {difference:.1e}")
+    assert difference <= 1e-4
+
+    infer = run_inference_kernel(["--set", f"infer.exports=[{out / 'export'}]", "--set",
+                                  f"runtime.competition_dir={demo_dir}", "--set",
+                                  f"runtime.output_dir={tmp_path / 'infer'}"])
+    assert infer.returncode == 0, infer.stderr[-3000:]
+    rows = (tmp_path / "infer" / "submission.csv").read_text().splitlines()
+    assert rows[0] == "id,label" and len(rows) == 361
