@@ -127,3 +127,92 @@ def test_a_timm_model_trains_on_two_xla_devices_exports_the_same_contract_and_th
     assert infer.returncode == 0, infer.stderr[-3000:]
     rows = (tmp_path / "infer" / "submission.csv").read_text().splitlines()
     assert rows[0] == "id,label" and len(rows) == 361
+
+
+# One fold trained by the route in a child (torch_xla before TensorFlow), as test_steps.py's CountingBackend reads the
+# other routes: after each epoch's checkpoint, the optimiser's step count and the rate its last update applied, and the
+# plan's rate at that step; the final weights are saved for comparison.
+COUNTED_FOLD = """
+import json, sys, time
+from pathlib import Path
+from common.core.config import load_config
+from common.training.backends.registry import start_backend
+
+settings, records, work = json.loads(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+cfg = load_config(None, settings)
+backend = start_backend(cfg)  # torch_xla is imported here, before anything imports TensorFlow
+from common.data.records import record_set
+from common.training.fold import train_fold
+
+build = backend.build
+def build_and_take_gradients(plan):  # before any step: the gradients of one fixed batch, sharded as training shards it
+    import numpy as np, torch, torch_xla, torch_xla.distributed.spmd as spmd
+    build(plan)
+    images = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (32, 32, 32, 3), dtype=np.uint8))
+    images = images.to(backend.device)
+    spmd.mark_sharding(images, backend.mesh, ("data", None, None, None))
+    backend.model.train()
+    backend.model(images).square().mean().backward()
+    torch_xla.sync()  # one graph for every gradient: fetched one by one, each would compile its own
+    torch.save({k: p.grad.cpu() for k, p in backend.model.named_parameters() if p.grad is not None},
+               work / "gradients.pt")  # (timm's conv_head after forward_features has none)
+    backend.optimizer.zero_grad(set_to_none=True)
+backend.build = build_and_take_gradients
+
+seen, save = [], backend.save_checkpoint
+def counted(epochs_done):
+    seen.append((backend.optimizer_steps(), backend.optimizer.param_groups[0]["lr"]))
+    save(epochs_done)
+backend.save_checkpoint = counted
+result = train_fold(cfg, backend, record_set(records, cfg.data, 0), work, time.monotonic() + 900)
+backend.save_weights(work / "final")
+print("COUNTED", json.dumps({"seen": seen, "planned": [result.plan.learning_rate(s - 1) for s, _ in seen],
+                             "peak": result.plan.peak_lr, "steps_per_epoch": result.plan.steps_per_epoch}))
+"""
+
+
+@needs_torch_xla
+@pytest.mark.e2e
+def test_one_and_two_xla_devices_train_the_planned_steps_at_the_planned_rate_to_the_same_weights(demo_records,
+                                                                                                   tiny_timm_backbone,
+                                                                                                   tmp_path):
+    """The same global batch of 32 on 1 and on 2 XLA CPU devices (both children at once, one core each): 9 steps an
+    epoch, the plan's warm-up + cosine rate at every step, the same gradients and the same weights to Adam's
+    rounding (SPMD shards the batch; batch-norm statistics are the global batch's either way). No dropout or
+    augmentation: nothing random differs. test_steps.py counts the other two routes alike."""
+    import torch
+
+    records_dir, _ = demo_records
+    children = {}
+    for devices in (1, 2):
+        settings = ["train.framework=torch_xla", "model.backbone=timm", f"model.timm_model={tiny_timm_backbone}",
+                    f"runtime.cpu_devices={devices}", "data.image_size=32", "data.augment=false",
+                    "data.deterministic=true", "model.dropout=0", "train.fold=0", "train.epochs=2",
+                    "train.steps_per_epoch=9", "train.batch_size=32", "train.warmup_epochs=1", "train.keep=last",
+                    "train.learning_rate=0.01"]
+        children[devices] = subprocess.Popen(
+            [sys.executable, "-c", COUNTED_FOLD, json.dumps(settings), str(records_dir), str(tmp_path / f"{devices}")],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    logs = {devices: child.communicate(timeout=900)[0] for devices, child in children.items()}
+    for devices, child in children.items():
+        assert child.returncode == 0, logs[devices][-4000:]
+    counted = {d: json.loads(log.split("COUNTED ")[1].splitlines()[0]) for d, log in logs.items()}
+    for devices, count in counted.items():
+        assert [steps for steps, _ in count["seen"]] == [9, 18], (devices, count)
+        for (steps, rate), planned in zip(count["seen"], count["planned"], strict=True):
+            assert rate == pytest.approx(planned, rel=1e-6), (devices, steps, rate, planned)
+        assert count["seen"][0][1] > 0.1 * count["peak"]  # halfway, far from the schedule's end
+    # The same computation: one batch's gradients (batch-norm over the whole batch, sharded or not) agree to float
+    # rounding. Adam then divides each gradient by its own magnitude (+1e-7), so a parameter whose gradient is near
+    # zero moves by up to +-lr on the last bits of its sum: after 18 steps the weights agree to a few learning rates.
+    gradients = [torch.load(tmp_path / f"{d}" / "gradients.pt", weights_only=True) for d in (1, 2)]
+    scale = max(float(g.abs().max()) for g in gradients[0].values())
+    gap = max(float((gradients[0][k] - gradients[1][k]).abs().max()) for k in gradients[0])
+    one, two = (torch.load(tmp_path / f"{d}" / "final.pt", weights_only=True) for d in (1, 2))
+    difference = max(float((one[k].float() - two[k].float()).abs().max()) for k in one)
+    peak = counted[1]["peak"]
+    print(f"torch_xla, 1 XLA device against 2 on the same global batch: gradients max abs difference {gap:.1e} "
+          f"(largest gradient {scale:.1e}); weights after 18 Adam steps max abs difference {difference:.1e} "
+          f"(peak rate {peak:.1e})")
+    assert gap <= 1e-5 * scale
+    assert difference < 8 * peak

@@ -20,6 +20,11 @@ trains the same way with Keras 3 on JAX (train.framework=keras_jax), the route a
 TPU stack answers: the backbone is the same small network as a .keras file, and the export is the same contract, so
 step 5 is unchanged.
 
+    ./dev demo --framework torch_xla      (in runs/demo-torch_xla; ./dev installs torch, torch_xla, timm first)
+
+trains a timm MobileNetV3 (random weights, as timm's save_for_hf writes it) with PyTorch/XLA on two XLA CPU devices,
+which stand for the TPU's chips; the export is rebuilt under TensorFlow by keras-hub, so step 5 is unchanged.
+
     ./dev demo --framework keras_jax --processes 2      (in runs/demo-keras_jax-2proc)
 
 trains with 2 processes on 127.0.0.1, one CPU device each, as the hosts of a pod slice would (`tpu2gpu train
@@ -35,6 +40,8 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import common  # noqa: F401  (environment bootstrap first)
@@ -45,6 +52,7 @@ from common.launch.routes import ROUTES
 CONFIG = Path("configs/demo.yaml")
 DEMO_ROOT = Path("runs/demo")
 MIN_MACRO_F1 = 0.90
+TORCH_XLA_SETTINGS = ("train.learning_rate=0.01",)
 
 
 def step(title: str) -> None:
@@ -68,15 +76,12 @@ def score(submission: Path, solution: Path) -> float:
 def run(root: Path, framework: str = "tf_keras", processes: int = 1) -> float:
     from common.data.conversion import convert_competition
 
-    from tpu2gpu.backbones import save_tiny_backbone, save_tiny_keras_backbone
     from tpu2gpu.build import build
     from tpu2gpu.demo_data import make_demo_competition
 
-    keras_jax = framework == "keras_jax"
-    backbone = root / ("backbone.keras" if keras_jax else "backbone")
+    backbone = DemoBackbone.of(root, framework)
     paths = [f"runtime.competition_dir={root / 'competition'}", f"runtime.tfrecords={root / 'tfrecords'}",
-             f"train.framework={framework}", *(["model.backbone=keras", f"model.keras_backbone={backbone}"]
-                                               if keras_jax else [f"model.hub_handle={backbone}"])]
+             f"train.framework={framework}", *backbone.settings]
     cfg = load_config(CONFIG, paths)
     if processes > 1:  # the one-process demo's global batch, split over the processes: the same steps and rate
         paths.append(f"train.batch_size={cfg.train.batch_size_per_replica}")
@@ -91,11 +96,12 @@ def run(root: Path, framework: str = "tf_keras", processes: int = 1) -> float:
     manifest = convert_competition(competition, root / "tfrecords", cfg.data, overwrite=True)
     print(", ".join(f"{n}: {s['count']}" for n, s in manifest["splits"].items()), flush=True)
 
-    step("3/7 backbone " + (".keras file (Keras 3)" if keras_jax else "SavedModel (TF Hub contract)"))
-    print((save_tiny_keras_backbone if keras_jax else save_tiny_backbone)(backbone), flush=True)
+    step(f"3/7 backbone {backbone.kind}")
+    print(backbone.save(backbone.path), flush=True)
 
     step(f"4/7 training kernel ({framework}" + (f", {processes} processes on 127.0.0.1)" if processes > 1 else ")"))
-    train(["--config", str(CONFIG), *settings, "--set", f"runtime.output_dir={root / 'train'}"], processes)
+    train(["--config", str(CONFIG), *settings, "--set", f"runtime.output_dir={root / 'train'}"], processes,
+          in_child=framework == "torch_xla")
 
     step("5/7 inference kernel (tf_keras and tensorflow_hub blocked)")
     infer_argv = ["--config", str(CONFIG), *settings, "--set", f"infer.exports=[{root / 'train' / 'export'}]",
@@ -115,9 +121,39 @@ def run(root: Path, framework: str = "tf_keras", processes: int = 1) -> float:
     return macro_f1
 
 
-def train(argv: list[str], processes: int) -> None:
+@dataclass(frozen=True)
+class DemoBackbone:
+    """The small network each route trains from scratch here (nothing can be downloaded), and its settings."""
+
+    path: Path
+    kind: str
+    settings: tuple[str, ...]
+    save: Callable[[Path], Path]
+
+    @classmethod
+    def of(cls, root: Path, framework: str) -> DemoBackbone:
+        from tpu2gpu import backbones
+
+        if framework == "keras_jax":
+            path = root / "backbone.keras"
+            return cls(path, ".keras file (Keras 3)", ("model.backbone=keras", f"model.keras_backbone={path}"),
+                       backbones.save_tiny_keras_backbone)
+        if framework == "torch_xla":  # two XLA CPU devices stand for the TPU's chips; Adam's rate for a convnet
+            path = root / "timm_backbone"
+            return cls(path, f"timm {backbones.TINY_TIMM_ARCHITECTURE} (save_for_hf folder)",
+                       ("model.backbone=timm", f"model.timm_model={path}", "runtime.cpu_devices=2",
+                        *TORCH_XLA_SETTINGS), backbones.save_tiny_timm_backbone)
+        path = root / "backbone"
+        return cls(path, "SavedModel (TF Hub contract)", (f"model.hub_handle={path}",), backbones.save_tiny_backbone)
+
+
+def train(argv: list[str], processes: int, in_child: bool = False) -> None:
     """The training kernel, in this process, or in `processes` processes on 127.0.0.1 with one CPU device each (as
-    `tpu2gpu train --processes N` runs them)."""
+    `tpu2gpu train --processes N` runs them), or in a child interpreter (torch_xla: this process has imported
+    TensorFlow, and torch_xla must come first)."""
+    if in_child:
+        subprocess.run([sys.executable, "-m", "train_tpu.train", *argv], check=True)
+        return
     if processes == 1:
         from train_tpu.train import main
 
@@ -141,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", type=Path, default=DEMO_ROOT, help="where the demo writes (default: %(default)s)")
     parser.add_argument("--fresh", action="store_true", help="delete the previous demo's outputs first")
     parser.add_argument("--framework", choices=tuple(ROUTES), default="tf_keras",
-                        help="tf_keras (default), or Keras 3 on JAX (written to runs/demo-keras_jax)")
+                        help="tf_keras (default), Keras 3 on JAX or PyTorch/XLA with a timm model (written to "
+                        "runs/demo-<framework>)")
     parser.add_argument("--processes", type=int, default=1, help="keras_jax: train with this many processes on "
                         "127.0.0.1, as the hosts of a pod slice would (written to runs/demo-keras_jax-<N>proc)")
     args = parser.parse_args(argv)
@@ -149,8 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--processes trains across processes on the keras_jax route: add --framework keras_jax")
     if args.framework == "keras_jax":
         os.environ.setdefault("KERAS_BACKEND", "jax")  # before keras is first imported
-        if args.root == DEMO_ROOT:
-            args.root = Path(f"{DEMO_ROOT}-keras_jax" + (f"-{args.processes}proc" if args.processes > 1 else ""))
+    if args.framework != "tf_keras" and args.root == DEMO_ROOT:
+        args.root = Path(f"{DEMO_ROOT}-{args.framework}" + (f"-{args.processes}proc" if args.processes > 1 else ""))
     if args.fresh:
         shutil.rmtree(args.root, ignore_errors=True)
     start = time.perf_counter()
@@ -164,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
 === done in {time.perf_counter() - start:.0f} s ===
 competition     {root / 'competition'}
 tfrecords       {root / 'tfrecords'}
-backbone        {root / ('backbone.keras' if args.framework == 'keras_jax' else 'backbone')}
+backbone        {DemoBackbone.of(root, args.framework).path}
 export          {root / 'train' / 'export' / 'fold0'}  (training_report.json beside it; {trained_by(root)})
 submission      {root / 'infer' / 'submission.csv'}
 kernel bundles  {root / 'build'}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from common.core.config import Config
 from common.launch.negotiation import parse_candidates
-from common.launch.routes import ROUTES
+from common.launch.routes import ROUTES, chosen_framework
 from common.launch.tpu_stack import TpuStackError
 
 TPU_SHAPES = ("TpuV38", "Tpu1VmV38", "TpuV5E8", "TpuV6E8")
@@ -31,6 +31,8 @@ def _backbone_problems(cfg: Config) -> list[str]:
             f"model.keras_backbone={path!r} is not in an attached input. Fix: a /kaggle/input/... path in a dataset "
             "of kaggle.dataset_sources (a .keras file), or the handle of a Kaggle Model listed in kaggle.model_sources "
             "(a KerasHub preset, owner/model/keras/variation/version)"]
+    if cfg.model.backbone == "timm":
+        return _timm_problems(cfg.model, k.train_internet)
     if cfg.model.backbone == "efficientnet":
         weights = cfg.model.efficientnet_weights
         if jax and weights == "noisy-student":
@@ -63,6 +65,21 @@ def _backbone_problems(cfg: Config) -> list[str]:
             "google/efficientnet-v2/tensorflow2/imagenet21k-b0-feature-vector/1"]
 
 
+def _timm_problems(model, internet: bool) -> list[str]:
+    """model.timm_model: a folder in an attached input, or a name whose pretrained weights timm downloads."""
+    name = model.timm_model
+    if "/" in name:
+        return [] if name.startswith("/kaggle/input/") else [
+            f"model.timm_model={name!r} is a local folder, which does not exist on Kaggle. Fix: put it (config.json + "
+            "model.safetensors) in a dataset listed in kaggle.dataset_sources and give its /kaggle/input/... path"]
+    if model.timm_weights == "pretrained" and not internet:
+        return [f"model.timm_model={name!r} with model.timm_weights=pretrained is downloaded at run time, but "
+                "kaggle.train_internet is false. Fix: set kaggle.train_internet=true, or save the model with "
+                "timm.models.save_for_hf into a dataset listed in kaggle.dataset_sources and give its "
+                "/kaggle/input/... path"]
+    return []
+
+
 def _weights_problems(weights: str, internet: bool) -> list[str]:
     """model.efficientnet_weights: downloaded (needs the internet), none, or a file in an attached input."""
     if weights in ("imagenet", "noisy-student"):
@@ -93,9 +110,10 @@ def _data_problems(cfg: Config) -> list[str]:
 
 def _tpu_stack_problems(cfg: Config) -> list[str]:
     """A TPU kernel that installs the TPU stack: valid pins, and wheels or the internet to install them from, unless
-    it trains with Keras 3 on JAX (asked for, or what train.framework=auto falls back to for a Keras 3 backbone)."""
+    it trains with Keras 3 on JAX (asked for, or what train.framework=auto falls back to for a Keras 3 backbone) or
+    PyTorch/XLA (the image ships torch_xla)."""
     k = cfg.kaggle
-    if k.train_accelerator not in TPU_SHAPES or k.tpu_runtime != "install" or cfg.train.framework == "keras_jax":
+    if k.train_accelerator not in TPU_SHAPES or k.tpu_runtime != "install" or chosen_framework(cfg) != "tf_keras":
         return []
     problems = []
     try:

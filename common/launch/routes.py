@@ -117,7 +117,7 @@ def use_torch_xla(cfg) -> None:
     if has_nvidia_gpu() and not on_tpu:
         raise StrategyError("the torch_xla route runs on a TPU or on the CPU: torch_xla from the package index has no "
                             "CUDA devices, and this machine has NVIDIA GPUs. " + OTHER_ROUTES_FIX)
-    if "tensorflow" in sys.modules:
+    if "tensorflow" in sys.modules and "torch_xla" not in sys.modules:  # torch_xla first, then TensorFlow: fine
         raise StrategyError("TensorFlow was imported before torch_xla, and torch_xla imported after it aborts the "
                             "process (two LLVMs in one process). Fix: import torch_xla first (the training kernel "
                             "does: start it with `python -m train_tpu.train` or the built kernel script)")
@@ -156,10 +156,11 @@ def framework_choices() -> tuple[str, ...]:
 
 
 def check_backbone(cfg) -> None:
-    """The backbone is one the chosen route trains, and a timm architecture one the export can rebuild (a folder's
-    is checked when its config.json is read): checked at load, so neither a kernel nor `tpu2gpu build` goes on."""
+    """A timm backbone goes with the torch_xla route and no other, and its architecture is one the export can rebuild
+    (a folder's is checked when its config.json is read): checked at load, so neither a kernel nor `tpu2gpu build`
+    goes on. (The other routes refuse a backbone they cannot train when they build it.)"""
     model, framework = cfg.model, chosen_framework(cfg)
-    if model.backbone not in ROUTES[framework].backbones:
+    if (model.backbone == "timm") != (framework == "torch_xla"):
         takers = [name for name, route in ROUTES.items() if model.backbone in route.backbones]
         raise ConfigError(f"model.backbone={model.backbone} is not trained by train.framework={framework} (it trains "
                           f"{list(ROUTES[framework].backbones)}). Fix: train.framework={' or '.join(takers)}, or "
