@@ -52,7 +52,7 @@ from common.launch.routes import ROUTES
 CONFIG = Path("configs/demo.yaml")
 DEMO_ROOT = Path("runs/demo")
 MIN_MACRO_F1 = 0.90
-TORCH_XLA_SETTINGS = ("train.learning_rate=0.01",)
+TORCH_XLA_SETTINGS = ("train.learning_rate=0.02", "train.epochs=25")
 
 
 def step(title: str) -> None:
