@@ -1,7 +1,7 @@
 """The training routes (train.framework) and what each needs in the process before its framework is imported.
 
     ROUTES["keras_jax"].prepare(cfg) # KERAS_BACKEND=jax, TPU_LOAD_LIBRARY=0; or an error naming what is missing
-    chosen_framework(cfg)            # the negotiation's fallback (FRAMEWORK_ENV), else train.framework, auto = tf_keras
+    chosen_framework(cfg)            # the negotiation's fallback (FRAMEWORK_ENV), else train.framework (auto: below)
 
 tf_keras: tf_keras under a tf.distribute strategy (TPU, several GPUs or logical CPUs, or the default), every
 backbone. keras_jax: Keras 3 on JAX with keras.distribution.DataParallel over every JAX device; TensorFlow is kept off
@@ -26,8 +26,8 @@ from common.core.errors import ConfigError, StrategyError
 
 FRAMEWORK_ENV = "TPU2GPU_FRAMEWORK"  # set by the TPU negotiation when it falls back to keras_jax
 KERAS_3_BACKBONES = ("efficientnet", "keras")  # model.backbone values with a Keras 3 form (a TF Hub model has none)
-# The timm architectures the torch_xla route trains: those keras-hub 0.32's timm converters rebuild under TensorFlow
-# for the export (keras_hub/src/utils/timm/convert_*.py: by exact name; their features are timm's forward_features).
+# The timm architectures the torch_xla route trains: those keras-hub's timm converters (0.29-0.32) rebuild under
+# TensorFlow for the export (keras_hub/src/utils/timm/convert_*.py, by exact name; their output is forward_features').
 TIMM_ARCHITECTURES = (*(f"efficientnet_b{k}" for k in range(6)), "efficientnet_lite0",
                       *(f"resnet{depth}" for depth in (18, 26, 34, 50, 101, 152)),
                       "mobilenetv3_small_050", "mobilenetv3_small_100", "mobilenetv3_large_100")
