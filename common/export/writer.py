@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.core.atomic import staged_dir
-from common.export.card import OUTPUT_NAME, SAVED_MODEL_DIR, SIGNATURES, VERIFY_NAME, ModelCard, write_card
+from common.export.card import OUTPUT_NAME, SAVED_MODEL_DIR, SIGNATURES, VERIFY_NAME, ExportError, ModelCard, write_card
 from common.export.census import FLOAT16_MIN_SHARE, float16_share, precision_by_part, traced_census
 from common.export.verify import BLOCKED_IN_CHECK, FLOAT16_TOLERANCE, VERIFY_TOLERANCE, verify_in_fresh_process
 
@@ -91,6 +91,31 @@ class ExportContents:
     extra_files: dict[str, Path] = field(default_factory=dict)
     output_scaling: dict | None = None
     expected: np.ndarray | None = None
+
+
+def rebuild_job_contents(job_dir: Path, job: dict) -> ExportContents:
+    """What a route's export child (keras_jax, torch_xla: the model rebuilt under TensorFlow) reads from its job
+    folder: the card to complete, the verify images with the trained model's outputs for them (verify.npz), and the
+    job's extra files and output scaling (job.json)."""
+    from common.export.card import read_card
+
+    with np.load(Path(job_dir) / "verify.npz") as verify:
+        images, expected = verify["images"], verify["expected"]
+    return ExportContents(read_card(job_dir, require_complete=False), images,
+                          {name: Path(path) for name, path in job["extra_files"].items()}, job["output_scaling"],
+                          expected)
+
+
+def run_rebuild_child(module: str, job_dir: Path, env: dict, what: str) -> None:
+    """`python -m module job_dir`, a route's export child, its output passed on; a failure is an ExportError naming
+    `what` with the child's last lines."""
+    import subprocess
+
+    result = subprocess.run([sys.executable, "-m", module, str(job_dir)], env=env, text=True, capture_output=True)
+    print(result.stdout, end="", flush=True)
+    if result.returncode != 0:
+        tail = "\n".join(result.stderr.strip().splitlines()[-10:])
+        raise ExportError(f"{what} failed:\n{tail}")
 
 
 def export_models(export_dir: str | Path, build_copy, contents: ExportContents, export_float16: bool) -> ModelCard:

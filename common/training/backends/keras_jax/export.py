@@ -12,7 +12,6 @@ model_card.json (the card to complete).
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -23,9 +22,9 @@ if __name__ == "__main__":  # the child: set before keras is imported, for it ex
 import common  # noqa: F401
 from common.core.children import cpu_only_environment
 from common.core.config import config_from_dict, config_to_dict
-from common.core.errors import UserError
-from common.export.card import ExportError, read_card, write_card
-from common.export.writer import ExportContents, export_models
+from common.export.card import read_card, write_card
+from common.export.writer import ExportContents, export_models, rebuild_job_contents, run_rebuild_child
+from common.launch.kernel import guarded
 from common.training.backends.keras_jax.model import build_keras_model, read_weight_arrays
 
 import numpy as np
@@ -73,12 +72,8 @@ def _run_child(job: Path) -> None:
     env = cpu_only_environment(os.environ)
     env["KERAS_BACKEND"] = "tensorflow"
     env["JAX_PLATFORMS"] = "cpu"  # Keras may import JAX there too: it must never reach for the TPU this process holds
-    result = subprocess.run([sys.executable, "-m", CHILD, str(job)], env=env, text=True, capture_output=True)
-    print(result.stdout, end="", flush=True)
-    if result.returncode != 0:
-        tail = "\n".join(result.stderr.strip().splitlines()[-10:])
-        raise ExportError(f"the keras_jax export (Keras 3 under TensorFlow, rebuilt from the trained weights) "
-                          f"failed:\n{tail}")
+    run_rebuild_child(CHILD, job, env,
+                      "the keras_jax export (Keras 3 under TensorFlow, rebuilt from the trained weights)")
 
 
 # ------------------------------------------------------------------------------------------------------ the child
@@ -90,24 +85,15 @@ def main(job_dir: str) -> int:
     # The model is rebuilt from the model and data sections alone: whichever Keras 3 route trained it.
     cfg = config_from_dict({section: job["config"][section] for section in ("model", "data")})
     weights = read_weight_arrays(job_path / "weights.npz")
-    with np.load(job_path / "verify.npz") as verify:
-        images, expected = verify["images"], verify["expected"]
 
     def build_copy(policy: str):
         model = build_keras_model(cfg.model, job["outputs"], cfg.data.image_size, job["activation"], policy)
         model.set_weights(weights)
         return model
 
-    contents = ExportContents(read_card(job_path, require_complete=False), images,
-                              {name: Path(path) for name, path in job["extra_files"].items()}, job["output_scaling"],
-                              expected)
-    export_models(job["export_dir"], build_copy, contents, job["export_float16"])
+    export_models(job["export_dir"], build_copy, rebuild_job_contents(job_path, job), job["export_float16"])
     return 0
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv[1]))
-    except UserError as err:
-        print(f"export: error: {err}", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(guarded("export", main, sys.argv[1]))

@@ -13,7 +13,6 @@ import contextlib
 import io
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -24,9 +23,9 @@ if __name__ == "__main__":  # the child: set before keras is imported, for it ex
 import common  # noqa: F401
 from common.core.children import cpu_only_environment
 from common.core.config import config_from_dict, config_to_dict
-from common.core.errors import UserError
-from common.export.card import ExportError, read_card, write_card
-from common.export.writer import ExportContents, export_models
+from common.export.card import read_card, write_card
+from common.export.writer import ExportContents, export_models, rebuild_job_contents, run_rebuild_child
+from common.launch.kernel import guarded
 
 import numpy as np
 
@@ -86,12 +85,7 @@ def _run_child(job: Path) -> None:
     env["KERAS_BACKEND"] = "tensorflow"
     for name in ("PJRT_DEVICE", "CPU_NUM_DEVICES", "XLA_USE_SPMD"):  # the child is not an XLA client
         env.pop(name, None)
-    result = subprocess.run([sys.executable, "-m", CHILD, str(job)], env=env, text=True, capture_output=True)
-    print(result.stdout, end="", flush=True)
-    if result.returncode != 0:
-        tail = "\n".join(result.stderr.strip().splitlines()[-10:])
-        raise ExportError(f"the torch_xla export (the timm model rebuilt under TensorFlow by keras-hub) failed:\n"
-                          f"{tail}")
+    run_rebuild_child(CHILD, job, env, "the torch_xla export (the timm model rebuilt under TensorFlow by keras-hub)")
 
 
 # ------------------------------------------------------------------------------------------------------ the child
@@ -127,19 +121,10 @@ def main(job_dir: str) -> int:
     job = json.loads((job_path / "job.json").read_text())
     with np.load(job_path / "head.npz") as saved:
         head = {name: saved[name] for name in saved.files}
-    with np.load(job_path / "verify.npz") as verify:
-        images, expected = verify["images"], verify["expected"]
-    contents = ExportContents(read_card(job_path, require_complete=False), images,
-                              {name: Path(path) for name, path in job["extra_files"].items()}, job["output_scaling"],
-                              expected)
     export_models(job["export_dir"], lambda policy: build_keras_copy(job, job_path / "backbone", head, policy),
-                  contents, job["export_float16"])
+                  rebuild_job_contents(job_path, job), job["export_float16"])
     return 0
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv[1]))
-    except UserError as err:
-        print(f"export: error: {err}", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(guarded("export", main, sys.argv[1]))
