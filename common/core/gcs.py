@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,6 +103,16 @@ def _remote_files(url: str) -> dict[str, str]:
     return found
 
 
+def _download(files: dict[str, str], folder: Path) -> None:
+    """The objects of _remote_files() copied into `folder`, which they replace whole (a staged folder)."""
+    import tensorflow as tf
+
+    with staged_dir(folder, overwrite=True) as tmp:
+        for relative, source in files.items():
+            (tmp / relative).parent.mkdir(parents=True, exist_ok=True)
+            tf.io.gfile.copy(source, str(tmp / relative), overwrite=True)
+
+
 def _read_remote(url: str) -> bytes | None:
     import tensorflow as tf
 
@@ -127,8 +136,6 @@ class Mirror:
     def pull(self, folder: Path, marker: str) -> None:
         """The bucket's complete copy of `folder` made the local one, unless the local copy has the same marker (this
         machine's own, resumed) or the bucket has none (a push cut short: the local copy, if any, is newer)."""
-        import tensorflow as tf
-
         if not self.url:
             return
         remote, local_marker = self.remote(folder), Path(folder) / marker
@@ -136,10 +143,7 @@ class Mirror:
             remote_marker = _read_remote(f"{remote}/{marker}")
             if remote_marker is None or (local_marker.is_file() and local_marker.read_bytes() == remote_marker):
                 return
-            with staged_dir(folder, overwrite=True) as tmp:
-                for relative, source in _remote_files(remote).items():
-                    (tmp / relative).parent.mkdir(parents=True, exist_ok=True)
-                    tf.io.gfile.copy(source, str(tmp / relative), overwrite=True)
+            _download(_remote_files(remote), Path(folder))
         self.pushed.update({p: _stamp(p) for p in Path(folder).rglob("*") if p.is_file()})
         print(f"[gcs] {remote}: taken from the bucket into {folder}", flush=True)
 
@@ -184,8 +188,6 @@ def fetch_exports(url: str, local: Path) -> Path:
     (replaced); an export without its card (an upload cut short) is refused by name."""
     from common.export.card import CARD_NAME, SAVED_MODEL_DIR, ExportError
 
-    import tensorflow as tf
-
     with bucket_errors(url, "reading"):
         files = _remote_files(url)
         saved = {Path(r).parent.parent for r in files if r.endswith(f"{SAVED_MODEL_DIR}/saved_model.pb")}
@@ -196,9 +198,6 @@ def fetch_exports(url: str, local: Path) -> Path:
                               "was cut short, so it is not taken for an export. Fix: run the training again with the "
                               "same runtime.output_dir (it uploads that fold again), or remove the folder from the "
                               "bucket to go without it")
-        shutil.rmtree(local, ignore_errors=True)
-        for relative, source in files.items():
-            (local / relative).parent.mkdir(parents=True, exist_ok=True)
-            tf.io.gfile.copy(source, str(local / relative), overwrite=True)
+        _download(files, local)
     print(f"[gcs] {url}: {len(saved)} export(s), {len(files)} files, copied into {local}", flush=True)
     return local
