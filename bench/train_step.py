@@ -1,4 +1,4 @@
-"""Training throughput on the training kernel's own path, for both frameworks, next to the same model on in-memory
+"""Training throughput on the training kernel's own path, for every route, next to the same model on in-memory
 batches, and the optimiser steps each actually took.
 
     .venv/bin/python bench/train_step.py [--image-size 32] [--batch 32] [--width 16] [--epochs 3]
@@ -12,20 +12,26 @@ the same model, as trained, fits the same number of batches held in memory as Nu
 decoding or tf.data, so kernel / in-memory is what the input pipeline and the loop cost. The optimiser's own step
 count is printed against the plan's (epochs x steps per epoch): 1,149 training records at batch 32 make 35 steps an
 epoch, which 32 does not divide, the case where Keras 3's JAX trainer used to train extra steps.
-About 60 s on 2 cores with the defaults.
+torch_xla (where installed): the same, in a child interpreter (torch_xla must be imported before TensorFlow), on one
+XLA CPU device, with timm's MobileNetV3 (tpu2gpu.backbones.save_tiny_timm_backbone; --width does not apply); its
+in-memory run is the backend's own loop over the same batches held as arrays (tf.data from memory, no records), and
+the row counts the XLA graphs compiled: in the timed epochs, none.
+About 90 s on 2 cores with the defaults.
 
     .venv/bin/python bench/train_step.py --smoke
 
-runs the same code at toy sizes (16x16, batch 8, width 8, 2 epochs) in about 30 s, RESULT lines included: it keeps
+runs the same code at toy sizes (16x16, batch 8, width 8, 2 epochs) in about 60 s, RESULT lines included: it keeps
 the benchmark from rotting, its figures mean nothing. Flags given with it win.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -35,36 +41,35 @@ os.environ.setdefault("KERAS_BACKEND", "jax")  # the keras_jax route in this pro
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import common  # noqa: F401,E402
-from common.core.config import Config, load_config  # noqa: E402
-from common.data.conversion import convert_competition  # noqa: E402
-from common.data.pipeline import InputShare, make_train_dataset  # noqa: E402
-from common.data.records import record_set  # noqa: E402
-from common.training.backends.base import EpochLoop  # noqa: E402
+from common.core.config import load_config  # noqa: E402
 from common.training.backends.registry import start_backend  # noqa: E402
-from common.training.plan import plan_fold  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from tpu2gpu.backbones import save_tiny_backbone, save_tiny_keras_backbone  # noqa: E402
-from tpu2gpu.demo_data import make_demo_competition  # noqa: E402
+# Nothing above imports TensorFlow: the torch_xla child starts its backend (importing torch_xla) before the rest.
 
 # --smoke: the same code path at toy sizes, in seconds (flags given with it still win).
 SMOKE = {"image_size": 16, "batch": 8, "width": 8, "epochs": 2}
 FRAMEWORKS = ("tf_keras", "keras_jax")
+CHILD_FLAG = "--torch-xla-records"  # the torch_xla child: the records' folder it reads
 
 
 def settings(framework: str, args: argparse.Namespace, tmp: Path) -> list[str]:
-    backbone = ([f"model.hub_handle={tmp / 'backbone'}"] if framework == "tf_keras" else
-                ["model.backbone=keras", f"model.keras_backbone={tmp / 'backbone.keras'}"])
+    backbone = {"tf_keras": [f"model.hub_handle={tmp / 'backbone'}"],
+                "keras_jax": ["model.backbone=keras", f"model.keras_backbone={tmp / 'backbone.keras'}"],
+                "torch_xla": ["model.backbone=timm", f"model.timm_model={tmp / 'timm_backbone'}",
+                              "runtime.cpu_devices=1"]}[framework]
     return [f"train.framework={framework}", *backbone, f"data.image_size={args.image_size}", "runtime.strategy=default",
             f"train.batch_size={args.batch}", f"train.epochs={args.epochs + 1}", "train.export_float16=false"]
 
 
-def measure(framework: str, args: argparse.Namespace, tmp: Path) -> dict:
+def measure(cfg, backend, args: argparse.Namespace, tmp: Path) -> dict:
     """The kernel's fit and the in-memory fit of one framework: images/s each, and the optimiser's steps."""
-    cfg = load_config(None, settings(framework, args, tmp))
+    from common.data.pipeline import InputShare, make_train_dataset
+    from common.data.records import record_set
+    from common.training.plan import plan_fold
+
     records = record_set(str(tmp / "records"), cfg.data, 0)
-    backend = start_backend(cfg)
     plan = plan_fold(cfg, records, backend.replicas)
     backend.build(plan)
 
@@ -75,6 +80,27 @@ def measure(framework: str, args: argparse.Namespace, tmp: Path) -> dict:
         return make_train_dataset(records.train_files, cfg.data, InputShare(plan.global_batch, ctx), to_target,
                                   records.schema, seed=0)
 
+    compiled = []  # torch_xla: the XLA graphs compiled so far, after each epoch
+    seconds = timed_fit(backend, backend.distribute(make_dataset), plan, compiled=compiled)
+    optimizer_steps = backend.optimizer_steps()
+    images_per_epoch = plan.steps_per_epoch * plan.global_batch
+    batches = list(make_dataset(None).take(plan.steps_per_epoch).as_numpy_iterator())
+    arrays = np.concatenate([b[0] for b in batches]), np.concatenate([b[1] for b in batches])
+    in_memory = fit_in_memory(backend, arrays, plan, args.epochs + 1)  # the first compiles for arrays
+    runtime = backend.runtime()
+    return {"kernel": images_per_epoch / statistics.median(seconds[1:]),
+            "in_memory": images_per_epoch / statistics.median(in_memory[1:]), "optimizer_steps": optimizer_steps,
+            "planned": plan.total_steps, "steps_per_epoch": plan.steps_per_epoch,
+            "steps_per_execution": runtime.get("steps_per_execution"), "asked": cfg.train.steps_per_execution,
+            "epochs": plan.epochs, "compiled_first_epoch": compiled[0] if compiled else None,
+            "compiled_after": runtime["graphs_compiled"] - compiled[0] if compiled else None}
+
+
+def timed_fit(backend, data, plan, epochs: int | None = None, compiled: list | None = None) -> list[float]:
+    """Seconds of each epoch of backend.fit (the fold's epoch hooks) over data; torch_xla's compile count after each
+    epoch appended to `compiled`."""
+    from common.training.backends.base import EpochLoop
+
     seconds, started = [], {}
 
     def epoch_begin(epoch):
@@ -83,38 +109,62 @@ def measure(framework: str, args: argparse.Namespace, tmp: Path) -> dict:
     def epoch_end(epoch, logs):
         backend.optimizer_steps()  # waits for the epoch's last step
         seconds.append(time.perf_counter() - started[epoch])
+        if compiled is not None and backend.name == "torch_xla":
+            compiled.append(backend.runtime()["graphs_compiled"])
         return False
 
-    loop = EpochLoop(plan.epochs, 0, plan.steps_per_epoch, epoch_begin, epoch_end)
-    backend.fit(backend.distribute(make_dataset), loop)
-    optimizer_steps = backend.optimizer_steps()
-    images_per_epoch = plan.steps_per_epoch * plan.global_batch
-    kernel = images_per_epoch / statistics.median(seconds[1:])
+    backend.fit(data, EpochLoop(epochs or plan.epochs, 0, plan.steps_per_epoch, epoch_begin, epoch_end))
+    return seconds
 
-    batches = list(make_dataset(None).take(plan.steps_per_epoch).as_numpy_iterator())
-    images, targets = np.concatenate([b[0] for b in batches]), np.concatenate([b[1] for b in batches])
-    in_memory = []
-    for _ in range(args.epochs + 1):  # the first compiles for arrays
-        start = time.perf_counter()
-        backend.model.fit(images, targets, batch_size=plan.global_batch, epochs=1, verbose=0)
-        in_memory.append(images_per_epoch / (time.perf_counter() - start))
-    return {"kernel": kernel, "in_memory": statistics.median(in_memory[1:]), "optimizer_steps": optimizer_steps,
-            "planned": plan.total_steps, "steps_per_epoch": plan.steps_per_epoch,
-            "steps_per_execution": backend.runtime()["steps_per_execution"],
-            "asked": cfg.train.steps_per_execution, "epochs": plan.epochs}
+
+def fit_in_memory(backend, arrays, plan, epochs: int) -> list[float]:
+    """Seconds an epoch on the batches held as arrays: Keras' fit on them, or torch_xla's own loop over tf.data from
+    memory (its steps continue the schedule past the plan: throughput only)."""
+    if backend.name != "torch_xla":
+        seconds = []
+        for _ in range(epochs):
+            start = time.perf_counter()
+            backend.model.fit(*arrays, batch_size=plan.global_batch, epochs=1, verbose=0)
+            seconds.append(time.perf_counter() - start)
+        return seconds
+    import tensorflow as tf
+
+    def in_memory(ctx):
+        return tf.data.Dataset.from_tensor_slices(arrays).batch(plan.global_batch, drop_remainder=True).repeat()
+
+    return timed_fit(backend, backend.distribute(in_memory), plan, epochs)
+
+
+def torch_xla_in_child(args: argparse.Namespace, tmp: Path) -> dict | None:
+    """measure() for torch_xla in a child interpreter, or None where torch_xla is not installed."""
+    if importlib.util.find_spec("torch_xla") is None:
+        print("torch_xla is not installed: no torch_xla row (`pip install -e '.[torch]'`, or ./dev test, installs it)")
+        return None
+    from tpu2gpu.backbones import save_tiny_timm_backbone
+
+    save_tiny_timm_backbone(tmp / "timm_backbone")
+    sizes = [f"--image-size={args.image_size}", f"--batch={args.batch}", f"--epochs={args.epochs}"]
+    run = subprocess.run([sys.executable, __file__, *sizes, CHILD_FLAG, str(tmp)], capture_output=True, text=True)
+    if run.returncode:
+        sys.exit(f"the torch_xla measurement failed:\n{run.stdout[-2000:]}{run.stderr[-3000:]}")
+    return json.loads(run.stdout.split("FIGURES ")[1].splitlines()[0])
 
 
 def report(args: argparse.Namespace, figures: dict[str, dict]) -> None:
     size = f"({args.image_size}px, batch {args.batch})"
-    print(f"tiny backbone (width {args.width}) at {args.image_size}x{args.image_size}, global batch {args.batch}, one "
-          f"device each; {args.epochs} timed epochs, medians")
+    print(f"tiny backbone (width {args.width}; torch_xla: timm MobileNetV3) at {args.image_size}x{args.image_size}, "
+          f"global batch {args.batch}, one device each; {args.epochs} timed epochs, medians")
     print(f"{'framework':10} {'kernel path':>12} {'in memory':>12} {'ratio':>6}  optimiser steps")
     for framework, f in figures.items():
-        executions = (f"steps_per_execution {f['steps_per_execution']}" +
+        if f["compiled_first_epoch"] is not None:
+            detail = (f"XLA graphs compiled: {f['compiled_first_epoch']} in epoch 1, {f['compiled_after']} after "
+                      "(timed epochs and the in-memory run)")
+        else:
+            detail = (f"steps_per_execution {f['steps_per_execution']}" +
                       (f" (train.steps_per_execution={f['asked']})" if f["steps_per_execution"] != f["asked"] else ""))
         print(f"{framework:10} {f['kernel']:8.0f} img/s {f['in_memory']:6.0f} img/s {f['kernel'] / f['in_memory']:6.2f}"
               f"  {f['optimizer_steps']} of {f['planned']} planned ({f['epochs']} x {f['steps_per_epoch']}); "
-              f"{executions}")
+              f"{detail}")
         print("RESULT " + json.dumps({"bench": f"training kernel path, {framework} {size}", "value": f["kernel"],
                                       "baseline": f["in_memory"], "ratio": f["kernel"] / f["in_memory"],
                                       "unit": "img/s", "baseline_name": "the same model on in-memory batches"}))
@@ -124,9 +174,9 @@ def report(args: argparse.Namespace, figures: dict[str, dict]) -> None:
                                   "value": keras_jax["kernel"], "baseline": tf_keras["kernel"],
                                   "ratio": keras_jax["kernel"] / tf_keras["kernel"], "unit": "img/s",
                                   "baseline_name": "tf_keras"}))
-    wrong = {name: f for name, f in figures.items() if f["optimizer_steps"] != f["planned"]}
+    wrong = {name: f for name, f in figures.items() if f["optimizer_steps"] != f["planned"] or f["compiled_after"]}
     if wrong:
-        sys.exit(f"the optimiser's step count is not the plan's: {wrong}")
+        sys.exit(f"the optimiser's step count is not the plan's, or a graph compiled after the first epoch: {wrong}")
 
 
 def main() -> None:
@@ -136,15 +186,32 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=16, help="backbone width")
     parser.add_argument("--epochs", type=int, default=3, help="timed epochs after the first (medians)")
     parser.add_argument("--smoke", action="store_true", help=f"toy sizes, seconds; the figures mean nothing: {SMOKE}")
+    parser.add_argument(CHILD_FLAG, type=Path, help=argparse.SUPPRESS)
     if parser.parse_known_args()[0].smoke:
         parser.set_defaults(**SMOKE)
     args = parser.parse_args()
+    if args.torch_xla_records:  # the child: torch_xla imported by its route before anything imports TensorFlow
+        cfg = load_config(None, settings("torch_xla", args, args.torch_xla_records))
+        backend = start_backend(cfg)
+        print("FIGURES " + json.dumps(measure(cfg, backend, args, args.torch_xla_records)))
+        return
+    from common.core.config import Config
+    from common.data.conversion import convert_competition
+
+    from tpu2gpu.backbones import save_tiny_backbone, save_tiny_keras_backbone
+    from tpu2gpu.demo_data import make_demo_competition
+
     with tempfile.TemporaryDirectory(prefix="bench-train-") as folder:
         tmp = Path(folder)
         convert_competition(make_demo_competition(tmp / "competition"), tmp / "records", Config().data)
         save_tiny_backbone(tmp / "backbone", width=args.width)
         save_tiny_keras_backbone(tmp / "backbone.keras", width=args.width)
-        report(args, {framework: measure(framework, args, tmp) for framework in FRAMEWORKS})
+        figures = {}
+        for framework in FRAMEWORKS:
+            cfg = load_config(None, settings(framework, args, tmp))
+            figures[framework] = measure(cfg, start_backend(cfg), args, tmp)
+        torch_xla = torch_xla_in_child(args, tmp)
+        report(args, {**figures, **({"torch_xla": torch_xla} if torch_xla else {})})
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from fake_gcs import unavailable
 
 pytestmark = pytest.mark.e2e  # every benchmark run in a child interpreter

@@ -8,9 +8,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from fake_gcs import TOKEN, run_with_gcs, service_account_key, unavailable
 
 from builders import BLOCK_KERAS_AND_HUB, write_competition
+from fake_gcs import TOKEN, run_with_gcs, service_account_key, unavailable
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(bool(unavailable()), reason=unavailable() or "root")]
 

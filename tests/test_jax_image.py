@@ -28,15 +28,13 @@ import pytest
 
 from tpu2gpu.build import build
 
-from builders import read_csv, verify_batch_difference
+from builders import verify_batch_difference
 from fake_kaggle import offline
+from image_envs import environment, kaggle_env, macro_f1, run_inference
 
 pytestmark = pytest.mark.e2e  # the built kernels, in child interpreters
 
 REPO = Path(__file__).resolve().parents[1]
-CACHE = Path(os.environ.get("TPU2GPU_ENV_CACHE") or Path.home() / ".cache" / "tpu2gpu-envs")
-PYTHON_312 = os.environ.get("TPU2GPU_PYTHON312") or next(
-    (str(p) for p in sorted(Path.home().glob(".pyenv/versions/3.12*/bin/python3.12"))), shutil.which("python3.12"))
 # docker-python tpu/: tensorflow-cpu 2.20.0, keras newest, jax resolved with its libtpu pin (0.7.2); JAX's CPU build.
 # Keras: the newest on PyPI when the venv is made (TPU2GPU_KERAS pins another), as the image installs it.
 KERAS = os.environ.get("TPU2GPU_KERAS", "keras")
@@ -49,49 +47,6 @@ PROJECT = ["kaggle.owner=tester", "kaggle.competition=digit-comp", "train.framew
            "runtime.tfrecords=", "runtime.output_dir=", "train.batch_size=64"]
 # One global batch for both routes (64: the demo's on one replica), so they train the same schedule: two JAX devices
 # would otherwise double it and halve the steps.
-
-
-def environment(name: str, packages: list[str]) -> Path:
-    """A cached Python 3.12 venv holding `packages` (made once; a half-made one is made again)."""
-    venv = CACHE / name
-    python = venv / "bin" / "python"
-    if not (venv / "complete").is_file():
-        if not PYTHON_312 or not Path(PYTHON_312).is_file():
-            pytest.fail(f"Python 3.12 is needed (not found at {PYTHON_312}); set TPU2GPU_PYTHON312")
-        shutil.rmtree(venv, ignore_errors=True)
-        subprocess.run([PYTHON_312, "-m", "venv", str(venv)], check=True)
-        subprocess.run([python, "-m", "pip", "install", "-q", *packages], check=True)
-        (venv / "complete").write_text(" ".join(packages))
-    return python
-
-
-def kaggle_env(kaggle: Path, tmp: Path, **extra: str) -> dict:
-    tmp.mkdir(exist_ok=True)
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "TF_USE_LEGACY_KERAS", "VIRTUAL_ENV", "KERAS_BACKEND", "XLA_FLAGS")}
-    env.update(TPU2GPU_KAGGLE_ROOT=str(kaggle), KAGGLE_KERNEL_RUN_TYPE="Batch", TMPDIR=str(tmp),
-               PYTHONDONTWRITEBYTECODE="1", **extra)
-    return env
-
-
-def macro_f1(submission: Path, solution: Path) -> float:
-    from sklearn.metrics import f1_score
-
-    truth = {r["id"]: r["label"] for r in read_csv(solution)}
-    predicted = {r["id"]: r["label"] for r in read_csv(submission)}
-    ids = sorted(truth)
-    return float(f1_score([truth[i] for i in ids], [predicted[i] for i in ids], average="macro"))
-
-
-def run_inference(python: Path, folders: dict, kaggle: Path, export: Path, tmp: Path) -> subprocess.CompletedProcess:
-    """The built infer.py with the export attached as the model dataset and a fresh /kaggle/working."""
-    shutil.rmtree(kaggle / "input" / "datasets" / "tester" / "tpu2gpu-model", ignore_errors=True)
-    shutil.copytree(export, kaggle / "input" / "datasets" / "tester" / "tpu2gpu-model")
-    shutil.rmtree(kaggle / "working")
-    (kaggle / "working").mkdir()
-    shutil.copyfile(folders["infer"] / "infer.py", kaggle / "working" / "__script__.py")
-    return subprocess.run(offline([str(python), "__script__.py"]), cwd=kaggle / "working", capture_output=True,
-                          text=True, env=kaggle_env(kaggle, tmp))
 
 
 @pytest.mark.jax_image

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fake_gcs import run_with_gcs, unavailable
 
 from builders import run_inference_kernel
+from fake_gcs import run_with_gcs, unavailable
 
 pytestmark = pytest.mark.e2e
 

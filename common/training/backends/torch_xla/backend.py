@@ -169,7 +169,17 @@ class TorchXlaBackend:
             print(f"[torch_xla] epoch {epoch + 1}: {compiles() - before} graph(s) compiled (training and validation), "
                   f"{compiles()} in all", flush=True)  # after the first epoch: none, or every step pays a compile
             if stop:
-                return
+                break
+        self._take_average()
+
+    def _take_average(self) -> None:
+        """With train.ema, the moving average becomes the model's weights once training ends, as Keras' fit does on
+        the other routes: what the fold scores last, keeps and exports."""
+        if self.average is None:
+            return
+        with torch.no_grad():
+            for parameter, average in zip(self.model.parameters(), self.average, strict=True):
+                parameter.copy_(average)
 
     def _step(self, images, targets) -> torch.Tensor:
         for group in self.optimizer.param_groups:
