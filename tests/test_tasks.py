@@ -277,3 +277,31 @@ def test_balanced_class_weights_scale_each_examples_loss():
     assert float(weighted[0]) == pytest.approx(3.0 * -np.log(0.5), rel=1e-5)
     with pytest.raises(ConfigError, match="train.class_weight='balanced' is for multiclass and binary tasks"):
         TASKS["regression"].class_weights("balanced", [1.0, 2.0], 0)
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_each_tasks_loss_is_the_same_in_the_three_routes_array_libraries(task):
+    """One loss, written once against Ops, run as TensorFlow (tf_keras), Keras 3 (JAX: keras_jax) and torch
+    (torch_xla's torch_ops, here on the CPU: torch without torch_xla imports after TensorFlow): soft targets as MixUp
+    makes them, label smoothing, class weights, and outputs at 0 and 1 where the clipping decides."""
+    torch = pytest.importorskip("torch")
+    from common.tasks.parts import keras_ops, torch_ops
+
+    rng = np.random.default_rng(0)
+    width = {"multiclass": 4, "binary": 1, "multilabel": 3, "regression": 1}[task]
+    targets = rng.dirichlet(np.ones(width), 6).astype(np.float32) if task == "multiclass" else \
+        rng.uniform(size=(6, width)).astype(np.float32)
+    outputs = rng.dirichlet(np.ones(width), 6) if task == "multiclass" else rng.uniform(size=(6, width))
+    outputs[0] = 0.0 if task != "multiclass" else np.eye(width)[0]  # log(0) without the clipping
+    outputs = outputs.astype(np.float32)
+    weights = [0.5, 2.0, 1.0, 3.0][:max(width, 2)] if task in ("multiclass", "binary") else None
+    smoothing = 0.0 if task == "regression" else 0.1
+    losses = [TASKS[task].loss(smoothing, weights, ops=ops) for ops in (None, keras_ops(), torch_ops("cpu"))]
+    on_tensorflow = losses[0](targets, outputs).numpy()
+    on_keras = np.asarray(losses[1](targets, outputs))
+    on_torch = losses[2](torch.from_numpy(targets), torch.from_numpy(outputs)).numpy()
+    assert on_tensorflow.shape == (6,) and np.isfinite(on_tensorflow).all()
+    np.testing.assert_allclose(on_torch, on_keras, rtol=1e-5, atol=1e-6)  # torch_ops follows Keras 3's clipping
+    # tf_keras' binary cross-entropy takes log(p + 1e-7) after clipping where Keras 3 takes log(p): the routes differ
+    # where an output is saturated (row 0: 0.6 nats of 14 for binary), nowhere else.
+    np.testing.assert_allclose(on_keras[1:], on_tensorflow[1:], rtol=1e-5, atol=1e-6)

@@ -5,6 +5,7 @@ held-out answers. The multiclass demo is tests/test_torch_route.py's. Each run t
 pipeline's and loop's features: MixUp + CutMix soft targets with label smoothing (binary), the weights' moving
 average (multilabel), the output scaling (regression)."""
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -15,8 +16,9 @@ import pytest
 from builders import SHAPES, read_csv, run_inference_kernel, task_competition
 
 REPO = Path(__file__).resolve().parents[1]
-pytestmark = [pytest.mark.e2e, pytest.mark.skipif(__import__("importlib.util").util.find_spec("torch_xla") is None,
-                                                  reason="torch_xla is not installed (./dev test installs it)")]
+NO_TORCH_XLA = importlib.util.find_spec("torch_xla") is None
+pytestmark = [pytest.mark.e2e, pytest.mark.slow,
+              pytest.mark.skipif(NO_TORCH_XLA, reason="torch_xla is not installed (./dev test installs it)")]
 
 EXTRA = {"binary": ["data.group_column=patient_id", "data.mixup_prob=0.5", "data.cutmix_prob=0.5",
                     "train.label_smoothing=0.1"],
@@ -41,8 +43,9 @@ def settings(task: str, timm_folder: Path) -> list[str]:
     id_col, target_col = SHAPES[task][:2]
     return ["train.framework=torch_xla", "model.backbone=timm", f"model.timm_model={timm_folder}",
             "runtime.cpu_devices=2", f"data.task={task}", f"data.id_column={id_col}", f"data.label_column={target_col}",
-            "data.image_size=16", "data.flip_left_right=false", "train.fold=0", "train.epochs=6",
-            "train.batch_size_per_replica=16", "train.learning_rate=0.01", "train.export_float16=false",
+            "data.image_size=16", "data.flip_left_right=false", "train.fold=0", "train.epochs=4",
+            "train.steps_per_epoch=10", "train.batch_size_per_replica=16", "train.learning_rate=0.05",
+            "train.export_float16=false",
             *EXTRA[task]]
 
 

@@ -113,6 +113,7 @@ class TorchXlaBackend:
         if self.average is not None:
             for average, value in zip(self.average, state["average"], strict=True):
                 average.copy_(value.to(self.device))
+        torch_xla.sync()  # the copies in one graph, not one graph per tensor where each is next read
         return int(state["epochs_done"])
 
     def save_checkpoint(self, epochs_done: int) -> None:
@@ -129,6 +130,7 @@ class TorchXlaBackend:
 
     def load_weights(self, path: Path) -> None:
         self.model.load_state_dict(torch.load(Path(path).with_suffix(".pt"), map_location="cpu", weights_only=True))
+        torch_xla.sync()
 
     @contextlib.contextmanager
     def averaged(self):
@@ -141,12 +143,14 @@ class TorchXlaBackend:
         with torch.no_grad():
             for parameter, average in zip(parameters, self.average, strict=True):
                 parameter.copy_(average)
+        torch_xla.sync()  # the swaps are graphs of their own: the step's and the prediction's graphs stay as they are
         try:
             yield
         finally:
             with torch.no_grad():
                 for parameter, value in zip(parameters, trained, strict=True):
                     parameter.copy_(value)
+            torch_xla.sync()
 
     # ---------------------------------------------------------------------------------------------------- train
     def distribute(self, make_dataset):
@@ -161,10 +165,11 @@ class TorchXlaBackend:
         for epoch in range(loop.initial_epoch, loop.epochs):
             loop.epoch_begin(epoch)
             self.model.train()
-            total, before = torch.zeros((), device=self.device), compiles()
+            total, before = None, compiles()  # a fresh zero each epoch would be a graph compiled again each epoch
             for _ in range(loop.steps_per_epoch):
                 batch = next(batches)
-                total += self._step(batch["images"], batch["targets"])
+                loss = self._step(batch["images"], batch["targets"])
+                total = loss if total is None else total + loss
             stop = loop.epoch_end(epoch, {"loss": float(total.item()) / loop.steps_per_epoch})
             print(f"[torch_xla] epoch {epoch + 1}: {compiles() - before} graph(s) compiled (training and validation), "
                   f"{compiles()} in all", flush=True)  # after the first epoch: none, or every step pays a compile
@@ -180,6 +185,7 @@ class TorchXlaBackend:
         with torch.no_grad():
             for parameter, average in zip(self.model.parameters(), self.average, strict=True):
                 parameter.copy_(average)
+        torch_xla.sync()
 
     def _step(self, images, targets) -> torch.Tensor:
         for group in self.optimizer.param_groups:
