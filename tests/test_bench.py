@@ -21,6 +21,7 @@ EXPECTED = {
     "training, tf_keras": r"training kernel path, tf_keras \(\d+px, batch \d+\)",
     "training, keras_jax": r"training kernel path, keras_jax \(\d+px, batch \d+\)",
     "training, keras_jax vs tf_keras": r"training, keras_jax vs tf_keras kernel path \(\d+px, batch \d+\)",
+    "training, torch_xla": r"training kernel path, torch_xla \(\d+px, batch \d+\)",  # ./dev test installs torch_xla
     "multihost": r"training, 2 processes x 1 device vs 1 process x 2 devices \(\d+px, batch \d+\)",
     "inference": r"inference kernel, (EfficientNet-B0|tiny backbone) \d+px",
     "records check": r"full record check, [\d.]+ GB from the page cache",
