@@ -29,9 +29,10 @@ EXTRA = {"binary": ["data.group_column=patient_id", "data.mixup_prob=0.5", "data
                     "train.label_smoothing=0.1"],
          "multilabel": ["train.ema=0.9", "train.keep=last"],
          "regression": []}
-# Held-out scores after 6 epochs of 15 steps at 16 px (tiny data, a random MobileNetV3). Measured here: AUC ..., samples-F1 ...,
-# RMSE ...; the bars sit between those and chance (AUC 0.5, RMSE 28.7: the target's std).
-BARS = {"binary": ("roc_auc", 0.0), "multilabel": ("samples_f1", 0.0), "regression": ("rmse", 99.0)}
+# Held-out scores after 6 epochs of 15 steps at 16 px (tiny data, a random MobileNetV3), measured here: AUC 0.959,
+# samples-F1 0.868, RMSE 18.2. The bars leave room for run-to-run noise and sit above the trivial answers: AUC 0.5,
+# samples-F1 0.74 (every label for every image), RMSE 28.7 (the mean for every image: the target's std).
+BARS = {"binary": ("roc_auc", 0.85), "multilabel": ("samples_f1", 0.8), "regression": ("rmse", 23.0)}
 
 # The training kernel's main, once per task, in one process: torch_xla is imported by the first run's route (before
 # anything imports TensorFlow); the later runs find it loaded.
