@@ -16,12 +16,12 @@ torch_xla (where installed): the same, in a child interpreter (torch_xla must be
 XLA CPU device, with timm's MobileNetV3 (tpu2gpu.backbones.save_tiny_timm_backbone; --width does not apply); its
 in-memory run is the backend's own loop over the same batches held as arrays (tf.data from memory, no records), and
 the row counts the XLA graphs compiled: in the timed epochs, none.
-About 90 s on 2 cores with the defaults.
+About 135 s on 2 cores with the defaults (35 s without torch_xla).
 
     .venv/bin/python bench/train_step.py --smoke
 
-runs the same code at toy sizes (16x16, batch 8, width 8, 2 epochs) in about 60 s, RESULT lines included: it keeps
-the benchmark from rotting, its figures mean nothing. Flags given with it win.
+runs the same code at toy sizes (16x16, batch 8, width 8, 2 epochs of 4 steps) in about 60 s, RESULT lines
+included: it keeps the benchmark from rotting, its figures mean nothing. Flags given with it win.
 """
 
 from __future__ import annotations

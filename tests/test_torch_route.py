@@ -223,8 +223,10 @@ def test_one_and_two_xla_devices_train_the_planned_steps_at_the_planned_rate_to_
             assert rate == pytest.approx(planned, rel=1e-6), (devices, steps, rate, planned)
         assert count["seen"][0][1] > 0.1 * count["peak"]  # halfway, far from the schedule's end
     # The same computation: one batch's gradients (batch-norm over the whole batch, sharded or not) agree to float
-    # rounding. Adam then divides each gradient by its own magnitude (+1e-7), so a parameter whose gradient is near
-    # zero moves by up to +-lr on the last bits of its sum: after 18 steps the weights agree to a few learning rates.
+    # rounding, and so do the trained models' validation outputs. Adam divides each gradient by its own magnitude
+    # (+1e-7), so a parameter whose gradient is zero but for rounding moves by up to +-lr on the last bits of its
+    # sum: the largest weight difference (about one peak rate, measured at block 0's bn2.bias, whose per-channel
+    # shift the next batch-norm removes) sits on a parameter the outputs do not depend on.
     gradients = [torch.load(tmp_path / f"{d}" / "gradients.pt", weights_only=True) for d in (1, 2)]
     scale = max(float(g.abs().max()) for g in gradients[0].values())
     gap = max(float((gradients[0][k] - gradients[1][k]).abs().max()) for k in gradients[0])
@@ -244,4 +246,5 @@ def test_one_and_two_xla_devices_train_the_planned_steps_at_the_planned_rate_to_
           f"(largest gradient {scale:.1e}); weights after 12 Adam steps max abs difference {difference:.1e} "
           f"(peak rate {peak:.1e}; at {worst}); validation probabilities max abs difference {outputs_gap:.1e}")
     assert gap <= 1e-5 * scale
-    assert difference < 8 * peak
+    assert outputs_gap <= 1e-5  # measured 5.2e-7
+    assert difference < 4 * peak
