@@ -4,6 +4,9 @@ whatever train.steps_per_execution is, and the learning rate there is the plan's
 Keras 3's JAX trainer finishes every execution it starts (keras/src/backend/jax/trainer.py, iterator_step) and, on the
 endless training dataset, does not stop at an epoch's end: with 9 steps per epoch and steps_per_execution 32 it ran
 32 optimiser steps an epoch, and the schedule built for 3 x 9 steps reached zero in the first epoch.
+
+The torch_xla route is counted alike in tests/test_torch_route.py (its fold in a child interpreter: torch_xla must be
+imported before TensorFlow, which this process has loaded).
 """
 
 import time

@@ -197,9 +197,10 @@ def test_one_and_two_xla_devices_train_the_planned_steps_at_the_planned_rate_to_
                                                                                                    tiny_timm_backbone,
                                                                                                    tmp_path):
     """The same global batch of 32 on 1 and on 2 XLA CPU devices (both children at once, one core each): 6 steps an
-    epoch, the plan's warm-up + cosine rate at every step, the same gradients and the same weights to Adam's
-    rounding (SPMD shards the batch; batch-norm statistics are the global batch's either way). No dropout or
-    augmentation: nothing random differs. test_steps.py counts the other two routes alike."""
+    epoch, the plan's warm-up + cosine rate at every step, the same gradients, the same validation outputs and the
+    same weights to Adam's rounding (SPMD shards the batch; batch-norm statistics are the global batch's either way);
+    train.ema's average is its definition's (recomputed on the CPU after every step) and the model ends with it. No
+    dropout or augmentation: nothing random differs. test_steps.py counts the other two routes alike."""
     import torch
 
     records_dir, _ = demo_records
