@@ -3,20 +3,21 @@ where it cannot run; trained on two XLA CPU devices in a child interpreter (torc
 TensorFlow, which this pytest process has loaded), exported under TensorFlow and scored by the TF-only inference
 kernel. torch_xla is never imported here: the first import after TensorFlow aborts the process."""
 
-import importlib.util
 import json
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+from common.launch.routes import torch_xla_missing
+
 import pytest
 
 from builders import kill_after_epochs, run_inference_kernel
 
 REPO = Path(__file__).resolve().parents[1]
-NO_TORCH_XLA = importlib.util.find_spec("torch_xla") is None
-needs_torch_xla = pytest.mark.skipif(NO_TORCH_XLA, reason="torch_xla is not installed (./dev test installs it)")
+needs_torch_xla = pytest.mark.skipif(bool(torch_xla_missing()), reason=f"{torch_xla_missing()} not installed "
+                                     "(./dev test installs the torch extra)")
 
 
 def test_an_architecture_the_export_cannot_rebuild_is_refused_by_the_config_and_by_build(tmp_path, capsys):

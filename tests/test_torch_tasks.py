@@ -10,20 +10,21 @@ trains multiclass (tests/test_torch_route.py: killed and resumed, exported, scor
 2 devices) and each task's loss is checked against the other routes' (tests/test_tasks.py); the task types' heads,
 targets, scaling and submissions are shared code the other routes' per-task tests run."""
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+from common.launch.routes import torch_xla_missing
 
 import pytest
 
 from builders import SHAPES, read_csv, run_inference_kernel, task_competition
 
 REPO = Path(__file__).resolve().parents[1]
-NO_TORCH_XLA = importlib.util.find_spec("torch_xla") is None
 pytestmark = [pytest.mark.e2e, pytest.mark.slow,
-              pytest.mark.skipif(NO_TORCH_XLA, reason="torch_xla is not installed (./dev test installs it)")]
+              pytest.mark.skipif(bool(torch_xla_missing()), reason=f"{torch_xla_missing()} not installed (./dev "
+                                 "test installs the torch extra)")]
 
 EXTRA = {"binary": ["data.group_column=patient_id", "data.mixup_prob=0.5", "data.cutmix_prob=0.5",
                     "train.label_smoothing=0.1"],

@@ -107,9 +107,10 @@ def keras_ops() -> Ops:
 
 
 def torch_ops(device) -> Ops:
-    """PyTorch on `device` (an XLA device on the torch_xla route), with Keras' cross-entropies on probabilities: the
-    same clipping (1e-7) and label smoothing, so a loss means the same on every route. No running metrics: that
-    route logs the loss, and the fold scores each epoch."""
+    """PyTorch on `device` (an XLA device on the torch_xla route), with Keras 3's cross-entropies on probabilities:
+    the same clipping (1e-7) and label smoothing as keras_jax (tf_keras' binary cross-entropy differs only where an
+    output is saturated: tests/test_tasks.py). No running metrics: that route logs the loss, and the fold scores each
+    epoch."""
     import torch
 
     def categorical_crossentropy(targets, outputs, label_smoothing=0.0):
