@@ -5,6 +5,7 @@ kernel. torch_xla is never imported here: the first import after TensorFlow abor
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -55,6 +56,29 @@ def test_a_folder_of_an_architecture_the_export_cannot_rebuild_is_refused(tmp_pa
     with pytest.raises(ConfigError, match=f"{folder}/config.json holds a convnext_tiny model, which the export cannot "
                                           "rebuild under TensorFlow"):
         timm_source(cfg.model)
+
+
+def test_a_timm_folder_whose_weights_cannot_be_read_is_one_named_error(tmp_path, tiny_timm_backbone):
+    """A model.safetensors cut short (a copy or an upload that stopped), and another model's weights under the same
+    config.json: each is an error naming the file and the fix, not a traceback from safetensors or torch."""
+    pytest.importorskip("timm")
+    from common.core.config import load_config
+    from common.core.errors import ConfigError
+    from common.training.backends.torch_xla.model import create_backbone
+
+    from tpu2gpu.backbones import save_tiny_timm_backbone
+
+    cut = shutil.copytree(tiny_timm_backbone, tmp_path / "cut")
+    (cut / "model.safetensors").write_bytes((tiny_timm_backbone / "model.safetensors").read_bytes()[:1000])
+    other = save_tiny_timm_backbone(tmp_path / "other")
+    (other / "config.json").write_text((other / "config.json").read_text().replace("mobilenetv3_small_050",
+                                                                                   "mobilenetv3_small_100"))
+    for folder, cause in ((cut, "SafetensorError"), (other, "RuntimeError")):
+        cfg = load_config(None, ["model.backbone=timm", f"model.timm_model={folder}"])
+        with pytest.raises(ConfigError, match=f"{folder}/model.safetensors cannot be read as the weights of its "
+                                              f"config.json's mobilenetv3_small_(050|100) \\({cause}: .*\\). Fix: "
+                                              "write the folder again with timm.models.save_for_hf"):
+            create_backbone(cfg.model)
 
 
 def route_refusal(monkeypatch, missing=(), processes=1, cuda=False) -> str:

@@ -21,6 +21,7 @@ from common.launch.routes import TIMM_ARCHITECTURES
 
 import timm
 import torch
+from safetensors import SafetensorError
 from torch import nn
 
 ACTIVATIONS = {"softmax": lambda x: torch.softmax(x, dim=-1), "sigmoid": torch.sigmoid, "linear": lambda x: x}
@@ -49,8 +50,13 @@ def create_backbone(model_cfg) -> nn.Module:
     """The timm model without its classifier: a folder's weights, or a name's (pretrained: timm downloads them)."""
     architecture, folder = timm_source(model_cfg)
     if folder is not None:
-        return timm.create_model(architecture, pretrained=True, num_classes=0,
-                                 pretrained_cfg_overlay={"file": str(folder / WEIGHTS_FILE)})
+        try:
+            return timm.create_model(architecture, pretrained=True, num_classes=0,
+                                     pretrained_cfg_overlay={"file": str(folder / WEIGHTS_FILE)})
+        except (SafetensorError, RuntimeError, OSError) as err:  # a copy cut short; another model's weights
+            raise ConfigError(f"{folder / WEIGHTS_FILE} cannot be read as the weights of its config.json's "
+                              f"{architecture} ({type(err).__name__}: {str(err).splitlines()[0]}). Fix: write the "
+                              "folder again with timm.models.save_for_hf and attach it again") from err
     return timm.create_model(architecture, pretrained=model_cfg.timm_weights == "pretrained", num_classes=0)
 
 
