@@ -141,8 +141,10 @@ def test_a_timm_model_trains_resumes_after_a_kill_exports_the_same_contract_and_
     assert "[train] resuming from the checkpoint after epoch 1" in log and "[train] epoch 1:" not in log
     # Exactly the planned steps, counted on from the checkpoint; every graph compiled in the first epoch, none after.
     assert re.search(r"\[train\] epoch 2: step 8, \d+ ms/step", log) and re.search(r"epoch 3: step 12, ", log)
-    compiled = [int(n) for n in re.findall(r"\[torch_xla\] epoch \d: (\d+) graph\(s\) compiled", log)]
-    assert compiled[0] > 0 and compiled[1:] == [0], compiled
+    # The step's graph once: a first step that traced another graph (Adam's slots made in it, the weights' sharding
+    # not yet marked, the warm-up's rate of 0 as a constant) would compile the whole step twice.
+    compiled = re.findall(r"\[torch_xla\] epoch \d: (\d+) graph\(s\) compiled .*, (\d+) by the training step", log)
+    assert [int(n) for n, _ in compiled][1:] == [0] and [int(s) for _, s in compiled] == [1, 0], compiled
     assert "porting weights" not in log  # keras-hub's conversion chatter stays in the export child
 
     card = json.loads((out / "export" / "fold0" / "model_card.json").read_text())

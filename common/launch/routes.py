@@ -127,6 +127,9 @@ def use_torch_xla(cfg) -> None:
         os.environ.update({"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": str(cfg.runtime.cpu_devices),
                            "TPU_SKIP_MDS_QUERY": "1"})
     os.environ["TPU_LOAD_LIBRARY"] = "0"  # TensorFlow reads the data only: the TPU is torch_xla's
+    # A Python 0 or 1 would be a constant in the graph, any other number an input: the warm-up's rate of 0 at the
+    # first step would compile a training graph of its own.
+    os.environ["XLA_NO_SPECIAL_SCALARS"] = "1"
     import torch_xla  # noqa: F401  (now: TensorFlow may follow it, never precede it)
 
 

@@ -82,6 +82,20 @@ class TorchXlaBackend:
         self.loss = plan.task.loss(self.cfg.train.label_smoothing, plan.class_weights, ops=self.ops)
         ema = self.cfg.train.ema
         self.average = [p.detach().clone() for p in self.model.parameters()] if ema > 0 else None
+        for group in self.optimizer.param_groups:  # Adam's slots now, as its first step would make them
+            for parameter in group["params"]:
+                zeros = torch.zeros_like(parameter, device="cpu")
+                self.optimizer.state[parameter] = {"step": torch.tensor(0.0), "exp_avg": zeros.to(self.device),
+                                                   "exp_avg_sq": zeros.to(self.device)}
+        self._replicate()
+
+    def _replicate(self) -> None:
+        """Every weight, buffer, optimiser slot and average marked as replicated on the mesh. A step's outputs carry
+        that sharding, so without it the first step traces another graph than the second (and without the slots made
+        in build, a third): each a full compile of the training step."""
+        slots = [t for state in self.optimizer.state.values() for t in state.values() if t.device == self.device]
+        for tensor in [*self.model.parameters(), *self.model.buffers(), *slots, *(self.average or [])]:
+            spmd.mark_sharding(tensor, self.mesh, (None,) * tensor.dim())
 
     def optimizer_steps(self) -> int:
         return self.steps
@@ -113,6 +127,7 @@ class TorchXlaBackend:
         if self.average is not None:
             for average, value in zip(self.average, state["average"], strict=True):
                 average.copy_(value.to(self.device))
+        self._replicate()  # the optimiser's slots are new tensors
         torch_xla.sync()  # the copies in one graph, not one graph per tensor where each is next read
         return int(state["epochs_done"])
 
@@ -165,14 +180,17 @@ class TorchXlaBackend:
         for epoch in range(loop.initial_epoch, loop.epochs):
             loop.epoch_begin(epoch)
             self.model.train()
-            total, before = None, compiles()  # a fresh zero each epoch would be a graph compiled again each epoch
+            total, before, in_steps = None, compiles(), 0  # total: a fresh zero each epoch would compile each epoch
             for _ in range(loop.steps_per_epoch):
                 batch = next(batches)
+                step_before = compiles()
                 loss = self._step(batch["images"], batch["targets"])
+                in_steps += compiles() - step_before
                 total = loss if total is None else total + loss
             stop = loop.epoch_end(epoch, {"loss": float(total.item()) / loop.steps_per_epoch})
+            # After the first epoch: none, or every step pays a compile. In the first: one training step graph.
             print(f"[torch_xla] epoch {epoch + 1}: {compiles() - before} graph(s) compiled (training and validation), "
-                  f"{compiles()} in all", flush=True)  # after the first epoch: none, or every step pays a compile
+                  f"{in_steps} by the training step, {compiles()} in all", flush=True)
             if stop:
                 break
         self._take_average()
@@ -190,10 +208,10 @@ class TorchXlaBackend:
     def _step(self, images, targets) -> torch.Tensor:
         for group in self.optimizer.param_groups:
             group["lr"] = self.plan.learning_rate(self.steps)  # the schedule at this update, as on the other routes
-        self.optimizer.zero_grad(set_to_none=False)
         loss = self.loss(targets, self.model(images)).mean()
         loss.backward()
         self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)  # before the sync: the gradients are not the graph's outputs
         if self.average is not None:
             momentum = self.cfg.train.ema
             with torch.no_grad():
