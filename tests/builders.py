@@ -5,6 +5,7 @@ predicts in a process with TensorFlow alone. No network, no downloads: every fil
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import os
@@ -33,6 +34,11 @@ def checkout_copy(destination: Path, link_venv: bool = False) -> Path:
             (destination / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, destination / name)
     if link_venv:
+        stamp = f".installed-{hashlib.sha256((REPO / 'pyproject.toml').read_bytes()).hexdigest()[:16]}-dev"
+        # ./dev in the copy would install into the shared .venv from the copy, pointing its editable install there.
+        assert (REPO / ".venv" / stamp).is_file(), (
+            ".venv was not installed from this pyproject.toml (./dev stamps its install), and ./dev in the copy "
+            "would install it from the copy. Fix: run ./dev test (or ./dev --help) once, then pytest")
         (destination / ".venv").symlink_to(REPO / ".venv")
     return destination
 
