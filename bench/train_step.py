@@ -16,7 +16,7 @@ torch_xla (where installed): the same, in a child interpreter (torch_xla must be
 XLA CPU device, with timm's MobileNetV3 (tpu2gpu.backbones.save_tiny_timm_backbone; --width does not apply); its
 in-memory run is the backend's own loop over the same batches held as arrays (tf.data from memory, no records), and
 the row counts the XLA graphs compiled: in the timed epochs, none.
-About 135 s on 2 cores with the defaults (35 s without torch_xla).
+About 100 s on 2 cores with the defaults (35 s without torch_xla).
 
     .venv/bin/python bench/train_step.py --smoke
 
