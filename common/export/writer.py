@@ -48,7 +48,10 @@ def _serving_module(models: dict[str, tf.keras.Model], image_size: int,
     """One tf.function per precision, each taking uint8 images and returning float32 predictions; regression outputs
     are de-standardised in the graph (output_scaling), so the export predicts the value itself."""
     module = tf.Module()
-    module.models = models  # tracked: their variables are saved
+    # Only the variables are tracked (the loader uses the signatures alone): tracking the Keras models saved every
+    # layer's object graph too, most of the save's time (MobileNetV3: 3.7 s against 1.3 s) for nothing read back.
+    module.saved_variables = [v if isinstance(v, tf.Variable) else v.value  # Keras 3 wraps a tf.Variable
+                              for model in models.values() for v in model.variables]
     spec = tf.TensorSpec([None, image_size, image_size, 3], tf.uint8, name="images")
     def serving_function(model):
         def serve(images):
