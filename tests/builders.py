@@ -60,7 +60,14 @@ def kill_after_epochs(command: list[str], progress: Path, epochs: int, timeout: 
 
 def run_inference_kernel(argv: list[str]) -> subprocess.CompletedProcess:
     """infer_gpu.infer's main(argv) in a fresh interpreter where tf_keras and tensorflow_hub cannot be imported."""
-    code = BLOCK_KERAS_AND_HUB + f"from infer_gpu.infer import main; sys.exit(main({argv!r}))"
+    return run_inference_kernels([argv])
+
+
+def run_inference_kernels(argvs: list[list[str]], blocked: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """main(argv) for each argv in turn, in one such interpreter (TensorFlow imported once), where the `blocked`
+    modules cannot be imported either; it stops at the first that fails."""
+    code = (BLOCK_KERAS_AND_HUB + "".join(f"sys.modules[{name!r}] = None; " for name in blocked) +
+            f"from infer_gpu.infer import main; sys.exit(next(filter(None, map(main, {argvs!r})), 0))")
     return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
 
 
