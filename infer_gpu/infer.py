@@ -37,6 +37,7 @@ from common.inference.submission import (
 )
 from common.inference.unread import BAD_TEST_IMAGES, predict_unread, write_bad_test_images
 from common.launch.kernel import guarded
+from common.tasks.parts import decimal_text
 from common.tasks.types import get_task
 
 
@@ -60,7 +61,7 @@ def write_probabilities(path: Path, template, ids, predictions, names) -> None:
     """probabilities.csv: every model output per test id, in the template's order, for blending."""
     position = {i: k for k, i in enumerate(ids)}
     write_csv_atomically(path, [template.id_column, *names],
-                         [[i, *(f"{v:.6f}" for v in predictions[position[i]])] for i in template.ids])
+                         [[i, *map(decimal_text, predictions[position[i]])] for i in template.ids])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.core.errors import DataError
+from common.tasks.parts import decimal_text
 from common.tasks.types import Task
 
 import numpy as np
@@ -78,7 +79,7 @@ def submission_rows(template: SubmissionTemplate, ids: list[str], probs: np.ndar
         p = probs[position[sample_id]]
         if template.label_column is None:
             by_output = dict(zip(task.output_names(class_names), p, strict=True))
-            rows.append([sample_id] + [f"{by_output[c]:.6f}" for c in template.header if c != template.id_column])
+            rows.append([sample_id] + [decimal_text(by_output[c]) for c in template.header if c != template.id_column])
         else:
             rows.append([sample_id, task.submission_value(p, class_names, thresholds)])
     validate_submission(template, rows, task, class_names)

@@ -195,8 +195,14 @@ def f1(average: str) -> Callable:
     return sklearn("f1_score", average=average, zero_division=0)
 
 
+def decimal_text(value) -> str:
+    """A model output as the submission writes it: float32's 9 significant digits, so outputs that differ are written
+    differently (six decimals tied 40 of 360 confident probabilities, and AUC is scored on their ranks)."""
+    return f"{float(value):.9g}"
+
+
 def number_text(prediction, class_names, thresholds=None) -> str:
-    return f"{float(prediction[0]):.6f}"
+    return decimal_text(prediction[0])
 
 
 def names_on(class_names, on) -> str:
