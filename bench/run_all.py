@@ -8,8 +8,9 @@ anchor from docs/kaggle-facts.md that the ratio should be read against. The mach
     .venv/bin/python bench/run_all.py --smoke
 
 runs each benchmark with --smoke (toy sizes), all at once since their figures mean nothing, and prints the same
-table: about 20 s on 2 cores, most of it inference.py writing and verifying its toy export. It keeps the
-benchmarks and this table from rotting (tests/test_bench.py runs it); its figures mean nothing.
+table: about 90 s on 2 cores, most of it train_step.py's three routes and multihost.py's three processes (each
+importing its frameworks and compiling its step). It keeps the benchmarks and this table from rotting
+(tests/test_bench.py runs it); its figures mean nothing. `--only train_step.py,multihost.py` runs those alone.
 """
 
 from __future__ import annotations
@@ -39,15 +40,21 @@ BENCHES = [
 ]
 
 
-def runnable() -> list[tuple[str, str]]:
-    """BENCHES, less gcs.py where its fake bucket cannot be had (not root), said on stderr."""
+def runnable(only: list[str]) -> list[tuple[str, str]]:
+    """BENCHES (those named in `only`, if any), less gcs.py where its fake bucket cannot be had (not root), said on
+    stderr."""
+    unknown = sorted(set(only) - {script for script, _ in BENCHES})
+    if unknown:
+        sys.exit(f"--only {','.join(unknown)}: not a benchmark here. Fix: one or more of "
+                 f"{','.join(script for script, _ in BENCHES)}")
+    chosen = [b for b in BENCHES if not only or b[0] in only]
     sys.path.insert(0, str(HERE.parent / "tests"))
     from fake_gcs import unavailable
 
-    if unavailable():
+    if unavailable() and any(script == "gcs.py" for script, _ in chosen):
         print(f"[bench] gcs.py left out: {unavailable()}", file=sys.stderr, flush=True)
-        return [b for b in BENCHES if b[0] != "gcs.py"]
-    return BENCHES
+        return [b for b in chosen if b[0] != "gcs.py"]
+    return chosen
 
 
 def machine() -> str:
@@ -87,14 +94,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="run every benchmark with --smoke, all at once: toy "
                         "sizes, seconds, the figures mean nothing")
+    parser.add_argument("--only", default="", help="these benchmarks alone, e.g. train_step.py,multihost.py")
     args = parser.parse_args()
+    chosen = runnable([name for name in args.only.split(",") if name])
     rows = []
     if args.smoke:  # at once: their timings disturb each other, which does not matter here
-        benches = [(Bench(script, smoke=True), anchor) for script, anchor in runnable()]
+        benches = [(Bench(script, smoke=True), anchor) for script, anchor in chosen]
         for bench, anchor in benches:
             rows += [(r, anchor) for r in bench.results()]
     else:  # one at a time, so that no benchmark disturbs another
-        for script, anchor in runnable():
+        for script, anchor in chosen:
             rows += [(r, anchor) for r in Bench(script, smoke=False).results()]
     print(f"machine: {machine()}\n")
     if args.smoke:
