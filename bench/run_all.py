@@ -8,7 +8,7 @@ anchor from docs/kaggle-facts.md that the ratio should be read against. The mach
     .venv/bin/python bench/run_all.py --smoke
 
 runs each benchmark with --smoke (toy sizes), all at once since their figures mean nothing, and prints the same
-table: about 90 s on 2 cores, most of it train_step.py's three routes and multihost.py's three processes (each
+table: about 80 s on 2 cores, most of it train_step.py's three routes and multihost.py's three processes (each
 importing its frameworks and compiling its step). It keeps the benchmarks and this table from rotting
 (tests/test_bench.py runs it); its figures mean nothing. `--only train_step.py,multihost.py` runs those alone.
 """

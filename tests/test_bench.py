@@ -1,7 +1,7 @@
 """The benchmarks still run: `bench/run_all.py --smoke` runs them at toy sizes and its table holds one row of real,
 consistent figures per benchmark. The figures themselves mean nothing. In the default suite the four that take
 seconds (input pipeline, inference, records check, gs://, about 25 s on 2 cores); train_step.py (three routes) and
-multihost.py (three processes), about 110 CPU-seconds between them, are opt-in (-m slow): the paths they time are
+multihost.py (three processes), about 80 CPU-seconds between them, are opt-in (-m slow): the paths they time are
 the default suite's own checks (tests/test_steps.py trains each route's fold to its planned steps,
 tests/test_torch_route.py counts torch_xla's compiles, tests/test_multihost.py trains across two processes), and
 what is left is the benchmarks' own timing and table code."""
@@ -71,7 +71,7 @@ def test_run_all_smoke_prints_a_row_of_real_figures_per_benchmark():
 
 @pytest.mark.slow
 def test_the_training_benchmarks_smoke_prints_their_rows_of_real_figures():
-    """Opt-in (-m slow, about 70 s on 2 cores): the benchmarks whose paths the default suite checks elsewhere."""
+    """Opt-in (-m slow, about 50 s on 2 cores): the benchmarks whose paths the default suite checks elsewhere."""
     smoke_rows(HEAVY)
 
 
