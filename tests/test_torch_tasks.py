@@ -140,9 +140,10 @@ def model_whose_outputs_vary(cfg, task, width: int, images: np.ndarray):
         norm.reset_running_stats()
         norm.momentum = None  # a plain average over the pass below
     pooled = []
-    hook = model.head.register_forward_hook(lambda module, inputs, output: pooled.append(inputs[0]))
     with torch.no_grad():
         model.train()(torch.from_numpy(images))
+        hook = model.head.register_forward_hook(lambda module, inputs, output: pooled.append(inputs[0]))
+        model.eval()(torch.from_numpy(images))  # the head's input as it will be predicted: no dropout
         hook.remove()
         weight = torch.randn(width, pooled[0].shape[1])
         logits = pooled[0] @ weight.T
@@ -224,7 +225,7 @@ def test_each_task_types_torch_model_exports_the_same_contract_and_the_tf_only_k
         assert card["output"]["shape"] == [None, expected.shape[1]] == [None, {"binary": 1, "multilabel": 4,
                                                                                "regression": 1}[task]]
         assert difference <= 1e-4 and gap <= 1e-4
-        assert spread > 0.3  # measured 0.7-1.6: a model whose outputs vary, not one the check cannot tell apart
+        assert spread > 0.3  # measured 0.8-1.8: a model whose outputs vary, not one the check cannot tell apart
 
         submission = read_csv(tmp_path / task / "infer" / "submission.csv")
         assert list(submission[0]) == [id_col, target_col] and [r[id_col] for r in submission] == ids
