@@ -51,6 +51,16 @@ for argv in json.loads(sys.argv[1]):
 """
 
 
+TASKS = ("binary", "multilabel", "regression")
+
+
+def inference_argv(task: str, exports: Path, competition: Path, out: Path) -> list[str]:
+    """The inference kernel's arguments for the task's exports on its competition: no training config, the card says
+    what the task is; the template's id column named."""
+    return ["--set", f"infer.exports=[{exports}]", "--set", f"runtime.competition_dir={competition}", "--set",
+            f"data.id_column={SHAPES[task][0]}", "--set", f"runtime.output_dir={out}"]
+
+
 def settings(task: str, timm_folder: Path) -> list[str]:
     id_col, target_col = SHAPES[task][:2]
     return ["train.framework=torch_xla", "model.backbone=timm", f"model.timm_model={timm_folder}",
@@ -80,17 +90,16 @@ def test_each_task_trains_on_torch_xla_exports_the_same_contract_and_the_tf_only
         tmp_path, demo_dir, tiny_timm_backbone):
     from tpu2gpu.cli import main as cli_main
 
-    tasks, runs, inference, answers_of = ("binary", "multilabel", "regression"), [], [], {}
-    for task in tasks:
+    runs, inference, answers_of = [], [], {}
+    for task in TASKS:
         competition, answers_of[task] = task_competition(demo_dir, tmp_path / task / "competition", task)
         flags = [a for s in settings(task, tiny_timm_backbone) for a in ("--set", s)]
         assert cli_main(["tfrecords", "--competition", str(competition), "--out", str(tmp_path / task / "records"),
                          *flags]) == 0
         runs.append([*flags, "--set", f"runtime.tfrecords={tmp_path / task / 'records'}", "--set",
                      f"runtime.output_dir={tmp_path / task / 'train'}"])
-        inference.append(["--set", f"infer.exports=[{tmp_path / task / 'train' / 'export'}]", "--set",
-                          f"runtime.competition_dir={competition}", "--set", f"data.id_column={SHAPES[task][0]}",
-                          "--set", f"runtime.output_dir={tmp_path / task / 'infer'}"])
+        inference.append(inference_argv(task, tmp_path / task / "train" / "export", competition,
+                                        tmp_path / task / "infer"))
     run = subprocess.run([sys.executable, "-c", RUN_KERNELS, json.dumps(runs)], cwd=REPO, capture_output=True,
                          text=True, timeout=900)
     log = run.stdout + run.stderr
@@ -100,7 +109,7 @@ def test_each_task_trains_on_torch_xla_exports_the_same_contract_and_the_tf_only
     infer = run_inference_kernels(inference, blocked=("torch", "torch_xla", "timm", "keras_hub"))
     assert infer.returncode == 0, infer.stdout[-2000:] + infer.stderr[-2000:]
 
-    for task in tasks:
+    for task in TASKS:
         answers, (id_col, target_col) = answers_of[task], SHAPES[task][:2]
         card = json.loads((tmp_path / task / "train" / "export" / "fold0" / "model_card.json").read_text())
         assert card["task"] == task and card["complete"] and card["runtime"]["framework"] == "torch_xla"
@@ -196,12 +205,10 @@ def test_each_task_types_torch_model_exports_the_same_contract_and_the_tf_only_k
     kernel's outputs (probabilities.csv) for all 360 test images against the torch model's own; the submission in
     the template's columns and order, with the task's values."""
     exported, inference, answers_of = {}, [], {}
-    for task in ("binary", "multilabel", "regression"):
+    for task in TASKS:
         competition, answers_of[task] = task_competition(demo_dir, tmp_path / task / "competition", task)
         exported[task] = export_untrained(task, competition, tiny_timm_backbone, tmp_path / task / "export" / "fold0")
-        inference.append(["--set", f"infer.exports=[{tmp_path / task / 'export'}]", "--set",
-                          f"runtime.competition_dir={competition}", "--set", f"data.id_column={SHAPES[task][0]}",
-                          "--set", f"runtime.output_dir={tmp_path / task / 'infer'}"])
+        inference.append(inference_argv(task, tmp_path / task / "export", competition, tmp_path / task / "infer"))
     infer = run_inference_kernels(inference, blocked=("torch", "torch_xla", "timm", "keras_hub"))
     assert infer.returncode == 0, infer.stdout[-2000:] + infer.stderr[-2000:]
 
