@@ -43,10 +43,11 @@ def checkout_copy(destination: Path, link_venv: bool = False) -> Path:
     return destination
 
 
-def kill_after_epochs(command: list[str], progress: Path, epochs: int, timeout: float = 300) -> int:
-    """Start a training run (or the demo), SIGKILL it once its progress.json counts `epochs` checkpointed epochs (the
-    user's Ctrl-C, or worse), and return the epochs its checkpoint holds."""
-    run = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def kill_after_epochs(command: list[str], progress: Path, epochs: int, timeout: float = 300,
+                      env: dict | None = None) -> int:
+    """Start a training run (or the demo) in `env` (default: this one), SIGKILL it once its progress.json counts
+    `epochs` checkpointed epochs (the user's Ctrl-C, or worse), and return the epochs its checkpoint holds."""
+    run = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:
         deadline = time.monotonic() + timeout
         while not (progress.is_file() and json.loads(progress.read_text())["epochs_done"] >= epochs):

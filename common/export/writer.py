@@ -11,7 +11,9 @@
     card, predict = load_export(export_dir)          # inference kernel: common/export/loader.py
 
 The folder is written to a hidden temporary name, reloaded in a fresh Python process in which importing tf_keras or
-tensorflow_hub fails, its predictions compared with the in-memory model's (max abs difference < 1e-4), each
+tensorflow_hub fails, its predictions compared with the trained model's at exact float32, computed on the host CPU
+(max abs difference < 1e-4; the training device's own float32, a bfloat16 pass on a TPU or TF32 on an Ampere+ GPU, is
+recorded beside it as verification.device_max_abs_diff, not checked), each
 signature's saved graph counted by op dtype (card precision.signatures; a serving_float16 that does not compute in
 float16 fails), and only then marked complete (card "complete": true) and renamed into place. Loading needs
 TensorFlow alone.
@@ -19,7 +21,9 @@ TensorFlow alone.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import platform
 import shutil
 import sys
@@ -29,10 +33,19 @@ from pathlib import Path
 from common.core.atomic import staged_dir
 from common.export.card import OUTPUT_NAME, SAVED_MODEL_DIR, SIGNATURES, VERIFY_NAME, ExportError, ModelCard, write_card
 from common.export.census import FLOAT16_MIN_SHARE, float16_share, precision_by_part, traced_census
-from common.export.verify import BLOCKED_IN_CHECK, FLOAT16_TOLERANCE, VERIFY_TOLERANCE, verify_in_fresh_process
+from common.export.verify import (
+    BLOCKED_IN_CHECK,
+    FLOAT16_TOLERANCE,
+    VERIFY_TOLERANCE,
+    scaled_difference,
+    verify_in_fresh_process,
+)
 
 import numpy as np
 import tensorflow as tf
+
+# What every export's float32 signature is checked against, whichever route trained it (docs/design.md, contract 13).
+REFERENCE = "the trained model at exact float32 on the host CPU"
 
 
 def library_versions() -> dict[str, str]:
@@ -84,16 +97,62 @@ def float16_copy(build_copy, image_size: int):
 
 @dataclass(frozen=True)
 class ExportContents:
-    """What an export holds besides the model: its card, the verify images (with `expected`, the raw outputs the
-    trained model gives for them when the exported model is a rebuild of it: the keras_jax route's TensorFlow copy of
-    a JAX model), the files that travel beside it (history, plots, oof.csv) and the regression scaling the graph
-    undoes."""
+    """What an export holds besides the model: its card, the verify images, the files that travel beside it
+    (history, plots, oof.csv) and the regression scaling the graph undoes; and what the trained model computes for the
+    verify images: `expected`, its raw outputs at exact float32 on the host CPU, what the export is checked against
+    (given by the routes that rebuild the model, keras_jax and torch_xla; else computed here), and `device_outputs`,
+    the same in float32 on the training device (`device` says which, at what precision), recorded."""
 
     card: ModelCard
     verify_images: np.ndarray
     extra_files: dict[str, Path] = field(default_factory=dict)
     output_scaling: dict | None = None
     expected: np.ndarray | None = None
+    device_outputs: np.ndarray | None = None
+    device: str | None = None
+
+
+@contextlib.contextmanager
+def exact_float32_on_host():
+    """TensorFlow's ops inside the block on the host CPU with TF32 off (an Ampere+ GPU computes float32 products and
+    convolutions as TF32 by default, TensorFlow 2.4 on), the setting restored after."""
+    tf32 = tf.config.experimental.tensor_float_32_execution_enabled()
+    tf.config.experimental.enable_tensor_float_32_execution(False)
+    try:
+        with tf.device("/CPU:0"):
+            yield
+    finally:
+        tf.config.experimental.enable_tensor_float_32_execution(tf32)
+
+
+def tensorflow_outputs(model: tf.keras.Model, images: np.ndarray) -> tuple[np.ndarray, str]:
+    """(model's outputs for images where TensorFlow places them, that device and its TF32 setting)."""
+    outputs = model(tf.constant(images), training=False)
+    tf32 = "on" if tf.config.experimental.tensor_float_32_execution_enabled() else "off"
+    return outputs.numpy(), f"{outputs.device} with TF32 {tf32}"
+
+
+def host_reference(model: tf.keras.Model, images: np.ndarray) -> np.ndarray:
+    """What the export is checked against: model's outputs at exact float32 on the host CPU. About one batch of the
+    verify images' size (4) on the CPU: under a second for EfficientNet-B0 at 224 px."""
+    with exact_float32_on_host():
+        return tensorflow_outputs(model, images)[0]
+
+
+def device_record(contents: ExportContents, expected: np.ndarray) -> dict:
+    """The card's record of how far the training device's float32 is from the export's reference, and one log line:
+    the GPU kernel computes what the export computes, not what validation saw on the device."""
+    if contents.device_outputs is None:
+        return {}
+    device_outputs = np.asarray(contents.device_outputs, np.float32)
+    scaling = contents.output_scaling
+    if scaling:
+        device_outputs = device_outputs * np.float32(scaling["std"]) + np.float32(scaling["mean"])
+    difference = scaled_difference(device_outputs, expected)
+    print(f"[train] the training device's float32 ({contents.device}) is {difference:.1e} from the exact float32 "
+          "the export is checked against: the device's arithmetic, recorded, not checked (docs/training.md, "
+          "\"What float32 means where\")", flush=True)
+    return {"device_max_abs_diff": difference, "device": contents.device}
 
 
 def rebuild_job_contents(job_dir: Path, job: dict) -> ExportContents:
@@ -103,10 +162,22 @@ def rebuild_job_contents(job_dir: Path, job: dict) -> ExportContents:
     from common.export.card import read_card
 
     with np.load(Path(job_dir) / "verify.npz") as verify:
-        images, expected = verify["images"], verify["expected"]
+        images, expected, device_outputs = verify["images"], verify["expected"], verify["device_outputs"]
     return ExportContents(read_card(job_dir, require_complete=False), images,
                           {name: Path(path) for name, path in job["extra_files"].items()}, job["output_scaling"],
-                          expected)
+                          expected, device_outputs, job["device"])
+
+
+def write_rebuild_job(job_dir: Path, contents: ExportContents, job: dict) -> None:
+    """A route's export job folder (rebuild_job_contents reads it): verify.npz (the verify images, the trained model's
+    exact float32 outputs and the training device's own), the card to complete, and job.json (`job`, with the
+    contents' files, output scaling and device)."""
+    np.savez(job_dir / "verify.npz", images=contents.verify_images, expected=contents.expected,
+             device_outputs=contents.device_outputs)
+    write_card(job_dir, contents.card)
+    (job_dir / "job.json").write_text(json.dumps({
+        **job, "extra_files": {name: str(path) for name, path in contents.extra_files.items()},
+        "output_scaling": contents.output_scaling, "device": contents.device}))
 
 
 def run_rebuild_child(module: str, job_dir: Path, env: dict, what: str) -> None:
@@ -142,10 +213,11 @@ def write_export(export_dir: str | Path, model: tf.keras.Model, contents: Export
     export_dir, card, verify_images = Path(export_dir), contents.card, contents.verify_images
     expected, output_scaling, image_size = contents.expected, contents.output_scaling, card.image_size
     if expected is None:
-        expected = model(tf.constant(verify_images), training=False)
+        expected = host_reference(model, verify_images)
     expected = np.asarray(expected).astype(np.float32)
     if output_scaling:
         expected = expected * np.float32(output_scaling["std"]) + np.float32(output_scaling["mean"])
+    device = device_record(contents, expected)
     with staged_dir(export_dir, overwrite=True) as tmp:
         models = {"float32": model, **({"float16": float16_model} if float16_model is not None else {})}
         module = _serving_module(models, image_size, output_scaling)
@@ -164,7 +236,8 @@ def write_export(export_dir: str | Path, model: tf.keras.Model, contents: Export
             card, complete=True, precision={**card.precision, "signatures": check["census"]}, verification={
                 "max_abs_diff": check["max_abs_diff"], "environment": check["environment"],
                 "tolerance": {"float32": VERIFY_TOLERANCE, "float16": FLOAT16_TOLERANCE},
-                "images": int(len(verify_images)), "loaded_without": list(BLOCKED_IN_CHECK)})
+                "images": int(len(verify_images)), "loaded_without": list(BLOCKED_IN_CHECK),
+                "reference": REFERENCE, **device})
         write_card(tmp, card)  # last: "complete" is only ever true in a verified folder
     return card
 

@@ -7,9 +7,12 @@ tf_keras route writes it, and checked in a fresh process against the JAX model's
 
 JOB_DIR holds job.json (config, head width and activation, export folder, extra files, output scaling), weights.npz
 (the trained weights in model order), verify.npz (the verify images and the JAX model's float32 outputs for them) and
-model_card.json (the card to complete).
+model_card.json (the card to complete). The verify outputs are the JAX model's at exact float32 on the host CPU (what
+the export is checked against) and on the training device at its default precision (recorded).
 """
 
+import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -22,8 +25,14 @@ if __name__ == "__main__":  # the child: set before keras is imported, for it ex
 import common  # noqa: F401
 from common.core.children import cpu_only_environment
 from common.core.config import config_from_dict, config_to_dict
-from common.export.card import read_card, write_card
-from common.export.writer import ExportContents, export_models, rebuild_job_contents, run_rebuild_child
+from common.export.card import read_card
+from common.export.writer import (
+    ExportContents,
+    export_models,
+    rebuild_job_contents,
+    run_rebuild_child,
+    write_rebuild_job,
+)
 from common.launch.kernel import guarded
 from common.training.backends.keras_jax.model import build_keras_model, read_weight_arrays
 
@@ -35,37 +44,58 @@ CHILD = "common.training.backends.keras_jax.export"  # this module, run as the c
 # ------------------------------------------------------------------------------------------- the training process
 def export(backend, export_dir: Path, contents: ExportContents):
     """The verified export of the weights backend.model holds now: the child rebuilds the model from them and saves
-    the SavedModel contract; the check compares it with what this JAX model, in float32, predicts for the verify
-    images."""
-    expected = _float32_outputs(backend, contents.verify_images)
+    the SavedModel contract; the check compares it with what this JAX model predicts for the verify images at exact
+    float32 on the host CPU. What the training device predicts in float32 is recorded beside it."""
+    images = contents.verify_images
+    device_outputs, device = _float32_outputs(backend, images, on_host=False)
+    expected, _ = _float32_outputs(backend, images, on_host=True)
+    contents = dataclasses.replace(contents, expected=expected, device_outputs=device_outputs, device=device)
     with tempfile.TemporaryDirectory(prefix="tpu2gpu-export-") as folder:
         job = Path(folder)
         backend.save_weights(job / "weights")
-        np.savez(job / "verify.npz", images=contents.verify_images, expected=expected)
-        write_card(job, contents.card)
-        (job / "job.json").write_text(json.dumps({
+        write_rebuild_job(job, contents, {
             "config": config_to_dict(backend.cfg), "outputs": backend.plan.outputs,
             "activation": backend.plan.task.activation, "export_dir": str(export_dir),
-            "extra_files": {name: str(path) for name, path in contents.extra_files.items()},
-            "output_scaling": contents.output_scaling, "export_float16": backend.cfg.train.export_float16}))
+            "export_float16": backend.cfg.train.export_float16})
         _run_child(job)
     return read_card(export_dir)
 
 
-def _float32_outputs(backend, images: np.ndarray) -> np.ndarray:
-    """What the model computes for images in float32 (what a T4 runs: the export's float32 signature is checked
-    against it), on this process's first device alone: the export is process 0's work, with no other process to
-    compute with."""
+def _float32_outputs(backend, images: np.ndarray, on_host: bool) -> tuple[np.ndarray, str]:
+    """(what a float32 copy of the model computes for images, where and how): on_host, on JAX's CPU device at
+    'highest' matmul precision, exact on any platform (both: 'highest' alone still runs on the accelerator, and the
+    CPU alone would not be asked for full precision where it is not the default); else on the training device at
+    JAX's default precision, what validation computed (a bfloat16 pass on a TPU, TF32 on an Ampere+ GPU). On one
+    device: the export is process 0's work, with no other process to compute with."""
+    import jax
     import keras
 
+    device, precision = backend.devices[0], getattr(jax.config, "jax_default_matmul_precision", None) or "default"
+    if on_host:
+        device, precision = _host_cpu(device), "highest"
     distribution = keras.distribution.distribution()
     keras.distribution.set_distribution(None)
     try:
-        copy = backend._build("float32")
-        copy.set_weights(backend.model.get_weights())
-        return np.asarray(copy.predict(images, batch_size=len(images), verbose=0))
+        exact = jax.default_matmul_precision("highest") if on_host else contextlib.nullcontext()
+        with jax.default_device(device), exact:
+            copy = backend._build("float32")
+            copy.set_weights(backend.model.get_weights())
+            outputs = np.asarray(copy.predict(images, batch_size=len(images), verbose=0))
     finally:
         keras.distribution.set_distribution(distribution)
+    return outputs, f"{device.device_kind} ({device.platform}) at JAX's {precision} matmul precision"
+
+
+def _host_cpu(fallback):
+    """JAX's CPU device; where JAX_PLATFORMS leaves it out, `fallback` (at 'highest', still exact float32)."""
+    import jax
+
+    try:
+        return jax.devices("cpu")[0]
+    except RuntimeError:
+        print(f"[train] JAX has no CPU device here (JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS')}): the export's "
+              f"reference is computed on {fallback.device_kind} at 'highest' precision", flush=True)
+        return fallback
 
 
 def _run_child(job: Path) -> None:

@@ -7,9 +7,10 @@ writes the same contract from a child interpreter: common/training/backends/kera
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
-from common.export.writer import ExportContents, export_models
+from common.export.writer import ExportContents, export_models, host_reference, tensorflow_outputs
 
 
 def serving_model(backend, policy: str = "float32"):
@@ -22,6 +23,12 @@ def serving_model(backend, policy: str = "float32"):
 
 
 def export(backend, export_dir: Path, contents: ExportContents):
-    """The verified export of the weights backend.model holds now."""
-    return export_models(export_dir, lambda policy: serving_model(backend, policy), contents,
-                         backend.cfg.train.export_float16)
+    """The verified export of the weights backend.model holds now, checked against the float32 copy's outputs at
+    exact float32 on the host; the same copy's outputs where TensorFlow places it (a GPU, with TF32 on an Ampere+ one)
+    are recorded beside them."""
+    copy = serving_model(backend, "float32")
+    device_outputs, device = tensorflow_outputs(copy, contents.verify_images)
+    contents = dataclasses.replace(contents, expected=host_reference(copy, contents.verify_images),
+                                   device_outputs=device_outputs, device=device)
+    return export_models(export_dir, lambda policy: copy if policy == "float32" else serving_model(backend, policy),
+                         contents, backend.cfg.train.export_float16)

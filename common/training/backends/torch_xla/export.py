@@ -6,10 +6,12 @@ model's own float32 predictions. Neither torch nor torch_xla is imported there: 
 
 JOB_DIR holds job.json (config, head width and activation, mean and std, export folder, extra files, output scaling),
 backbone/ (the trained backbone as timm.models.save_for_hf writes it: config.json + model.safetensors), head.npz (the
-linear layer as Keras holds it), verify.npz (the verify images and the torch model's outputs) and model_card.json.
+linear layer as Keras holds it), verify.npz (the verify images, a CPU copy's float32 outputs, which the export is
+checked against, and the XLA device's own, recorded) and model_card.json.
 """
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -23,8 +25,14 @@ if __name__ == "__main__":  # the child: set before keras is imported, for it ex
 import common  # noqa: F401
 from common.core.children import cpu_only_environment
 from common.core.config import config_from_dict, config_to_dict
-from common.export.card import read_card, write_card
-from common.export.writer import ExportContents, export_models, rebuild_job_contents, run_rebuild_child
+from common.export.card import read_card
+from common.export.writer import (
+    ExportContents,
+    export_models,
+    rebuild_job_contents,
+    run_rebuild_child,
+    write_rebuild_job,
+)
 from common.launch.kernel import guarded
 
 import numpy as np
@@ -34,28 +42,29 @@ CHILD = "common.training.backends.torch_xla.export"  # this module, run as the c
 
 # ------------------------------------------------------------------------------------------- the training process
 def export(backend, export_dir: Path, contents: ExportContents):
-    """The verified export of the weights backend.model holds now."""
-    model = backend.model
-    expected = torch_outputs(model, contents.verify_images)
+    """The verified export of the weights backend.model holds now, checked against a CPU copy's float32 outputs;
+    the XLA device's own float32 outputs are recorded beside them."""
+    model, images = backend.model, contents.verify_images
+    contents = dataclasses.replace(contents, expected=torch_outputs(cpu_copy(model), images),
+                                   device_outputs=torch_outputs(model, images), device=xla_device_named(backend))
     with tempfile.TemporaryDirectory(prefix="tpu2gpu-export-") as folder:
         job = Path(folder)
         save_backbone(model.backbone, job / "backbone")
         head = model.head
         np.savez(job / "head.npz", kernel=head.weight.detach().cpu().numpy().T, bias=head.bias.detach().cpu().numpy())
-        np.savez(job / "verify.npz", images=contents.verify_images, expected=expected)
-        write_card(job, contents.card)
         config = model.backbone.pretrained_cfg
-        (job / "job.json").write_text(json.dumps({
+        write_rebuild_job(job, contents, {
             "config": config_to_dict(backend.cfg), "outputs": backend.plan.outputs,
             "activation": backend.plan.task.activation, "mean": list(config["mean"]), "std": list(config["std"]),
-            "export_dir": str(export_dir), "extra_files": {n: str(p) for n, p in contents.extra_files.items()},
-            "output_scaling": contents.output_scaling, "export_float16": backend.cfg.train.export_float16}))
+            "export_dir": str(export_dir), "export_float16": backend.cfg.train.export_float16})
         _run_child(job)
     return read_card(export_dir)
 
 
 def torch_outputs(model, images: np.ndarray) -> np.ndarray:
-    """What the model computes for images in float32 (what a T4 runs), in evaluation mode."""
+    """What the model computes for images in float32 (autocast off), in evaluation mode, on the model's device: on
+    the CPU (cpu_copy) exact, the export's reference; on an XLA device at that device's float32 (a bfloat16 pass on a
+    TPU by default)."""
     import torch
 
     autocast, model.autocast = model.autocast, False
@@ -68,16 +77,39 @@ def torch_outputs(model, images: np.ndarray) -> np.ndarray:
         model.autocast = autocast
 
 
-def save_backbone(backbone, folder: Path) -> None:
-    """The trained backbone as timm.models.save_for_hf writes it (what keras-hub's timm converters read), from a CPU
-    copy of the same architecture."""
+def cpu_copy(model):
+    """The trained model as plain torch on the CPU, float32 at full precision: where the export's reference is
+    computed. One small batch there: the verify images."""
+    from common.training.backends.torch_xla.model import TimmClassifier
+
+    backbone = timm_copy(model.backbone)
+    copy = TimmClassifier(backbone, model.head.out_features, model.activation, model.dropout.p)
+    copy.load_state_dict({k: v.detach().cpu() for k, v in model.state_dict().items()})
+    return copy
+
+
+def xla_device_named(backend) -> str:
+    """The training device and its float32, as the card records it."""
+    bf16 = " with XLA_USE_BF16=1 (bfloat16 storage)" if os.environ.get("XLA_USE_BF16") == "1" else ""
+    return f"{backend.devices} x {backend.platform} XLA device(s){bf16}"
+
+
+def timm_copy(backbone):
+    """A CPU copy of a timm backbone: the same architecture, weights and pretrained_cfg."""
     import timm
-    import timm.models
 
     copy = timm.create_model(backbone.pretrained_cfg["architecture"], pretrained=False, num_classes=0)
     copy.load_state_dict({k: v.detach().cpu() for k, v in backbone.state_dict().items()})
     copy.pretrained_cfg = backbone.pretrained_cfg
-    timm.models.save_for_hf(copy, str(folder), safe_serialization=True)
+    return copy
+
+
+def save_backbone(backbone, folder: Path) -> None:
+    """The trained backbone as timm.models.save_for_hf writes it (what keras-hub's timm converters read), from a CPU
+    copy of the same architecture."""
+    import timm.models
+
+    timm.models.save_for_hf(timm_copy(backbone), str(folder), safe_serialization=True)
 
 
 def _run_child(job: Path) -> None:
