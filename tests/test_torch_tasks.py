@@ -202,8 +202,9 @@ def export_untrained(task_name: str, competition: Path, timm_folder: Path, expor
 def test_each_task_types_torch_model_exports_the_same_contract_and_the_tf_only_kernel_predicts_what_it_does(
         tmp_path, demo_dir, tiny_timm_backbone):
     """For each task type, the export's check against the torch model on its verify images, and the inference
-    kernel's outputs (probabilities.csv) for all 360 test images against the torch model's own; the submission in
-    the template's columns and order, with the task's values."""
+    kernel's outputs (probabilities.csv) for all 360 test images against the torch model's own, both sides on the
+    CPU in float32 (plain torch; TensorFlow); the submission in the template's columns and order, with the task's
+    values."""
     exported, inference, answers_of = {}, [], {}
     for task in TASKS:
         competition, answers_of[task] = task_competition(demo_dir, tmp_path / task / "competition", task)
@@ -218,6 +219,9 @@ def test_each_task_types_torch_model_exports_the_same_contract_and_the_tf_only_k
         card = json.loads((export / "model_card.json").read_text())
         assert card["task"] == task and card["complete"]
         difference = card["verification"]["max_abs_diff"]["float32"]  # relative to the values' scale (regression)
+        # The model trained nowhere but the CPU: its "device" outputs are the reference's own computation.
+        assert card["verification"]["device"] == "cpu (plain torch, float32)"
+        assert card["verification"]["device_max_abs_diff"] == 0.0
         with np.load(export / "verify_batch.npz") as verify:
             spread = float(np.ptp(verify["predictions"]) / max(1.0, np.abs(verify["predictions"]).max()))
         ids = [a["id"] for a in answers_of[task]]
@@ -227,8 +231,9 @@ def test_each_task_types_torch_model_exports_the_same_contract_and_the_tf_only_k
         assert [r[id_col] for r in saved] == ids  # the template's rows, in its order
         outputs = np.array([[float(v) for k, v in r.items() if k != id_col] for r in saved])
         gap = float(np.max(np.abs(outputs - expected)) / max(1.0, np.abs(expected).max()))
-        print(f"{task} on the torch_xla route's export: verify batch within {difference:.1e} of the torch model (its "
-              f"outputs spread over {spread:.2f}); the TF-only kernel's {len(ids)} outputs within {gap:.1e}")
+        print(f"{task} on the torch_xla route's export: verify batch within {difference:.1e} of the torch model on "
+              f"the CPU (its outputs spread over {spread:.2f}); the TF-only kernel's {len(ids)} outputs within "
+              f"{gap:.1e}")
         assert card["output"]["shape"] == [None, expected.shape[1]] == [None, {"binary": 1, "multilabel": 4,
                                                                                "regression": 1}[task]]
         assert difference <= 1e-4 and gap <= 1e-4

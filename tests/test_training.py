@@ -53,11 +53,13 @@ def test_custom_loop_step_on_two_replicas_equals_the_single_device_step(plain_ba
     assert mirrored.num_replicas_in_sync == 2  # each replica sees 4 of the 8 examples
     weights_2, loss_2 = one_step(mirrored)
     weights_1, loss_1 = one_step(get_strategy("default"))
-    assert loss_2 == pytest.approx(loss_1, rel=1e-5)
+    # Like with like: both on this CPU in float32 (its logical devices), only the split over replicas differs.
+    assert loss_2 == pytest.approx(loss_1, rel=1e-5), "loss: 2 replicas against 1, both float32 on the CPU"
     moved = [np.abs(w1 - w0).max() for w1, w0 in zip(weights_1, initial, strict=True)]
     assert min(moved) > 1e-4  # the step changed every variable ...
     for w2, w1 in zip(weights_2, weights_1, strict=True):
-        np.testing.assert_allclose(w2, w1, atol=1e-5)  # ... identically on one device and on two replicas
+        np.testing.assert_allclose(w2, w1, atol=1e-5,  # ... identically on one device and on two replicas
+                                   err_msg="weights after one step: 2 replicas against 1, both float32 on the CPU")
 
 
 @pytest.mark.e2e

@@ -206,10 +206,12 @@ def restore_best(backend, monitor: EpochMonitor, predict_val) -> tuple[int, np.n
     if not backend.hosts.writer:  # process 0 kept the best epoch's files, and checks them; outputs agree everywhere
         return best_epoch, outputs
     expected = np.load(monitor.work_dir / "best" / "predictions.npy")
+    # Like with like: both sides are the training devices' own validation predictions, in the training precision.
     drift = float(np.max(np.abs(outputs - expected)))  # float reduction order aside, they must agree
     if drift > 1e-3 * max(1.0, float(np.max(np.abs(expected)))):
         raise RuntimeError(f"the restored weights of epoch {best_epoch} predict up to {drift:.2e} away from what "
-                           "that epoch predicted: the best-epoch checkpoint did not capture the model")
+                           "that epoch predicted (both on the training devices, in the training precision): the "
+                           "best-epoch checkpoint did not capture the model")
     print(f"[train] exporting the weights of epoch {best_epoch} (val_{metric} {monitor.best['value']:.4f}; "
           f"restored, max difference {drift:.1e})", flush=True)
     return best_epoch, outputs

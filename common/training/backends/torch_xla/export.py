@@ -46,7 +46,7 @@ def export(backend, export_dir: Path, contents: ExportContents):
     the XLA device's own float32 outputs are recorded beside them."""
     model, images = backend.model, contents.verify_images
     contents = dataclasses.replace(contents, expected=torch_outputs(cpu_copy(model), images),
-                                   device_outputs=torch_outputs(model, images), device=xla_device_named(backend))
+                                   device_outputs=torch_outputs(model, images), device=device_named(model))
     with tempfile.TemporaryDirectory(prefix="tpu2gpu-export-") as folder:
         job = Path(folder)
         save_backbone(model.backbone, job / "backbone")
@@ -88,10 +88,15 @@ def cpu_copy(model):
     return copy
 
 
-def xla_device_named(backend) -> str:
-    """The training device and its float32, as the card records it."""
+def device_named(model) -> str:
+    """Where the model computes and what its float32 is there, as the card records it."""
+    device = next(model.parameters()).device
+    if device.type != "xla":
+        return f"{device} (plain torch, float32)"
+    import torch_xla.runtime as xla_runtime
+
     bf16 = " with XLA_USE_BF16=1 (bfloat16 storage)" if os.environ.get("XLA_USE_BF16") == "1" else ""
-    return f"{backend.devices} x {backend.platform} XLA device(s){bf16}"
+    return f"{xla_runtime.global_runtime_device_count()} x {xla_runtime.device_type().lower()} XLA device(s){bf16}"
 
 
 def timm_copy(backbone):
