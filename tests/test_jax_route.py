@@ -11,11 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from inexact_float32 import tpu_float32
 
 from train_tpu.train import main as train_main
 
 from builders import SHAPES, task_competition, verify_batch_difference
+from inexact_float32 import tpu_float32
 
 REPO = Path(__file__).resolve().parents[1]
 

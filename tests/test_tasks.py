@@ -19,11 +19,11 @@ from common.tasks.types import TASKS
 
 import numpy as np
 import pytest
-from inexact_float32 import tpu_float32
 
 from train_tpu.train import main as train_main
 
 from builders import SHAPES, read_csv, run_inference_kernel, task_competition, write_csv
+from inexact_float32 import tpu_float32
 
 REPO = Path(__file__).resolve().parents[1]
 

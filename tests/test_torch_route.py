@@ -14,9 +14,9 @@ from pathlib import Path
 from common.launch.routes import torch_xla_missing
 
 import pytest
-from inexact_float32 import TORCH_XLA_BFLOAT16
 
 from builders import kill_after_epochs, run_inference_kernel
+from inexact_float32 import TORCH_XLA_BFLOAT16
 
 REPO = Path(__file__).resolve().parents[1]
 needs_torch_xla = pytest.mark.skipif(bool(torch_xla_missing()), reason=f"{torch_xla_missing()} not installed "

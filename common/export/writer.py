@@ -44,7 +44,7 @@ from common.export.verify import (
 import numpy as np
 import tensorflow as tf
 
-# What every export's float32 signature is checked against, whichever route trained it (docs/design.md, contract 13).
+# What every export's float32 signature is checked against, whichever route trained it (docs/design.md, contract 11).
 REFERENCE = "the trained model at exact float32 on the host CPU"
 
 
@@ -133,8 +133,8 @@ def tensorflow_outputs(model: tf.keras.Model, images: np.ndarray) -> tuple[np.nd
 
 
 def host_reference(model: tf.keras.Model, images: np.ndarray) -> np.ndarray:
-    """What the export is checked against: model's outputs at exact float32 on the host CPU. About one batch of the
-    verify images' size (4) on the CPU: under a second for EfficientNet-B0 at 224 px."""
+    """What the export is checked against: model's outputs at exact float32 on the host CPU (one batch of the verify
+    images, 4)."""
     with exact_float32_on_host():
         return tensorflow_outputs(model, images)[0]
 
@@ -162,7 +162,8 @@ def rebuild_job_contents(job_dir: Path, job: dict) -> ExportContents:
     from common.export.card import read_card
 
     with np.load(Path(job_dir) / "verify.npz") as verify:
-        images, expected, device_outputs = verify["images"], verify["expected"], verify["device_outputs"]
+        images, expected = verify["images"], verify["expected"]
+        device_outputs = verify["device_outputs"] if "device_outputs" in verify.files else None
     return ExportContents(read_card(job_dir, require_complete=False), images,
                           {name: Path(path) for name, path in job["extra_files"].items()}, job["output_scaling"],
                           expected, device_outputs, job["device"])
@@ -172,8 +173,8 @@ def write_rebuild_job(job_dir: Path, contents: ExportContents, job: dict) -> Non
     """A route's export job folder (rebuild_job_contents reads it): verify.npz (the verify images, the trained model's
     exact float32 outputs and the training device's own), the card to complete, and job.json (`job`, with the
     contents' files, output scaling and device)."""
-    np.savez(job_dir / "verify.npz", images=contents.verify_images, expected=contents.expected,
-             device_outputs=contents.device_outputs)
+    device = {} if contents.device_outputs is None else {"device_outputs": contents.device_outputs}
+    np.savez(job_dir / "verify.npz", images=contents.verify_images, expected=contents.expected, **device)
     write_card(job_dir, contents.card)
     (job_dir / "job.json").write_text(json.dumps({
         **job, "extra_files": {name: str(path) for name, path in contents.extra_files.items()},
