@@ -2,7 +2,8 @@
 training kernel and exports the contract that the inference kernel loads, without a change to any product module.
 
 The third backend is Keras 3 on its TensorFlow backend (train.framework=keras_tf): the keras_jax backend's Keras 3
-code (model, .npz checkpoints, EMA swap, export child) with its own devices and runtime record. It is added to
+code (model, .npz checkpoints, EMA swap, export child) with its own devices, runtime record and exact float32 (the
+export's reference, on the host CPU). It is added to
 the route table at run time (common/launch/routes.py ROUTES) in a child interpreter, since Keras picks its backend
 once per process and this one runs Keras 3 on JAX.
 """
@@ -59,6 +60,17 @@ THIRD_BACKEND = textwrap.dedent('''
                 return {"framework": self.name, "keras": keras.__version__, "keras_backend": keras.backend.backend(),
                         "steps_per_execution": self.steps_per_execution}
 
+            def float32_outputs(self, images, on_host):
+                """Its own framework's exact float32 on the host: TensorFlow's /CPU:0 with TF32 off."""
+                import contextlib
+
+                from common.export.writer import exact_float32_on_host, tensorflow_outputs
+
+                copy = self._build("float32")
+                copy.set_weights(self.model.get_weights())
+                with exact_float32_on_host() if on_host else contextlib.nullcontext():
+                    return tensorflow_outputs(copy, images)
+
         backend = KerasOnTensorFlow(cfg)
         assert isinstance(backend, Backend)
         print(f"framework     Keras {keras.__version__} on {keras.backend.backend()} (train.framework=keras_tf)")
@@ -111,6 +123,9 @@ def test_a_third_backend_defined_in_the_tests_trains_and_its_export_feeds_the_in
     assert card["runtime"] == {"framework": "keras_tf", "keras": "3.15.1", "keras_backend": "tensorflow",
                                "steps_per_execution": whole_executions(32, card["metrics"]["steps_per_epoch"])}
     assert card["complete"] is True and card["verification"]["max_abs_diff"]["float32"] < 1e-5
+    # Its own exact float32 on the host is the reference; its device is this CPU, whose float32 is exact: no gap.
+    assert card["verification"]["device"] == "/job:localhost/replica:0/task:0/device:CPU:0 with TF32 on"
+    assert card["verification"]["device_max_abs_diff"] == 0.0
     assert card["metrics"]["optimizer_steps"] == 4 * card["metrics"]["steps_per_epoch"]
     assert card["metrics"]["macro_f1"] >= 0.5  # 4 epochs from scratch on 16 px digits; chance is 0.1
 

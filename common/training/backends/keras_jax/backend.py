@@ -37,7 +37,7 @@ from common.training.backends.base import (
     epoch_hooks,
     learning_rate_schedule,
 )
-from common.training.backends.keras_jax.export import export
+from common.training.backends.keras_jax.export import export, float32_outputs
 from common.training.backends.keras_jax.hosts import (
     describe_hosts,
     gather_outputs,
@@ -260,6 +260,11 @@ class JaxBackend:
     def export(self, export_dir: Path, contents):
         """The verified export (common/training/backends/keras_jax/export.py: written by a child interpreter)."""
         return export(self, export_dir, contents)
+
+    def float32_outputs(self, images: np.ndarray, on_host: bool) -> tuple[np.ndarray, str]:
+        """(a float32 copy's outputs for images, where and at what precision they were computed): on_host, exact on
+        JAX's CPU device, what the export is checked against; else on the training device (export.py)."""
+        return float32_outputs(self, images, on_host)
 
 
 def start(cfg) -> JaxBackend:

@@ -47,8 +47,8 @@ def export(backend, export_dir: Path, contents: ExportContents):
     the SavedModel contract; the check compares it with what this JAX model predicts for the verify images at exact
     float32 on the host CPU. What the training device predicts in float32 is recorded beside it."""
     images = contents.verify_images
-    device_outputs, device = _float32_outputs(backend, images, on_host=False)
-    expected, _ = _float32_outputs(backend, images, on_host=True)
+    device_outputs, device = backend.float32_outputs(images, on_host=False)
+    expected, _ = backend.float32_outputs(images, on_host=True)
     contents = dataclasses.replace(contents, expected=expected, device_outputs=device_outputs, device=device)
     with tempfile.TemporaryDirectory(prefix="tpu2gpu-export-") as folder:
         job = Path(folder)
@@ -61,7 +61,7 @@ def export(backend, export_dir: Path, contents: ExportContents):
     return read_card(export_dir)
 
 
-def _float32_outputs(backend, images: np.ndarray, on_host: bool) -> tuple[np.ndarray, str]:
+def float32_outputs(backend, images: np.ndarray, on_host: bool) -> tuple[np.ndarray, str]:
     """(what a float32 copy of the model computes for images, where and how): on_host, on JAX's CPU device at
     'highest' matmul precision, exact on any platform (both: 'highest' alone still runs on the accelerator, and the
     CPU alone would not be asked for full precision where it is not the default); else on the training device at
