@@ -7,7 +7,9 @@ https://storage.googleapis.com (reads). So the command runs under `unshare --net
 with only `lo`, where nothing can leave the machine, and a private /etc/hosts that maps those names to 127.0.0.1. In
 there, `gcp-storage-emulator` (in memory) answers over TLS on 443 with a self-signed certificate that curl trusts
 through CURL_CA_BUNDLE, and on 80 for its resumable-upload URLs; authentication is skipped with
-GOOGLE_AUTH_TOKEN_FOR_TESTING. Short GCS timeouts and one retry make a failure an error, not a hang. Two emulator
+GOOGLE_AUTH_TOKEN_FOR_TESTING. Short GCS timeouts and one retry make a failure an error, not a hang. A push cut
+short is made by writing a number into the file $FAKE_GCS_WRITES_LEFT names (in run_with_gcs's folder): that many more
+object uploads are accepted, then each is refused with 503 until the file is removed. Two emulator
 defects are fixed here (monkeypatched; the installed files are untouched): TensorFlow sends upload bodies chunked AND
 with a Content-Length, and chunked must win (RFC 7230 3.3.3); an empty body (a directory marker, a zero-length
 object) is an empty body, not none. ../shared/GCS.md has the facts; about 0.2 s from namespace to a ready server.
@@ -110,7 +112,7 @@ def run_with_gcs(command: list[str], folder: Path, buckets: list[str], env: dict
     script.write_text(SCRIPT)
     run_env = {**os.environ, **GCS_ENV, "CURL_CA_BUNDLE": str(cert), "FAKE_GCS_KEY": str(key),
                "FAKE_GCS_HOSTS": str(hosts), "FAKE_GCS_PYTHON": sys.executable, "FAKE_GCS_SERVER": __file__,
-               "FAKE_GCS_LOG": str(folder / "fake_gcs.log"),
+               "FAKE_GCS_LOG": str(folder / "fake_gcs.log"), "FAKE_GCS_WRITES_LEFT": str(folder / "writes-left"),
                "FAKE_GCS_BUCKETS": " ".join(f"--bucket {b}" for b in buckets), "FAKE_GCS_TOKEN": TOKEN,
                "FAKE_GCS_ACCOUNT": ACCOUNT, "FAKE_GCS_ACCOUNT_PUBLIC_KEY": str(public)}
     run_env = {k: v for k, v in {**run_env, **(env or {})}.items() if v is not None}
@@ -183,6 +185,24 @@ class _TLSServer(ThreadingHTTPServer):
             connection.close()
 
 
+class _WritesLeft:
+    """Object uploads still accepted: unlimited unless the file `path` exists, which holds the count (a push that fails
+    half-way: the test writes a number there, and removes the file to let writes through again)."""
+
+    def __init__(self, path: str | None):
+        self.path, self.lock = Path(path) if path else None, threading.Lock()
+
+    def take(self) -> bool:
+        with self.lock:
+            if self.path is None or not self.path.is_file():
+                return True
+            left = int(self.path.read_text().strip() or 0)
+            if left <= 0:
+                return False
+            self.path.write_text(str(left - 1))
+            return True
+
+
 class _Access:
     """What the server lets in: requests bearing `token`, which its token endpoint also gives for a JWT signed by the
     service account's key (verified with its public key: openssl, as the test machine has no JWT library)."""
@@ -208,8 +228,9 @@ class _Access:
         return self.token if check.returncode == 0 else None
 
 
-def checked_handler(base, access: _Access):
-    """The emulator's handler, with GCS's bearer-token check (401 without the token) and an OAuth token endpoint."""
+def checked_handler(base, access: _Access, writes: _WritesLeft):
+    """The emulator's handler, with GCS's bearer-token check (401 without the token), an OAuth token endpoint, and
+    uploads refused (503) once `writes` has none left."""
 
     class Checked(base):
         def _answer(self, status: int, body: dict) -> None:
@@ -232,6 +253,9 @@ def checked_handler(base, access: _Access):
             if self.headers.get("Authorization") != f"Bearer {access.token}":
                 _read_raw_data(self)  # the body, read and dropped
                 return self._answer(401, {"error": {"code": 401, "message": "Invalid Credentials"}})
+            if method == "POST" and self.path.startswith("/upload/") and not writes.take():
+                _read_raw_data(self)
+                return self._answer(503, {"error": {"code": 503, "message": "Service Unavailable (no writes left)"}})
             return getattr(base, "do_" + method)(self)
 
         def do_GET(self):
@@ -264,7 +288,8 @@ def serve(buckets: list[str], cert: str, key: str, access: _Access) -> None:
     storage = Storage(use_memory_fs=True)
     for name in buckets:
         bucket_handlers.create_bucket(name, storage)
-    handler = partial(checked_handler(server.RequestHandler, access), storage)
+    writes = _WritesLeft(os.environ.get("FAKE_GCS_WRITES_LEFT"))
+    handler = partial(checked_handler(server.RequestHandler, access, writes), storage)
     secure, plain = _TLSServer(("127.0.0.1", 443), handler), _TLSServer(("127.0.0.1", 80), handler)
     secure.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     secure.context.load_cert_chain(cert, key)

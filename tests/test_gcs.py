@@ -20,6 +20,8 @@ BUCKET_RUN = "gs://bars-bucket/run"
 # once its first epoch's checkpoint is pushed; forget the local copy (a new machine), train again (it resumes from
 # the bucket) and export; score the export from the bucket and from the local copy with the TF-only inference kernel.
 # Then the same run on local paths (records converted here, killed after its first checkpoint, resumed), scored too.
+# Then the bucket loses the export's card (AFTER), its whole folder, and a push is refused half-way: the same training
+# command, run again each time as the messages say, repairs the bucket from the local copy.
 JOURNEY = """
 set -u
 py() { "$PYTHON" "$@"; }
@@ -45,6 +47,17 @@ py -m train_tpu.train $LOCAL_TRAIN > local-resumed.log 2>&1; echo "LOCAL_RESUMED
 py -c "$INFER" --set "infer.exports=[local/export]" --set runtime.output_dir=infer-local-run > infer-local-run.log \
     2>&1; echo "INFER_LOCAL_RUN $?"
 py -c "$AFTER" > after.log 2>&1; echo "AFTER $?"
+py -m train_tpu.train $TRAIN > repaired.log 2>&1; echo "REPAIRED $?"  # the fix the refusal gives, followed
+py -c "$INFER" --set "infer.exports=[$RUN/export]" --set runtime.output_dir=infer-repaired > infer-repaired.log 2>&1
+echo "INFER_REPAIRED $?"
+py -c "import tensorflow as tf; tf.io.gfile.rmtree('$RUN')"; echo "EMPTIED $?"  # the bucket's folder emptied by hand
+echo 3 > "$FAKE_GCS_WRITES_LEFT"  # then the bucket takes 3 more objects and refuses the rest: a push cut short
+py -m train_tpu.train $TRAIN > cut.log 2>&1; echo "CUT $?"
+rm "$FAKE_GCS_WRITES_LEFT"
+py -m train_tpu.train $TRAIN > refilled.log 2>&1; echo "REFILLED $?"  # the fix the cut push gives, followed
+py -c "$INFER" --set "infer.exports=[$RUN/export]" --set runtime.output_dir=infer-refilled > infer-refilled.log 2>&1
+echo "INFER_REFILLED $?"
+py -c "$NO_MANIFEST" > no-manifest.log 2>&1; echo "NO_MANIFEST $?"
 """
 
 CONVERT = """
@@ -59,14 +72,10 @@ print("LISTING", json.dumps(sorted(tf.io.gfile.listdir(url))))
 print("VERIFY", cli(["verify-records", "--records", url, "--full"]))
 """
 
-# The bucket afterwards: what the run left there; an export without its card and records without their manifest
-# (uploads cut short) refused by name.
+# The bucket afterwards: what the run left there; an export without its card (an upload cut short) refused by name.
 AFTER = """
 import json
 import tensorflow as tf
-from common.core.config import load_config
-from common.core.errors import DataError
-from common.data.records import record_set
 from common.export.card import ExportError
 from common.inference.ensemble import find_exports
 
@@ -78,6 +87,15 @@ try:
     find_exports([run + "/export"])  # what infer.exports=[gs://...] does
 except ExportError as err:
     print("NO CARD", err)
+"""
+
+# Records without their manifest (an upload cut short) refused by name.
+NO_MANIFEST = """
+import tensorflow as tf
+from common.core.config import load_config
+from common.core.errors import DataError
+from common.data.records import record_set
+
 tf.io.gfile.remove("gs://bars-bucket/tfr/manifest.json")
 try:
     record_set("gs://bars-bucket/tfr", load_config(None, []).data, 0)
@@ -97,18 +115,23 @@ def training_settings(backbone: Path, records: str, out: str) -> str:
 
 def test_a_run_in_a_bucket_converts_trains_is_killed_resumes_from_the_bucket_and_scores(tmp_path, tiny_backbone):
     """The records, the checkpoints and the export in a bucket, end to end; the TF-only inference kernel scores the
-    export from the bucket exactly as from the local copy; uploads cut short (no card, no manifest) are refused."""
+    export from the bucket exactly as from the local copy; uploads cut short (no card, no manifest) are refused. Then
+    the bucket is the truth: an export that lost its card, a folder emptied by hand, and a push refused half-way are
+    each repaired by the next run from the complete local copy, nothing trained again, and scored from the bucket."""
     write_competition(tmp_path / "comp", ["a", "b"] * 20, size=16, n_test=4)
     infer = BLOCK_KERAS_AND_HUB + ("from infer_gpu.infer import main; sys.exit(main(sys.argv[1:] + ['--set', "
                                    "'runtime.competition_dir=comp', '--set', 'runtime.tfrecords=']))")
-    env = {"PYTHON": sys.executable, "CONVERT": CONVERT, "AFTER": AFTER, "INFER": infer, "RUN": BUCKET_RUN,
+    env = {"PYTHON": sys.executable, "CONVERT": CONVERT, "AFTER": AFTER, "NO_MANIFEST": NO_MANIFEST, "INFER": infer,
+           "RUN": BUCKET_RUN,
            "TRAIN": training_settings(tiny_backbone, "gs://bars-bucket/tfr", BUCKET_RUN),
            "LOCAL_TRAIN": training_settings(tiny_backbone, "tfr", "local")}
     run = run_with_gcs(["bash", "-c", f"cd {tmp_path} && {JOURNEY}"], tmp_path / "gcs", ["bars-bucket"], env)
     logs = {p.stem: p.read_text() for p in tmp_path.glob("*.log")}
     report = run.stdout + run.stderr + "".join(f"\n--- {k}\n{v[-2500:]}" for k, v in logs.items())
-    for step in ("CONVERT", "RESUMED", "INFER_GCS", "INFER_LOCAL", "LOCAL_RESUMED", "INFER_LOCAL_RUN", "AFTER"):
+    for step in ("CONVERT", "RESUMED", "INFER_GCS", "INFER_LOCAL", "LOCAL_RESUMED", "INFER_LOCAL_RUN", "AFTER",
+                 "REPAIRED", "INFER_REPAIRED", "EMPTIED", "REFILLED", "INFER_REFILLED", "NO_MANIFEST"):
         assert f"{step} 0" in run.stdout, report
+    assert "CUT 2" in run.stdout, report
     assert "KILLED killed.log" in run.stdout and "KILLED local-killed.log" in run.stdout, report
 
     # Conversion: the shards and the manifest in the bucket; a second one refused without --overwrite.
@@ -152,9 +175,33 @@ def test_a_run_in_a_bucket_converts_trains_is_killed_resumes_from_the_bucket_and
 
     # Uploads cut short are refused by name.
     assert ("NO CARD gs://bars-bucket/run/export/fold0 holds a SavedModel without its model_card.json: its upload "
-            "was cut short") in after
-    assert ("NO MANIFEST gs://bars-bucket/tfr has no manifest.json, so data.class_names must list the classes") in after
+            "was cut short, so it is not taken for an export. Fix: run the training again with the same "
+            "runtime.output_dir (it uploads that fold again)") in after
+    assert ("NO MANIFEST gs://bars-bucket/tfr has no manifest.json, so data.class_names must list the classes"
+            ) in logs["no-manifest"]
     assert not Path("gs:").exists() and not (tmp_path / "gs:").exists()
+
+    # The bucket is the truth, the local copy a cache. Following that fix: the complete local export is pushed, card
+    # last, and nothing is trained again.
+    local = "runs/gcs/output/bars-bucket/run/export/fold0"
+    for log in ("repaired", "refilled"):
+        assert ("[gcs] gs://bars-bucket/run/export/fold0 has no model_card.json (an upload cut short, or a folder "
+                f"emptied): the complete local copy {local} is pushed, its model_card.json last") in logs[log], log
+        assert re.search(r"\[gcs\] gs://bars-bucket/run/export/fold0: \d+ file\(s\), [\d.]+ MB, pushed", logs[log])
+        assert "[train] fold 0: already exported in" in logs[log] and "[train] epoch" not in logs[log], log
+    # The folder emptied by hand, then a push refused after 3 objects (the write check took one): one error naming
+    # what the bucket holds and the fix; the fix, followed, completes the bucket.
+    assert ("train_tpu: error: pushing runs/gcs/output/bars-bucket/run/export/fold0 to the bucket failed after 2 of "
+            ) in logs["cut"], logs["cut"][-2000:]
+    assert ("it holds gs://bars-bucket/run/export/fold0 without its model_card.json, which no reader takes for "
+            "complete. Fix: run the same command again once the bucket answers: it pushes what the bucket lacks from "
+            "the local copy in runs/gcs/output/bars-bucket/run") in logs["cut"]
+    assert "[train] epoch" not in logs["cut"]
+    # The inference kernel takes the repaired and the refilled export from the bucket: the same submission as before.
+    for infer_dir in ("infer-repaired", "infer-refilled"):
+        assert "[gcs] gs://bars-bucket/run/export: 1 export(s)" in logs[infer_dir]
+        for name in ("probabilities.csv", "submission.csv"):
+            assert (tmp_path / infer_dir / name).read_text() == (tmp_path / "infer-gcs" / name).read_text(), infer_dir
 
 
 def csv_rows(path: Path) -> list[dict]:
@@ -207,3 +254,57 @@ def test_a_credential_the_bucket_refuses_ends_the_job_before_training_and_no_sec
         text = path.read_bytes().decode("utf-8", "replace")
         assert not [s for s in secrets if s in text], path
     assert not [s for s in secrets if s in run.stdout + run.stderr]
+
+
+# Checkpoints settled between the bucket and a local copy, both ways, and removed from both (runtime.start_over).
+SETTLE = """
+import json, pathlib, shutil
+import tensorflow as tf
+from common.core.gcs import Mirror
+from common.training.fold import CHECKPOINT_MARKER
+from common.training.run import FoldJob
+
+run, marker = "gs://bars-bucket/run", CHECKPOINT_MARKER
+epochs = lambda data: json.loads(data)["epochs_done"]
+
+def checkpoint(out, epochs_done):
+    folder = pathlib.Path(out) / "work" / "fold0"
+    (folder / "checkpoints").mkdir(parents=True, exist_ok=True)
+    (folder / "checkpoints" / "weights.npz").write_text(f"weights after epoch {epochs_done}")
+    (folder / marker).write_text(json.dumps({"epochs_done": epochs_done}))
+    return folder
+
+def bucket(name):
+    path = f"{run}/work/fold0/checkpoints/{name}"
+    return tf.io.gfile.GFile(path).read() if tf.io.gfile.exists(path) else None
+
+here = checkpoint("here", 1)
+Mirror(run, pathlib.Path("here")).push(here, marker)   # the bucket at epoch 1
+checkpoint("here", 2)                                   # killed after saving epoch 2, before its push
+Mirror(run, pathlib.Path("here")).settle(here, marker, epochs)
+print("AHEAD", bucket("weights.npz"), "|", bucket("progress.json"))
+there = checkpoint("there", 3)                          # another machine went on to epoch 3
+Mirror(run, pathlib.Path("there")).push(there, marker)
+Mirror(run, pathlib.Path("here")).settle(here, marker, epochs)
+print("BEHIND", (here / "checkpoints" / "weights.npz").read_text())
+job = FoldJob(0, "records", here, pathlib.Path("here/export/fold0"), Mirror(run, pathlib.Path("here")))
+job.start_over()
+left = [f for _, _, files in tf.io.gfile.walk(f"{run}/work/fold0") for f in files]
+print("START_OVER", here.exists(), left)
+"""
+
+
+def test_checkpoints_settle_toward_the_side_ahead_and_start_over_removes_both(tmp_path):
+    """A local checkpoint ahead of the bucket's (a push that never started) is pushed before training goes on; a
+    bucket ahead of the local copy is taken; runtime.start_over removes the fold's checkpoint from both."""
+    run = run_with_gcs(["bash", "-c", f'cd {tmp_path} && "$PYTHON" -c "$SETTLE"'], tmp_path / "gcs", ["bars-bucket"],
+                       {"PYTHON": sys.executable, "SETTLE": SETTLE})
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    assert ("[gcs] gs://bars-bucket/run/work/fold0 is behind the local copy (1 against 2): the complete local copy "
+            "here/work/fold0 is pushed, its checkpoints/progress.json last") in run.stdout
+    assert 'AHEAD weights after epoch 2 | {"epochs_done": 2}' in run.stdout
+    assert "[gcs] gs://bars-bucket/run/work/fold0: taken from the bucket into here/work/fold0" in run.stdout
+    assert "BEHIND weights after epoch 3" in run.stdout
+    assert "[train] fold 0: runtime.start_over=true: its export and checkpoints removed" in run.stdout
+    assert "START_OVER False []" in run.stdout  # nothing left here, no object left in the bucket
+

@@ -2,7 +2,7 @@
 
     require_access(reads=[cfg.runtime.tfrecords], writes=[cfg.runtime.output_dir])  # one error per refused bucket
     mirror = Mirror("gs://bucket/run", Path("runs/gcs/output/bucket/run"))  # the folder, worked on in a local copy
-    mirror.pull(work / "fold0", marker="checkpoints/progress.json")   # what a killed run left in the bucket
+    mirror.settle(work / "fold0", "checkpoints/progress.json", epochs)  # bucket and local copy agreed, before use
     mirror.push(work / "fold0", marker="checkpoints/progress.json")   # after each checkpoint; exports likewise
     fetch_exports("gs://bucket/run/export", Path("runs/gcs/input/..."))  # its complete exports, copied there
 
@@ -10,6 +10,12 @@ GCS has no rename of a folder, so the staged folders of common/core/atomic.py ca
 folder is complete when its marker object is: a push removes the marker first and uploads it last, and a reader takes
 a folder only with its marker (an export: model_card.json; a checkpoint: progress.json). A push cut short (a kill)
 leaves a folder without its marker, which is never taken for complete; objects themselves are written whole by GCS.
+
+The bucket is the truth and the local copy a cache (settle, before a fold is skipped, resumed or trained): a complete
+copy in the bucket is taken, unless the local copy is complete and the bucket's is not, or is behind it (a checkpoint
+of fewer epochs): then the local copy is pushed, its marker last, and the log says why. So a push cut short by a kill,
+a network error or a preemption is repaired by the next run, and a bucket folder emptied by hand is filled again from
+the local copy; starting over is said, never inferred (runtime.start_over).
 
 The credential is TensorFlow's own (GOOGLE_APPLICATION_CREDENTIALS, gcloud's application-default login, a Cloud VM's
 service account, or kaggle_secrets through runtime.private_dataset): this module never reads, prints or writes a key
@@ -133,6 +139,27 @@ class Mirror:
         relative = Path(path).relative_to(self.local).as_posix()
         return self.url.rstrip("/") + ("" if relative == "." else f"/{relative}")
 
+    def settle(self, folder: Path, marker: str, progress=None) -> None:
+        """`folder` made the same in the bucket and here, complete where its marker is: the local copy is pushed when
+        it is complete and the bucket's is not, or is behind it (progress(marker bytes), higher is further, e.g. a
+        checkpoint's epochs); else the bucket's complete copy is taken (pull)."""
+        if not self.url:
+            return
+        remote, local_marker = self.remote(folder), Path(folder) / marker
+        with bucket_errors(remote, "reading"):
+            remote_marker = _read_remote(f"{remote}/{marker}")
+        local = local_marker.read_bytes() if local_marker.is_file() else None
+        behind = (remote_marker is not None and local is not None and progress is not None
+                  and progress(remote_marker) < progress(local))
+        if local is not None and (remote_marker is None or behind):
+            why = (f"is behind the local copy ({progress(remote_marker)} against {progress(local)})" if behind else
+                   f"has no {marker} (an upload cut short, or a folder emptied)")
+            print(f"[gcs] {remote} {why}: the complete local copy {folder} is pushed, its {marker} last", flush=True)
+            self.pushed = {p: s for p, s in self.pushed.items() if Path(folder) not in p.parents}  # all of it again
+            self.push(folder, marker)
+            return
+        self.pull(folder, marker)
+
     def pull(self, folder: Path, marker: str) -> None:
         """The bucket's complete copy of `folder` made the local one, unless the local copy has the same marker (this
         machine's own, resumed) or the bucket has none (a push cut short: the local copy, if any, is newer)."""
@@ -160,22 +187,44 @@ class Mirror:
         else:
             files = {p.relative_to(path).as_posix(): p for p in path.rglob("*") if p.is_file()} if path.is_dir() else {}
         changed = sorted((r for r, p in files.items() if self.pushed.get(p) != _stamp(p)), key=lambda r: r == marker)
-        with bucket_errors(remote, "writing to"):
-            stale = [] if path.is_file() else [r for r in _remote_files(remote) if r not in files]
-            if not changed and not stale:
-                return
-            started = time.monotonic()
-            if marker and tf.io.gfile.exists(f"{remote}/{marker}"):
-                tf.io.gfile.remove(f"{remote}/{marker}")
-                stale = [r for r in stale if r != marker]
-            for relative in changed:  # the marker last
-                tf.io.gfile.copy(str(files[relative]), f"{remote}/{relative}".rstrip("/"), overwrite=True)
-                self.pushed[files[relative]] = _stamp(files[relative])
-            for relative in stale:
-                tf.io.gfile.remove(f"{remote}/{relative}")
+        done = 0
+        try:
+            with bucket_errors(remote, "writing to"):
+                stale = [] if path.is_file() else [r for r in _remote_files(remote) if r not in files]
+                if not changed and not stale:
+                    return
+                started = time.monotonic()
+                if marker and tf.io.gfile.exists(f"{remote}/{marker}"):
+                    tf.io.gfile.remove(f"{remote}/{marker}")
+                    stale = [r for r in stale if r != marker]
+                for relative in changed:  # the marker last
+                    tf.io.gfile.copy(str(files[relative]), f"{remote}/{relative}".rstrip("/"), overwrite=True)
+                    self.pushed[files[relative]] = _stamp(files[relative])
+                    done += 1
+                for relative in stale:
+                    tf.io.gfile.remove(f"{remote}/{relative}")
+        except tf.errors.OpError as err:  # the bucket stopped answering: a network error, an outage, a quota
+            cause = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:200]}"
+            held = f"it holds {remote} without its {marker}, which no reader takes for complete" if marker else \
+                f"{remote} may be missing or older"
+            raise DataPathError(f"pushing {path} to the bucket failed after {done} of {len(changed)} file(s) "
+                                f"({cause}): {held}. Fix: run the same command again once the bucket answers: it "
+                                f"pushes what the bucket lacks from the local copy in {self.local}") from None
         size = sum(files[r].stat().st_size for r in changed)
         print(f"[gcs] {remote}: {len(changed)} file(s), {size_text(size)}, pushed in {time.monotonic() - started:.2f} s"
               + (f"; {len(stale)} removed" if stale else ""), flush=True)
+
+    def remove(self, folder: Path) -> None:
+        """Everything under `folder` removed from the bucket (runtime.start_over)."""
+        import tensorflow as tf
+
+        if not self.url:
+            return
+        remote = self.remote(folder)
+        with bucket_errors(remote, "writing to"):
+            if tf.io.gfile.exists(remote):
+                tf.io.gfile.rmtree(remote)
+        self.pushed = {p: s for p, s in self.pushed.items() if Path(folder) not in p.parents}
 
 
 def _stamp(path: Path) -> tuple[int, int]:

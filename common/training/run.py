@@ -6,8 +6,11 @@
 A fold already exported (a complete card) is skipped and reported; a fold with a checkpoint resumes and is planned
 for the epochs it has left. A fold starts only if the time left covers its estimate (the last fold's measured
 setup, epochs and export); a fold the budget refuses is listed in not_started, and later folds are still looked at.
-With a gs:// output (common/core/gcs.py), a fold's export and checkpoint are first taken from the bucket, and its
-checkpoint is pushed there after each epoch, its export once written (each with its marker last).
+With a gs:// output (common/core/gcs.py), the bucket is the truth and the local copy a cache: a fold's export and
+checkpoint are first settled between them (the bucket's complete copy taken, or a complete local one that the bucket
+lacks or is behind pushed), its checkpoint is pushed after each epoch, its export once written (each with its marker
+last). runtime.start_over=true removes the folds' exports and checkpoints first, here and in the bucket: a rerun
+otherwise never trains again what is complete on either side.
 """
 
 from __future__ import annotations
@@ -47,10 +50,19 @@ class FoldJob:
         return cls(fold, tfrecord_dir, folders.work / "work" / f"fold{fold}", folders.out / "export" / f"fold{fold}",
                    folders.mirror)
 
-    def pull(self) -> None:
-        """What a killed run left in a gs:// output (an export, or a checkpoint), taken into the local copy."""
-        self.mirror.pull(self.export_dir, CARD_NAME)
-        self.mirror.pull(self.work, CHECKPOINT_MARKER)
+    def settle(self) -> None:
+        """A gs:// output's bucket and its local copy agreed on this fold's export and checkpoint (common/core/gcs.py:
+        the bucket's complete copy taken, or a local one it lacks or is behind pushed); nothing for a local output."""
+        self.mirror.settle(self.export_dir, CARD_NAME)
+        self.mirror.settle(self.work, CHECKPOINT_MARKER, lambda marker: int(json.loads(marker)["epochs_done"]))
+
+    def start_over(self) -> None:
+        """runtime.start_over: this fold's export and checkpoints removed, here and in a gs:// output."""
+        for folder in (self.export_dir, self.work):
+            shutil.rmtree(folder, ignore_errors=True)
+            self.mirror.remove(folder)
+        print(f"[train] fold {self.fold}: runtime.start_over=true: its export and checkpoints removed "
+              f"({self.export_dir}, {self.work}{', and in the bucket' if self.mirror.url else ''})", flush=True)
 
 
 def folds_to_train(cfg, tfrecord_dir: str) -> list[int]:
@@ -116,11 +128,14 @@ def train_folds(cfg, backend, tfrecord_dir: str, folders: TrainingFolders, deadl
     report, last, why = {"folds": {}, "not_started": []}, None, ""
     for fold in folds_to_train(cfg, tfrecord_dir):
         job = FoldJob.of(fold, tfrecord_dir, folders)
-        job.pull()
+        if cfg.runtime.start_over:
+            job.start_over()
+        job.settle()
         metrics = exported_metrics(job.export_dir)
         if backend.hosts.agree(metrics is not None):  # process 0 sees the exports (it alone writes them)
             report["folds"][f"fold{fold}"] = metrics or {}
-            print(f"[train] fold {fold}: already exported in {job.export_dir}, skipped", flush=True)
+            print(f"[train] fold {fold}: already exported in {job.export_dir}, skipped (to train it again: "
+                  "runtime.start_over=true)", flush=True)
             continue
         estimate = estimate_fold_seconds(last, cfg.train.epochs - epochs_checkpointed(job.work), cfg.train.fold_minutes)
         start, why = should_start(fold, deadline - time.monotonic(), estimate)
