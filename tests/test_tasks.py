@@ -75,7 +75,9 @@ def test_binary_submission_is_a_probability_per_row_with_patients_kept_whole(tmp
                                      device_above=1e-5)
     probabilities = np.array([float(v) for v in values])
     assert probabilities.min() >= 0 and probabilities.max() <= 1
-    assert len(set(values)) > 0.9 * len(values)  # probabilities, not 0/1 decisions
+    # Probabilities, not 0/1 decisions (two values). A float32 sigmoid is exactly 1.0 beyond a logit of about 16.6, so
+    # a confident model's outputs tie there (323 distinct of 360 seen, trained at the emulated TPU precision).
+    assert len(set(values)) > 0.75 * len(values)
     auc = roc_auc_score([int(a["target"]) for a in answers], probabilities)
     print(f"binary: ROC AUC {auc:.4f} on {len(answers)} held-out images")
     assert auc >= 0.9, auc
