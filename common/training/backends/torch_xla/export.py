@@ -44,15 +44,19 @@ CHILD = "common.training.backends.torch_xla.export"  # this module, run as the c
 def export(backend, export_dir: Path, contents: ExportContents):
     """The verified export of the weights backend.model holds now, checked against a CPU copy's float32 outputs;
     the XLA device's own float32 outputs are recorded beside them."""
+    import timm.models
+
     model, images = backend.model, contents.verify_images
-    contents = dataclasses.replace(contents, expected=torch_outputs(cpu_copy(model), images),
+    host = cpu_copy(model)  # the reference's model, and what the job folder is written from
+    contents = dataclasses.replace(contents, expected=torch_outputs(host, images),
                                    device_outputs=torch_outputs(model, images), device=device_named(model))
     with tempfile.TemporaryDirectory(prefix="tpu2gpu-export-") as folder:
         job = Path(folder)
-        save_backbone(model.backbone, job / "backbone")
-        head = model.head
-        np.savez(job / "head.npz", kernel=head.weight.detach().cpu().numpy().T, bias=head.bias.detach().cpu().numpy())
-        config = model.backbone.pretrained_cfg
+        # The backbone as keras-hub's timm converters read it: config.json + model.safetensors.
+        timm.models.save_for_hf(host.backbone, str(job / "backbone"), safe_serialization=True)
+        head = host.head
+        np.savez(job / "head.npz", kernel=head.weight.detach().numpy().T, bias=head.bias.detach().numpy())
+        config = host.backbone.pretrained_cfg
         write_rebuild_job(job, contents, {
             "config": config_to_dict(backend.cfg), "outputs": backend.plan.outputs,
             "activation": backend.plan.task.activation, "mean": list(config["mean"]), "std": list(config["std"]),
@@ -79,10 +83,14 @@ def torch_outputs(model, images: np.ndarray) -> np.ndarray:
 
 def cpu_copy(model):
     """The trained model as plain torch on the CPU, float32 at full precision: where the export's reference is
-    computed. One small batch there: the verify images."""
+    computed (one small batch there: the verify images). The same architecture, weights and pretrained_cfg."""
     from common.training.backends.torch_xla.model import TimmClassifier
 
-    backbone = timm_copy(model.backbone)
+    import timm
+
+    architecture = model.backbone.pretrained_cfg["architecture"]
+    backbone = timm.create_model(architecture, pretrained=False, num_classes=0)
+    backbone.pretrained_cfg = model.backbone.pretrained_cfg  # the model's mean and std come from it
     copy = TimmClassifier(backbone, model.head.out_features, model.activation, model.dropout.p)
     copy.load_state_dict({k: v.detach().cpu() for k, v in model.state_dict().items()})
     return copy
@@ -98,23 +106,6 @@ def device_named(model) -> str:
     bf16 = " with XLA_USE_BF16=1 (bfloat16 storage)" if os.environ.get("XLA_USE_BF16") == "1" else ""
     return f"{xla_runtime.global_runtime_device_count()} x {xla_runtime.device_type().lower()} XLA device(s){bf16}"
 
-
-def timm_copy(backbone):
-    """A CPU copy of a timm backbone: the same architecture, weights and pretrained_cfg."""
-    import timm
-
-    copy = timm.create_model(backbone.pretrained_cfg["architecture"], pretrained=False, num_classes=0)
-    copy.load_state_dict({k: v.detach().cpu() for k, v in backbone.state_dict().items()})
-    copy.pretrained_cfg = backbone.pretrained_cfg
-    return copy
-
-
-def save_backbone(backbone, folder: Path) -> None:
-    """The trained backbone as timm.models.save_for_hf writes it (what keras-hub's timm converters read), from a CPU
-    copy of the same architecture."""
-    import timm.models
-
-    timm.models.save_for_hf(timm_copy(backbone), str(folder), safe_serialization=True)
 
 
 def _run_child(job: Path) -> None:
