@@ -155,10 +155,10 @@ class Mirror:
             why = (f"is behind the local copy ({progress(remote_marker)} against {progress(local)})" if behind else
                    f"has no {marker} (an upload cut short, or a folder emptied)")
             print(f"[gcs] {remote} {why}: the complete local copy {folder} is pushed, its {marker} last", flush=True)
-            self.pushed = {p: s for p, s in self.pushed.items() if Path(folder) not in p.parents}  # all of it again
+            self._forget(folder)  # all of it uploaded again
             self.push(folder, marker)
             return
-        self.pull(folder, marker)
+        self._take(folder, remote, remote_marker, local)
 
     def pull(self, folder: Path, marker: str) -> None:
         """The bucket's complete copy of `folder` made the local one, unless the local copy has the same marker (this
@@ -168,11 +168,20 @@ class Mirror:
         remote, local_marker = self.remote(folder), Path(folder) / marker
         with bucket_errors(remote, "reading"):
             remote_marker = _read_remote(f"{remote}/{marker}")
-            if remote_marker is None or (local_marker.is_file() and local_marker.read_bytes() == remote_marker):
-                return
+        self._take(folder, remote, remote_marker, local_marker.read_bytes() if local_marker.is_file() else None)
+
+    def _take(self, folder: Path, remote: str, remote_marker: bytes | None, local_marker: bytes | None) -> None:
+        """The bucket's copy downloaded over the local one, where the bucket's is complete and the local one differs."""
+        if remote_marker is None or local_marker == remote_marker:
+            return
+        with bucket_errors(remote, "reading"):
             _download(_remote_files(remote), Path(folder))
         self.pushed.update({p: _stamp(p) for p in Path(folder).rglob("*") if p.is_file()})
         print(f"[gcs] {remote}: taken from the bucket into {folder}", flush=True)
+
+    def _forget(self, folder: Path) -> None:
+        """What this process pushed of `folder` forgotten: the next push uploads all of it."""
+        self.pushed = {p: s for p, s in self.pushed.items() if Path(folder) not in p.parents}
 
     def push(self, path: Path, marker: str | None = None) -> None:
         """The local `path` (a folder, or one file) made the bucket's: its marker removed first, changed files
@@ -224,7 +233,7 @@ class Mirror:
         with bucket_errors(remote, "writing to"):
             if tf.io.gfile.exists(remote):
                 tf.io.gfile.rmtree(remote)
-        self.pushed = {p: s for p, s in self.pushed.items() if Path(folder) not in p.parents}
+        self._forget(folder)
 
 
 def _stamp(path: Path) -> tuple[int, int]:

@@ -144,15 +144,19 @@ def device_record(contents: ExportContents, expected: np.ndarray) -> dict:
     the GPU kernel computes what the export computes, not what validation saw on the device."""
     if contents.device_outputs is None:
         return {}
-    device_outputs = np.asarray(contents.device_outputs, np.float32)
-    scaling = contents.output_scaling
-    if scaling:
-        device_outputs = device_outputs * np.float32(scaling["std"]) + np.float32(scaling["mean"])
-    difference = scaled_difference(device_outputs, expected)
+    difference = scaled_difference(_values(contents.device_outputs, contents.output_scaling), expected)
     print(f"[train] the training device's float32 ({contents.device}) is {difference:.1e} from the exact float32 "
           "the export is checked against: the device's arithmetic, recorded, not checked (docs/training.md, "
           "\"What float32 means where\")", flush=True)
     return {"device_max_abs_diff": difference, "device": contents.device}
+
+
+def _values(outputs, output_scaling: dict | None) -> np.ndarray:
+    """Raw model outputs as float32 values the export predicts: regression's standardisation undone, as in its graph."""
+    outputs = np.asarray(outputs).astype(np.float32)
+    if output_scaling:
+        outputs = outputs * np.float32(output_scaling["std"]) + np.float32(output_scaling["mean"])
+    return outputs
 
 
 def rebuild_job_contents(job_dir: Path, job: dict) -> ExportContents:
@@ -215,9 +219,7 @@ def write_export(export_dir: str | Path, model: tf.keras.Model, contents: Export
     expected, output_scaling, image_size = contents.expected, contents.output_scaling, card.image_size
     if expected is None:
         expected = host_reference(model, verify_images)
-    expected = np.asarray(expected).astype(np.float32)
-    if output_scaling:
-        expected = expected * np.float32(output_scaling["std"]) + np.float32(output_scaling["mean"])
+    expected = _values(expected, output_scaling)
     device = device_record(contents, expected)
     with staged_dir(export_dir, overwrite=True) as tmp:
         models = {"float32": model, **({"float16": float16_model} if float16_model is not None else {})}
