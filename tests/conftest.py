@@ -24,6 +24,18 @@ from tpu2gpu.backbones import save_tiny_backbone  # noqa: E402
 from tpu2gpu.demo_data import make_demo_competition  # noqa: E402
 
 
+@pytest.fixture(scope="session", autouse=True)
+def compile_cache(tmp_path_factory):
+    """One compile cache for the whole run (each xdist worker its own: two runs writing one folder at once are not
+    one job), for the runs in this process and the kernels it starts (they inherit the environment); a test that
+    names runtime.compile_cache uses its own."""
+    from common.core.paths import COMPILE_CACHE_ENV
+
+    folder = tmp_path_factory.getbasetemp() / "compile-cache"
+    os.environ[COMPILE_CACHE_ENV] = str(folder)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def demo_dir(tmp_path_factory):
     """The embedded demo competition (read-only for tests: copy it before changing anything)."""

@@ -196,6 +196,7 @@ class RuntimeConfig:
     output_dir: str = ""  # "" = /kaggle/working on Kaggle, ./runs/train or ./runs/infer locally; training: gs:// too
     start_over: bool = False  # noqa: E501  # true: the folds to train start from nothing, their exports and checkpoints removed first (a gs:// output's too); false: exported folds are skipped, checkpointed ones resume
     scratch_dir: str = ""  # noqa: E501  # records converted in-kernel, checkpoints (a gs:// output keeps those); "" = /kaggle/temp on Kaggle, else output_dir
+    compile_cache: str = ""  # noqa: E501  # compiled programs kept for later folds and runs (keras_jax, torch_xla): a local folder, off, or "" = $TPU2GPU_COMPILE_CACHE, else compile-cache/ in the scratch folder
     multihost: bool = False  # noqa: E501  # a Cloud TPU VM pod slice (keras_jax): JAX's distributed runtime finds the other hosts; several GPU nodes set KERAS_DISTRIBUTION_* instead
     host_timeout_seconds: int = within(60, "[10, 3600]")  # noqa: E501  # several processes: a host silent this long ends the job (JAX's coordination heartbeat)
 

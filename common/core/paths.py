@@ -77,6 +77,22 @@ def scratch_dir(configured: str, output: Path) -> Path:
     return kaggle_root() / "temp" if detect_platform().on_kaggle else Path(output)
 
 
+COMPILE_CACHE_ENV = "TPU2GPU_COMPILE_CACHE"  # one folder for every run on this machine (the test suite sets it)
+
+
+def compile_cache_dir(runtime) -> Path | None:
+    """Where the routes that compile keep their programs: runtime.compile_cache (a local folder; off: nowhere), else
+    $TPU2GPU_COMPILE_CACHE, else compile-cache/ in the scratch folder (/kaggle/temp on Kaggle, else the output folder;
+    for a gs:// output its local copy, and the cache is not pushed: it serves this machine)."""
+    configured = runtime.compile_cache or os.environ.get(COMPILE_CACHE_ENV, "")
+    if configured == "off":
+        return None
+    if configured:
+        return local_folder(configured, "runtime.compile_cache", "the compile cache")
+    out = output_dir(runtime.output_dir, "runs/train", bucket_ok=True)
+    return scratch_dir(runtime.scratch_dir, out) / "compile-cache"
+
+
 @dataclass(frozen=True)
 class TrainingFolders:
     """Where the training kernel writes: out (the exports; for a gs:// output, its local copy), scratch (records

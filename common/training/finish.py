@@ -73,6 +73,14 @@ def golden_batch(records, image_size: int, n: int = 4) -> np.ndarray:
     return next(iter(dataset))["image"].numpy()
 
 
+def compile_record(compiles) -> dict:
+    """The card's runtime.compile: what the fold compiled, and how much came from the compile cache."""
+    if compiles is None:
+        return {}
+    return {"compile": {"programs": compiles.programs, "from_cache": compiles.from_cache,
+                        "seconds": round(compiles.seconds, 2)}}
+
+
 def export_fold(cfg, result, records, fold: int, export_dir: Path) -> ModelCard:
     """Score the fold, then write its verified export (float32, plus float16 where it pays). Returns the card."""
     plan, validation, backend = result.plan, result.validation, result.backend
@@ -88,7 +96,7 @@ def export_fold(cfg, result, records, fold: int, export_dir: Path) -> ModelCard:
         record_schema=asdict(records.schema), source_images=records.source_images,
         metric={"name": metric, "value": report[metric]}, thresholds=thresholds, target_scaling=plan.scaling,
         class_weights=plan.class_weights, precision={"trained": backend.precision()},
-        runtime=backend.runtime(),
+        runtime={**backend.runtime(), **compile_record(result.compiles)},
         # A fold the budget cut exports its best epoch (train.keep=best); inference weighs it by infer.cut_folds.
         time_budget=cut_record(result.cut, result.epochs_done, plan.epochs, result.best_epoch,
                                cfg.train.time_budget_hours),

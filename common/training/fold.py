@@ -29,6 +29,7 @@ from common.data.pipeline import InputShare, make_train_dataset, read_ids_and_la
 from common.tasks.parts import is_better
 from common.training.backends.base import Backend, EpochLoop
 from common.training.budget import cut_message, cuts_after
+from common.training.compile_cache import CompileCount
 from common.training.plan import FoldPlan, needs_train_labels, plan_fold
 
 import numpy as np
@@ -63,6 +64,40 @@ class FoldWork:
     checkpointed: Callable[[], None] = lambda: None
 
 
+class EpochClock:
+    """Where an epoch's time goes: each phase's seconds with the compiling done in it counted apart, as the backend
+    counts it (backend.compiled(); None: not counted, and each phase keeps its compiles)."""
+
+    def __init__(self, compiled: Callable[[], CompileCount | None]):
+        self.compiled = compiled
+
+    def start(self) -> None:
+        self.at, self.count = time.monotonic(), self.compiled()
+        self.phases: dict[str, float] = {}
+        self.compiles = CompileCount()
+
+    def lap(self, phase: str) -> float:
+        """The seconds since the last lap, less what compiled in them, recorded as `phase`'s."""
+        now, count = time.monotonic(), self.compiled()
+        compiling = count - self.count if count is not None else CompileCount()
+        self.compiles = CompileCount(self.compiles.programs + compiling.programs,
+                                     self.compiles.from_cache + compiling.from_cache,
+                                     self.compiles.seconds + compiling.seconds)
+        self.phases[phase] = max(0.0, now - self.at - compiling.seconds)
+        self.at, self.count = now, count
+        return self.phases[phase]
+
+    def describe(self) -> str:
+        """'T s: training a s, compile b s (N program(s), M from the cache), validation c s, ...': the compile part
+        only where something compiled (the first epoch, as a rule)."""
+        total = sum(self.phases.values()) + self.compiles.seconds
+        parts = [f"{phase} {seconds:.1f} s" for phase, seconds in self.phases.items()]
+        if self.compiles.programs:
+            parts.insert(1, f"compile {self.compiles.seconds:.1f} s ({self.compiles.programs} program(s), "
+                            f"{self.compiles.from_cache} from the cache)")
+        return f"{total:.1f} s: " + ", ".join(parts)
+
+
 @dataclass
 class FoldResult:
     plan: FoldPlan
@@ -73,6 +108,7 @@ class FoldResult:
     cut: bool  # the time budget cut the schedule
     epoch_seconds: list[float]  # each epoch run in this session, with its score
     validation: Validation
+    compiles: CompileCount | None = None  # what the fold compiled (None: the route does not count it)
 
 
 def epochs_checkpointed(work_dir: Path) -> int:
@@ -133,18 +169,22 @@ class EpochMonitor:
         self.seconds: list[float] = []
         self.cut = False
         self.steps = backend.optimizer_steps()  # restored with the checkpoint
+        self.clock = EpochClock(backend.compiled)
 
     def epoch_begin(self, epoch: int) -> None:
         self.started = time.monotonic()
+        self.clock.start()
 
     def epoch_end(self, epoch: int, logs: dict) -> bool:
         """Everything that follows an epoch; True when training stops here."""
-        trained = self.count_steps(epoch, time.monotonic() - self.started)
-        self.score(epoch, logs, trained)
+        trained = self.count_steps(epoch, self.clock.lap("training"))
+        scored = self.score(epoch, logs)
         self.history.append(epoch, logs)
         self.backend.save_checkpoint(epoch + 1)
         _write_json(self.work_dir / CHECKPOINT_MARKER, {"epochs_done": epoch + 1})  # after the checkpoint
         self.checkpointed()
+        self.clock.lap("checkpoint")
+        print(f"[train] epoch {epoch + 1}: {trained}; {scored}; {self.clock.describe()}", flush=True)
         now = time.monotonic()
         self.seconds.append(now - self.started)
         early = bool(self.patience and epoch + 1 - self.best["epoch"] >= self.patience)
@@ -158,7 +198,8 @@ class EpochMonitor:
         return early or cut
 
     def count_steps(self, epoch: int, seconds: float) -> str:
-        """The optimiser's own step count against the plan: a loop that trained more steps than planned would run the
+        """'step N, X ms/step' over the training steps' own seconds (compiles apart), and the optimiser's own step
+        count checked against the plan: a loop that trained more steps than planned would run the
         learning-rate schedule down to zero early, so the fold stops at its first epoch instead of hours later."""
         steps, planned = self.backend.optimizer_steps(), (epoch + 1) * self.plan.steps_per_epoch
         if steps > planned:
@@ -170,8 +211,9 @@ class EpochMonitor:
         taken, self.steps = steps - self.steps, steps
         return f"step {steps}, {1000 * seconds / max(1, taken):.0f} ms/step"
 
-    def score(self, epoch: int, logs: dict, trained: str) -> None:
-        """val_loss and val_<metric> into the logs; the best epoch's weights and outputs kept."""
+    def score(self, epoch: int, logs: dict) -> str:
+        """val_loss and val_<metric> into the logs; the best epoch's weights and outputs kept: 'val_<metric> V (best
+        ...)'."""
         metric, task = self.plan.metric, self.plan.task
         with self.backend.averaged():
             raw = self.predict_val()
@@ -183,14 +225,16 @@ class EpochMonitor:
             ops = self.backend.ops
             logs["val_loss"] = float(np.mean(ops.to_numpy(self.loss(ops.array(self.targets), ops.array(raw)))))
             logs[f"val_{metric}"] = value
+            self.clock.lap("validation")
             if self.backend.hosts.agree(is_better(metric, value, self.best["value"])):
                 self.best = {"epoch": epoch + 1, "value": value}
                 if self.keep_best:
                     self.backend.save_weights(self.work_dir / "best" / "weights")
                     np.save(self.work_dir / "best" / "predictions.npy", raw)  # what the restored weights must give
                 _write_json(self.work_dir / BEST_NAME, self.best)
+                self.clock.lap("best-epoch save")
         best = "none yet" if self.best["value"] is None else f"{self.best['value']:.4f} at epoch {self.best['epoch']}"
-        print(f"[train] epoch {epoch + 1}: {trained}; val_{metric} {value:.4f} (best {best})", flush=True)
+        return f"val_{metric} {value:.4f} (best {best})"
 
 
 def restore_best(backend, monitor: EpochMonitor, predict_val) -> tuple[int, np.ndarray]:
@@ -243,6 +287,7 @@ def train_fold(cfg, backend, records, work_dir: Path, deadline: float,
         print("[train] class weights (balanced): " + ", ".join(
             f"{name} {w:.3f}" for name, w in zip(plan.class_names, plan.class_weights, strict=True)), flush=True)
 
+    compiled_before = backend.compiled()
     backend.build(plan)
     initial_epoch = backend.restore(work_dir / "checkpoints")
     print(describe_precision(backend, cfg), flush=True)
@@ -267,5 +312,8 @@ def train_fold(cfg, backend, records, work_dir: Path, deadline: float,
     best_epoch, outputs = restore_best(backend, monitor, predict_val)
     validation.predictions = plan.to_values(outputs)
     epochs_done = initial_epoch + len(monitor.seconds)
+    compiles = backend.compiled() - compiled_before if compiled_before is not None else None
+    if compiles is not None:
+        print(f"[train] the fold compiled {compiles.describe()}", flush=True)
     return FoldResult(plan, backend, monitor.history.path, epochs_done, best_epoch or epochs_done, monitor.cut,
-                      monitor.seconds, validation)
+                      monitor.seconds, validation, compiles)

@@ -80,6 +80,10 @@ class Backend(Protocol):
     def precision(self) -> dict[str, str]:
         """{"policy", "backbone", "head"}: the dtype each part computes in."""
 
+    def compiled(self):
+        """Programs compiled so far in this process, a common.training.compile_cache.CompileCount (how many, how many
+        from the compile cache, seconds), or None where the route does not count them (tf_keras)."""
+
     def restore(self, directory: Path) -> int:
         """Model, optimiser and epochs from the checkpoint in directory (created if missing): epochs done, 0: none."""
 

@@ -24,6 +24,7 @@ import os
 from pathlib import Path
 
 from common.core.errors import ConfigError
+from common.core.paths import compile_cache_dir
 from common.core.strategy import precision_for
 from common.data.pipeline import make_padded_image_batches
 from common.data.records import RecordSchema
@@ -37,6 +38,7 @@ from common.training.backends.base import (
     epoch_hooks,
     learning_rate_schedule,
 )
+from common.training.backends.keras_jax import compiles
 from common.training.backends.keras_jax.export import export, float32_outputs
 from common.training.backends.keras_jax.hosts import (
     describe_hosts,
@@ -46,6 +48,7 @@ from common.training.backends.keras_jax.hosts import (
     start_hosts,
 )
 from common.training.backends.keras_jax.model import build_keras_model, read_weight_arrays, save_weight_arrays
+from common.training.compile_cache import CompileCache, CompileCount
 from common.training.plan import describe_executions, whole_executions
 
 import jax
@@ -61,6 +64,7 @@ CHECKPOINT_STATE = "checkpoint.json"  # {"epochs_done": n}, written after the we
 class JaxBackend:
     name = "keras_jax"
     hosts = ONE_PROCESS  # __init__ sets the job's
+    compile_cache: CompileCache | None = None  # open_compile_cache sets the run's
 
     def __init__(self, cfg, hosts: Hosts = ONE_PROCESS):
         if cfg.train.loop != "fit":
@@ -131,6 +135,21 @@ class JaxBackend:
         return build_keras_model(self.cfg.model, self.plan.outputs, self.cfg.data.image_size,
                                  self.plan.task.activation, policy)
 
+    def open_compile_cache(self, folder) -> None:
+        """JAX's persistent cache in the run's compile cache (folder/keras_jax; None: off), checked by process 0
+        before any process reads it (common/training/compile_cache.py)."""
+        self.compile_cache = CompileCache.open(folder and folder / self.name, self.name,
+                                               compiles.versions(self.devices), checks=self.hosts.writer)
+        self.hosts.wait("compile cache checked")
+        compiles.use_cache(self.compile_cache)
+        if self.compile_cache and self.hosts.writer:
+            print(f"[{self.name}] compile cache: {self.compile_cache.folder} "
+                  f"({len(self.compile_cache.known)} program(s) in it)", flush=True)
+
+    def compiled(self) -> CompileCount:
+        """Programs JAX compiled (or took from the compile cache) so far in this process."""
+        return compiles.compiled()
+
     def runtime(self) -> dict:
         """What trained: Keras on JAX, its devices, and on a Kaggle TPU every TensorFlow stack tried before it."""
         from common.launch.fallback import fallback_record
@@ -140,7 +159,8 @@ class JaxBackend:
                 "distribution": "DataParallel" if len(self.devices) > 1 else "none",
                 "steps_per_execution": self.steps_per_execution, "processes": self.hosts.count,
                 "process_index": self.hosts.index, "local_devices": local_devices(self.hosts, self.devices),
-                "tensorflow": tf.__version__, "tpu_stack": fallback_record()}
+                "tensorflow": tf.__version__, "tpu_stack": fallback_record(),
+                "compile_cache": str(self.compile_cache.folder) if self.compile_cache else "off"}
 
     def precision(self) -> dict[str, str]:
         return {"policy": self.policy, **precision_by_part(self.model)}
@@ -185,6 +205,8 @@ class JaxBackend:
         state = self.checkpoints / CHECKPOINT_STATE
         state.with_suffix(".tmp").write_text(json.dumps({"epochs_done": epochs_done}))
         state.with_suffix(".tmp").replace(state)
+        if self.compile_cache:  # the programs compiled so far are complete: a resumed run takes them
+            self.compile_cache.vouch()
 
     def save_weights(self, path: Path) -> None:
         """The model's weights alone (no optimiser), as arrays in the model's order: what the export rebuilds from.
@@ -272,4 +294,5 @@ def start(cfg) -> JaxBackend:
     across processes, JAX's distributed runtime is started first (keras_jax/hosts.py)."""
     backend = JaxBackend(cfg, start_hosts(cfg))
     print(backend.describe(), flush=True)
+    backend.open_compile_cache(compile_cache_dir(cfg.runtime))
     return backend

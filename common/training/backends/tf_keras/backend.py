@@ -98,6 +98,11 @@ class TFBackend:
         """The trained model's policy and the dtype each part computes in (a TF Hub backbone keeps its own)."""
         return {"policy": tf.keras.mixed_precision.global_policy().name, **precision_by_part(self.model)}
 
+    def compiled(self) -> None:
+        """Not counted: tf.function traces where it runs, and a TPU compiles inside TensorFlow's runtime, which has no
+        persistent cache (docs/training.md, Compiling once)."""
+        return None
+
     # ------------------------------------------------------------------------------------------------ checkpoints
     def restore(self, directory: Path) -> int:
         """Model, optimiser and finished-epoch count from the newest checkpoint in directory: epochs done (0: none)."""

@@ -22,12 +22,14 @@ import warnings
 from pathlib import Path
 
 from common.core.errors import ConfigError
+from common.core.paths import compile_cache_dir
 from common.data.pipeline import make_padded_image_batches
 from common.data.records import RecordSchema
 from common.tasks.parts import torch_ops
 from common.training.backends.base import ONE_PROCESS, EpochLoop
 from common.training.backends.torch_xla.export import export
 from common.training.backends.torch_xla.model import build_timm_model
+from common.training.compile_cache import CompileCache, CompileCount
 
 import numpy as np
 import torch
@@ -48,6 +50,7 @@ CHECKPOINT = "checkpoint.pt"  # model, optimiser, step count and moving average;
 class TorchXlaBackend:
     name = "torch_xla"
     hosts = ONE_PROCESS  # one host: several processes are the keras_jax route's
+    compile_cache: CompileCache | None = None  # start sets the run's
 
     def __init__(self, cfg):
         if cfg.train.loop != "fit":
@@ -112,7 +115,15 @@ class TorchXlaBackend:
         return {"framework": self.name, "torch": torch.__version__, "torch_xla": torch_xla.__version__,
                 "timm": importlib.metadata.version("timm"), "devices": f"{self.devices} x {self.platform}",
                 "platform": self.platform, "distribution": "SPMD data parallel" if self.devices > 1 else "none",
-                "graphs_compiled": compiles(), "tensorflow": tf.__version__}
+                "graphs_compiled": compiles(), "tensorflow": tf.__version__,
+                "compile_cache": str(self.compile_cache.folder) if self.compile_cache else "off"}
+
+    def compiled(self) -> CompileCount:
+        """Graphs compiled so far in this process, and those taken from the compile cache (torch_xla's counters; an
+        entry torch_xla cannot read back is compiled, and counted as compiled)."""
+        hits = metrics.counter_value("PersistentCacheHit") or 0
+        data = metrics.metric_data("CompileTime")
+        return CompileCount(compiles() + hits, hits, (data[1] / 1e9 if data else 0.0) + cache_load_seconds())
 
     def precision(self) -> dict[str, str]:
         return {"policy": "mixed_bfloat16" if self.autocast else "float32",
@@ -145,6 +156,8 @@ class TorchXlaBackend:
         partial = self.checkpoints / f"partial-{CHECKPOINT}"
         torch.save(state, partial)
         partial.replace(self.checkpoints / CHECKPOINT)
+        if self.compile_cache:  # the graphs compiled so far are complete: a resumed run takes them
+            self.compile_cache.vouch()
 
     def save_weights(self, path: Path) -> None:
         torch.save(on_cpu(self.model.state_dict()), Path(path).with_suffix(".pt"))
@@ -186,17 +199,20 @@ class TorchXlaBackend:
         for epoch in range(loop.initial_epoch, loop.epochs):
             loop.epoch_begin(epoch)
             self.model.train()
-            total, before, in_steps = None, compiles(), 0  # total: a fresh zero each epoch would compile each epoch
+            # total: a fresh zero each epoch would compile each epoch. Graphs taken from the compile cache count too.
+            total, before, in_steps = None, self.compiled().programs, 0
             for _ in range(loop.steps_per_epoch):
                 batch = next(batches)
-                step_before = compiles()
+                step_before = self.compiled().programs
                 loss = self._step(batch["images"], batch["targets"])
-                in_steps += compiles() - step_before
+                in_steps += self.compiled().programs - step_before
                 total = loss if total is None else total + loss
             stop = loop.epoch_end(epoch, {"loss": float(total.item()) / loop.steps_per_epoch})
             # After the first epoch: none, or every step pays a compile. In the first: one training step graph.
-            print(f"[torch_xla] epoch {epoch + 1}: {compiles() - before} graph(s) compiled (training and validation), "
-                  f"{in_steps} by the training step, {compiles()} in all", flush=True)
+            now = self.compiled()
+            print(f"[torch_xla] epoch {epoch + 1}: {now.programs - before} graph(s) compiled (training and "
+                  f"validation; from the cache or not), {in_steps} by the training step, {now.programs} in all "
+                  f"({now.from_cache} from the cache)", flush=True)
             if stop:
                 break
         self._take_average()
@@ -270,9 +286,33 @@ def on_cpu(value):
 
 
 def compiles() -> int:
-    """XLA graphs compiled in this process so far (torch_xla's own counter)."""
+    """XLA graphs compiled in this process so far (torch_xla's own counter; those from the cache are not)."""
     data = metrics.metric_data("CompileTime")
     return int(data[0]) if data else 0
+
+
+def cache_load_seconds() -> float:
+    """Seconds spent taking graphs from the compile cache."""
+    data = metrics.metric_data("PersistentCacheLoad")
+    return data[1] / 1e9 if data else 0.0
+
+
+def open_compile_cache(cfg) -> CompileCache | None:
+    """torch_xla's persistent cache in the run's compile cache (<folder>/torch_xla), checked first
+    (common/training/compile_cache.py), before any XLA computation as torch_xla requires; on a TPU only: torch_xla's
+    CPU client cannot read an executable back (2.9: "Deserializing serialized executable not supported", each entry a
+    PersistentCacheDeserializeFailure and a compile), so there it would write entries nothing can use."""
+    folder, platform = compile_cache_dir(cfg.runtime), xla_runtime.device_type().lower()
+    if folder is not None and platform != "tpu":
+        print(f"[torch_xla] compile cache: not used on {platform} XLA devices (torch_xla's {platform} client cannot "
+              "read a compiled graph back); each graph compiles once in the run's process, every fold reusing it",
+              flush=True)
+        return None
+    versions = {"torch": torch.__version__, "torch_xla": torch_xla.__version__, "platform": platform}
+    cache = CompileCache.open(folder and folder / TorchXlaBackend.name, TorchXlaBackend.name, versions)
+    if cache:
+        xla_runtime.initialize_cache(str(cache.folder), readonly=False)
+    return cache
 
 
 def start(cfg) -> TorchXlaBackend:
@@ -280,7 +320,11 @@ def start(cfg) -> TorchXlaBackend:
     if cfg.model.backbone != "timm":
         raise ConfigError(f"model.backbone={cfg.model.backbone} is not a timm model; the torch_xla route trains "
                           "model.backbone=timm (model.timm_model)")
+    cache = open_compile_cache(cfg)
     xla_runtime.use_spmd()
     backend = TorchXlaBackend(cfg)
+    backend.compile_cache = cache
     print(backend.describe(), flush=True)
+    if cache:
+        print(f"[torch_xla] compile cache: {cache.folder} ({len(cache.known)} graph(s) in it)", flush=True)
     return backend

@@ -1,0 +1,148 @@
+"""Compile once: the compile cache of the routes that compile (common/training/compile_cache.py), never a reason to
+fail. The folder's checks on made-up entries first (each kind of bad entry one line, the good ones kept); then Keras 3
+on JAX in this process: a second fold and a resumed fold take their programs from the cache, and a damaged, a foreign
+and an unwritable cache each cost a compile and one line, never the fold. The torch_xla route's resumed run takes its
+graphs from the cache in tests/test_torch_route.py (a damaged entry skipped there too)."""
+
+import json
+import re
+import time
+
+from common.core.config import load_config
+from common.data.records import record_set
+from common.training.compile_cache import LEDGER, CompileCache
+
+import pytest
+
+VERSIONS = {"jax": "0.7.2", "platform": "cpu"}
+
+
+def entries(folder):
+    return sorted(p.name for p in folder.iterdir() if not p.name.startswith("tpu2gpu-"))
+
+
+def test_the_folder_keeps_what_it_vouched_for_and_removes_every_other_entry_with_one_line_a_kind(tmp_path, capsys):
+    folder = tmp_path / "cache"
+    cache = CompileCache.open(folder, "keras_jax", VERSIONS)
+    for name in ("good-cache", "cut-cache", "damaged-cache"):
+        (folder / name).write_bytes(name.encode() * 1000)
+    cache.vouch()
+    ledger = json.loads((folder / LEDGER).read_text())
+    assert ledger["versions"] == VERSIONS and sorted(ledger["entries"]) == ["cut-cache", "damaged-cache", "good-cache"]
+    (folder / "cut-cache").write_bytes((folder / "cut-cache").read_bytes()[:100])  # a write cut short
+    damaged = bytearray((folder / "damaged-cache").read_bytes())
+    damaged[500] ^= 0xFF  # one byte flipped, the size unchanged
+    (folder / "damaged-cache").write_bytes(bytes(damaged))
+    (folder / "unknown-cache").write_bytes(b"written by a run killed before its checkpoint")
+    capsys.readouterr()
+
+    reopened = CompileCache.open(folder, "keras_jax", VERSIONS)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [f"[keras_jax] compile cache: 3 entries in {folder} cut short, damaged or never vouched for (a "
+                     "run killed before its checkpoint) skipped and removed (cut-cache, damaged-cache, unknown-cache): "
+                     "compiled again"]
+    assert entries(folder) == ["good-cache"] and list(reopened.known) == ["good-cache"]
+    assert list(json.loads((folder / LEDGER).read_text())["entries"]) == ["good-cache"]
+
+    # Another version or platform: none of its entries is this run's, all removed, one line.
+    CompileCache.open(folder, "keras_jax", {"jax": "0.7.2", "platform": "tpu"})
+    assert capsys.readouterr().out.splitlines() == [
+        f"[keras_jax] compile cache: the 1 program(s) in {folder} were compiled by jax 0.7.2, platform cpu, and this "
+        "run is jax 0.7.2, platform tpu: removed, this run compiles afresh"]
+    assert entries(folder) == []
+    assert json.loads((folder / LEDGER).read_text())["versions"] == {"jax": "0.7.2", "platform": "tpu"}
+
+
+def test_a_folder_that_cannot_be_written_or_is_off_is_no_cache_and_one_line(tmp_path, capsys):
+    (tmp_path / "a-file").write_text("not a folder")
+    assert CompileCache.open(tmp_path / "a-file" / "cache", "torch_xla", VERSIONS) is None
+    assert CompileCache.open(None, "torch_xla", VERSIONS) is None
+    assert capsys.readouterr().out.splitlines() == [
+        f"[torch_xla] compile cache: {tmp_path / 'a-file' / 'cache'} cannot be written (Not a directory): this run "
+        "compiles every program without one. Fix: runtime.compile_cache=<a writable folder>, or off",
+        "[torch_xla] compile cache off (runtime.compile_cache=off): every program is compiled"]
+
+
+def test_a_damaged_ledger_vouches_for_nothing(tmp_path, capsys):
+    folder = tmp_path / "cache"
+    cache = CompileCache.open(folder, "keras_jax", VERSIONS)
+    (folder / "entry-cache").write_bytes(b"x" * 100)
+    cache.vouch()
+    (folder / LEDGER).write_text('{"versions": {"jax": "0.7.2", "platf')  # a ledger cut short
+    CompileCache.open(folder, "keras_jax", VERSIONS)
+    assert "1 entry in" in capsys.readouterr().out and entries(folder) == []
+
+
+# ------------------------------------------------------------------------------------------- Keras 3 on JAX, here
+def jax_fold(settings, records_dir, work_dir, fold=0, seconds=600.0):
+    """One fold trained in this process by a backend of its own (a new model: its programs traced anew), within
+    `seconds` (a few: the budget stops it after its first epoch, as a kill would, its checkpoint kept)."""
+    from common.training.backends.registry import start_backend
+    from common.training.fold import train_fold
+
+    cfg = load_config(None, settings)
+    backend = start_backend(cfg)
+    return train_fold(cfg, backend, record_set(str(records_dir), cfg.data, fold), work_dir,
+                      deadline=time.monotonic() + seconds)
+
+
+def jax_settings(tiny_keras_backbone, cache, *extra):
+    return ["train.framework=keras_jax", "model.backbone=keras", f"model.keras_backbone={tiny_keras_backbone}",
+            "data.image_size=16", "train.steps_per_epoch=3", "train.steps_per_execution=3",
+            "train.batch_size_per_replica=8", "train.export_float16=false", f"runtime.compile_cache={cache}", *extra]
+
+
+@pytest.mark.e2e
+def test_keras_jax_folds_and_a_resumed_fold_take_their_programs_from_the_cache_and_a_bad_cache_costs_a_compile(
+        demo_records, tiny_keras_backbone, tmp_path, capsys):
+    records_dir, _ = demo_records
+    cache = tmp_path / "cache"
+    settings = jax_settings(tiny_keras_backbone, cache, "train.epochs=2")
+
+    first = jax_fold(settings, records_dir, tmp_path / "fold0", seconds=0.0)  # stopped after epoch 1
+    assert first.epochs_done == 1 and first.cut
+    assert first.compiles.programs > 0 and first.compiles.from_cache == 0  # a new cache: everything compiles
+    log = capsys.readouterr().out
+    assert f"[keras_jax] compile cache: {cache / 'keras_jax'} (0 program(s) in it)" in log
+    assert re.search(r"\[train\] epoch 1: step 3, \d+ ms/step; val_macro_f1 [\d.]+ \(best [\d.]+ at epoch 1\); "
+                     r"[\d.]+ s: training [\d.]+ s, compile [\d.]+ s \(\d+ program\(s\), 0 from the cache\), "
+                     r"validation [\d.]+ s, best-epoch save [\d.]+ s, checkpoint [\d.]+ s$", log, re.M), log
+    assert f"[train] the fold compiled {first.compiles.programs} program(s) in " in log
+
+    # Another fold, and fold 0 resumed for its second epoch, each with a model of its own: every program the fold
+    # compiles comes from the cache (the training and prediction steps).
+    second = jax_fold(settings, records_dir, tmp_path / "fold1", fold=1)
+    resumed = jax_fold(settings, records_dir, tmp_path / "fold0")
+    for result in (second, resumed):
+        assert result.compiles.programs > 0 and result.compiles.from_cache == result.compiles.programs
+    assert resumed.epochs_done == 2
+    print(f"keras_jax: fold 1 compiled {first.compiles.describe()}; another fold {second.compiles.describe()}; "
+          f"resumed {resumed.compiles.describe()}")
+
+    # A damaged entry: skipped and removed, one line; the fold compiles it again and trains.
+    folder = cache / "keras_jax"
+    train_step = next(p for p in folder.iterdir() if "train_step" in p.name)  # Keras' training step
+    train_step.write_bytes(train_step.read_bytes()[:-100])
+    capsys.readouterr()
+    again = jax_fold(settings, records_dir, tmp_path / "again", fold=1)  # 288 validation records, as fold 0
+    log = capsys.readouterr().out
+    assert f"[keras_jax] compile cache: 1 entry in {folder} cut short, damaged or never vouched for" in log
+    assert again.compiles.programs - again.compiles.from_cache == 1 and again.epochs_done == 2
+
+    # Written by another JAX: all removed, one line; everything compiles.
+    ledger = json.loads((folder / LEDGER).read_text())
+    (folder / LEDGER).write_text(json.dumps({**ledger, "versions": {**ledger["versions"], "jax": "0.4.35"}}))
+    foreign = jax_fold(settings, records_dir, tmp_path / "foreign", fold=1)
+    log = capsys.readouterr().out
+    assert re.search(rf"\[keras_jax\] compile cache: the \d+ program\(s\) in {folder} were compiled by jax 0\.4\.35, ",
+                     log), log
+    assert foreign.compiles.from_cache == 0 and foreign.epochs_done == 2
+
+    # A cache that cannot be written, and none at all: the fold trains, as without a cache.
+    (tmp_path / "a-file").write_text("")
+    for setting in (f"runtime.compile_cache={tmp_path / 'a-file'}", "runtime.compile_cache=off"):
+        without = jax_fold([*settings, setting], records_dir, tmp_path / f"without-{setting[-3:]}", fold=1)
+        assert without.compiles.from_cache == 0 and without.epochs_done == 2
+    log = capsys.readouterr().out
+    assert "cannot be written (Not a directory): this run compiles every program without one" in log
+    assert "[keras_jax] compile cache off (runtime.compile_cache=off): every program is compiled" in log
