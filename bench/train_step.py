@@ -18,6 +18,14 @@ in-memory run is the backend's own loop over the same batches held as arrays (tf
 the row counts the XLA graphs compiled: in the timed epochs, none.
 About 100 s on 2 cores with the defaults (35 s without torch_xla).
 
+    .venv/bin/python bench/train_step.py --model b0 [--batch 256] [--steps-per-epoch 32]
+
+the real model instead, at 224 px in the route's precision (train.precision=auto: bfloat16 on a TPU, float16 on a
+GPU, float32 on the CPU): EfficientNet-B0 with random weights (the efficientnet package on tf_keras, keras.applications
+on keras_jax, timm's efficientnet_b0 on torch_xla). Each Keras row adds a third figure, the device-resident loop:
+train_on_batch on one batch already on the device, the step with nothing fed from the host. What each route's kernel
+path does per step that the in-memory fit does not, and what was removed, is in bench/README.md.
+
     .venv/bin/python bench/train_step.py --smoke
 
 runs the same code at toy sizes (16x16, batch 8, width 8, 2 epochs of 4 steps) in about 60 s, RESULT lines
@@ -50,15 +58,22 @@ import numpy as np  # noqa: E402
 
 # --smoke: the same code path at toy sizes, in seconds (flags given with it still win).
 SMOKE = {"image_size": 16, "batch": 8, "width": 8, "epochs": 2, "steps_per_epoch": 4}
+MODELS = ("tiny", "b0")  # --model: the tiny backbones of the suite, or EfficientNet-B0 (random weights)
 FRAMEWORKS = ("tf_keras", "keras_jax")
 CHILD_FLAG = "--torch-xla-records"  # the torch_xla child: the records' folder it reads
 
 
 def settings(framework: str, args: argparse.Namespace, tmp: Path) -> list[str]:
-    backbone = {"tf_keras": [f"model.hub_handle={tmp / 'backbone'}"],
-                "keras_jax": ["model.backbone=keras", f"model.keras_backbone={tmp / 'backbone.keras'}"],
-                "torch_xla": ["model.backbone=timm", f"model.timm_model={tmp / 'timm_backbone'}",
-                              "runtime.cpu_devices=1"]}[framework]
+    if args.model == "b0":
+        backbone = {"tf_keras": ["model.backbone=efficientnet", "model.efficientnet_weights=none"],
+                    "keras_jax": ["model.backbone=efficientnet", "model.efficientnet_weights=none"],
+                    "torch_xla": ["model.backbone=timm", "model.timm_model=efficientnet_b0", "model.timm_weights=none",
+                                  "runtime.cpu_devices=1"]}[framework]
+    else:
+        backbone = {"tf_keras": [f"model.hub_handle={tmp / 'backbone'}"],
+                    "keras_jax": ["model.backbone=keras", f"model.keras_backbone={tmp / 'backbone.keras'}"],
+                    "torch_xla": ["model.backbone=timm", f"model.timm_model={tmp / 'timm_backbone'}",
+                                  "runtime.cpu_devices=1"]}[framework]
     return [f"train.framework={framework}", *backbone, f"data.image_size={args.image_size}", "runtime.strategy=default",
             f"train.batch_size={args.batch}", f"train.epochs={args.epochs + 1}", "train.export_float16=false",
             f"train.steps_per_epoch={args.steps_per_epoch}"]
@@ -88,9 +103,11 @@ def measure(cfg, backend, args: argparse.Namespace, tmp: Path) -> dict:
     batches = list(make_dataset(None).take(plan.steps_per_epoch).as_numpy_iterator())
     arrays = np.concatenate([b[0] for b in batches]), np.concatenate([b[1] for b in batches])
     in_memory = fit_in_memory(backend, arrays, plan, args.epochs + 1)  # the first compiles for arrays
+    on_device = steps_on_device(backend, arrays, plan)
     runtime = backend.runtime()
     return {"kernel": images_per_epoch / statistics.median(seconds[1:]),
-            "in_memory": images_per_epoch / statistics.median(in_memory[1:]), "optimizer_steps": optimizer_steps,
+            "in_memory": images_per_epoch / statistics.median(in_memory[1:]),
+            "on_device": on_device and plan.global_batch / on_device, "optimizer_steps": optimizer_steps,
             "planned": plan.total_steps, "steps_per_epoch": plan.steps_per_epoch,
             "steps_per_execution": runtime.get("steps_per_execution"), "asked": cfg.train.steps_per_execution,
             "epochs": plan.epochs, "compiled_first_epoch": compiled[0] if compiled else None,
@@ -136,6 +153,29 @@ def fit_in_memory(backend, arrays, plan, epochs: int) -> list[float]:
     return timed_fit(backend, backend.distribute(in_memory), plan, epochs)
 
 
+def steps_on_device(backend, arrays, plan, steps: int = 5) -> float | None:
+    """Seconds a step of Keras' train_on_batch on one batch already on the device (median of `steps`, after one that
+    compiles): the step with nothing fed from the host. None for torch_xla, whose in-memory loop is its own."""
+    if backend.name == "torch_xla":
+        return None
+    images, targets = arrays[0][:plan.global_batch], arrays[1][:plan.global_batch]
+    if backend.name == "keras_jax":
+        import jax
+
+        images, targets = jax.device_put(images), jax.device_put(targets)
+    else:
+        import tensorflow as tf
+
+        images, targets = tf.constant(images), tf.constant(targets)
+    model, seconds = backend.model, []
+    for _ in range(steps + 1):
+        start = time.perf_counter()
+        result = model.train_on_batch(images, targets)
+        float(result[0] if isinstance(result, list | tuple) else result)  # waits for the step
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds[1:])
+
+
 def torch_xla_in_child(args: argparse.Namespace, tmp: Path) -> dict | None:
     """measure() for torch_xla in a child interpreter, or None where torch_xla is not installed."""
     if importlib.util.find_spec("torch_xla") is None:
@@ -145,7 +185,7 @@ def torch_xla_in_child(args: argparse.Namespace, tmp: Path) -> dict | None:
 
     save_tiny_timm_backbone(tmp / "timm_backbone")
     sizes = [f"--image-size={args.image_size}", f"--batch={args.batch}", f"--epochs={args.epochs}",
-             f"--steps-per-epoch={args.steps_per_epoch}"]
+             f"--steps-per-epoch={args.steps_per_epoch}", f"--model={args.model}"]
     run = subprocess.run([sys.executable, __file__, *sizes, CHILD_FLAG, str(tmp)], capture_output=True, text=True)
     if run.returncode:
         sys.exit(f"the torch_xla measurement failed:\n{run.stdout[-2000:]}{run.stderr[-3000:]}")
@@ -153,19 +193,22 @@ def torch_xla_in_child(args: argparse.Namespace, tmp: Path) -> dict | None:
 
 
 def report(args: argparse.Namespace, figures: dict[str, dict]) -> None:
-    size = f"({args.image_size}px, batch {args.batch})"
-    print(f"tiny backbone (width {args.width}; torch_xla: timm MobileNetV3) at {args.image_size}x{args.image_size}, "
-          f"global batch {args.batch}, one device each; {args.epochs} timed epochs, medians")
-    print(f"{'framework':10} {'kernel path':>12} {'in memory':>12} {'ratio':>6}  optimiser steps")
+    size = f"({args.image_size}px, batch {args.batch}{', EfficientNet-B0' if args.model == 'b0' else ''})"
+    model = ("EfficientNet-B0, random weights" if args.model == "b0" else
+             f"tiny backbone (width {args.width}; torch_xla: timm MobileNetV3)")
+    print(f"{model} at {args.image_size}x{args.image_size}, global batch {args.batch}, one device each; {args.epochs} "
+          "timed epochs, medians")
+    print(f"{'framework':10} {'kernel path':>12} {'in memory':>12} {'ratio':>6} {'on device':>12}  optimiser steps")
     for framework, f in figures.items():
         if f["compiled_first_epoch"] is not None:
             detail = f"XLA graphs compiled: {f['compiled_first_epoch']} in epoch 1, {f['compiled_after']} after"
         else:
             detail = (f"steps_per_execution {f['steps_per_execution']}" +
                       (f" (train.steps_per_execution={f['asked']})" if f["steps_per_execution"] != f["asked"] else ""))
+        on_device = f"{f['on_device']:6.0f} img/s" if f.get("on_device") else f"{'-':>12}"
         print(f"{framework:10} {f['kernel']:8.0f} img/s {f['in_memory']:6.0f} img/s {f['kernel'] / f['in_memory']:6.2f}"
-              f"  {f['optimizer_steps']} of {f['planned']} planned ({f['epochs']} x {f['steps_per_epoch']}); "
-              f"{detail}")
+              f" {on_device}  {f['optimizer_steps']} of {f['planned']} planned ({f['epochs']} x "
+              f"{f['steps_per_epoch']}); {detail}")
         print("RESULT " + json.dumps({"bench": f"training kernel path, {framework} {size}", "value": f["kernel"],
                                       "baseline": f["in_memory"], "ratio": f["kernel"] / f["in_memory"],
                                       "unit": "img/s", "baseline_name": "the same model on in-memory batches"}))
@@ -182,7 +225,8 @@ def report(args: argparse.Namespace, figures: dict[str, dict]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--image-size", type=int, default=32)
+    parser.add_argument("--model", choices=MODELS, default="tiny", help="b0: EfficientNet-B0 at 224 px")
+    parser.add_argument("--image-size", type=int, default=None, help="default 32, or 224 with --model b0")
     parser.add_argument("--batch", type=int, default=32, help="the global batch")
     parser.add_argument("--width", type=int, default=16, help="backbone width")
     parser.add_argument("--epochs", type=int, default=3, help="timed epochs after the first (medians)")
@@ -192,6 +236,7 @@ def main() -> None:
     if parser.parse_known_args()[0].smoke:
         parser.set_defaults(**SMOKE)
     args = parser.parse_args()
+    args.image_size = args.image_size or (224 if args.model == "b0" else 32)
     if args.torch_xla_records:  # the child: torch_xla imported by its route before anything imports TensorFlow
         cfg = load_config(None, settings("torch_xla", args, args.torch_xla_records))
         backend = start_backend(cfg)

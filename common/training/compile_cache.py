@@ -31,18 +31,25 @@ OFF = "off"  # runtime.compile_cache=off
 @dataclass(frozen=True)
 class CompileCount:
     """Programs compiled so far in this process (each fetched from the cache counts too), how many of them came from
-    the cache, and the seconds spent tracing, lowering and compiling them (or fetching them)."""
+    the cache, and the seconds spent tracing, lowering and compiling them (or fetching them), tracing and lowering
+    apart where the framework says."""
 
     programs: int = 0
     from_cache: int = 0
     seconds: float = 0.0
+    tracing: float = 0.0  # of the seconds, tracing and lowering to XLA (no compile cache holds them): JAX's
 
     def __sub__(self, other: CompileCount) -> CompileCount:
         return CompileCount(self.programs - other.programs, self.from_cache - other.from_cache,
-                            max(0.0, self.seconds - other.seconds))
+                            max(0.0, self.seconds - other.seconds), max(0.0, self.tracing - other.tracing))
+
+    def __add__(self, other: CompileCount) -> CompileCount:
+        return CompileCount(self.programs + other.programs, self.from_cache + other.from_cache,
+                            self.seconds + other.seconds, self.tracing + other.tracing)
 
     def describe(self) -> str:
-        return f"{self.programs} program(s) in {self.seconds:.1f} s, {self.from_cache} from the compile cache"
+        tracing = f" ({self.tracing:.1f} s of it tracing and lowering)" if self.tracing else ""
+        return f"{self.programs} program(s) in {self.seconds:.1f} s{tracing}, {self.from_cache} from the compile cache"
 
 
 def _digest(path: Path) -> str:

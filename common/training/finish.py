@@ -78,7 +78,7 @@ def compile_record(compiles) -> dict:
     if compiles is None:
         return {}
     return {"compile": {"programs": compiles.programs, "from_cache": compiles.from_cache,
-                        "seconds": round(compiles.seconds, 2)}}
+                        "seconds": round(compiles.seconds, 2), "tracing_seconds": round(compiles.tracing, 2)}}
 
 
 def export_fold(cfg, result, records, fold: int, export_dir: Path) -> ModelCard:

@@ -80,9 +80,7 @@ class EpochClock:
         """The seconds since the last lap, less what compiled in them, recorded as `phase`'s."""
         now, count = time.monotonic(), self.compiled()
         compiling = count - self.count if count is not None else CompileCount()
-        self.compiles = CompileCount(self.compiles.programs + compiling.programs,
-                                     self.compiles.from_cache + compiling.from_cache,
-                                     self.compiles.seconds + compiling.seconds)
+        self.compiles = self.compiles + compiling
         self.phases[phase] = max(0.0, now - self.at - compiling.seconds)
         self.at, self.count = now, count
         return self.phases[phase]

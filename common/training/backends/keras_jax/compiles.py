@@ -5,7 +5,8 @@
     compiled()            # CompileCount so far in this process: programs, from the cache, seconds
 
 Counted from jax.monitoring's events: each XLA compile (or cache fetch) is one program; its seconds are the tracing,
-lowering and compile (or fetch) durations JAX reports.
+lowering and compile (or fetch) durations JAX reports, tracing and lowering also apart: the cache removes the compile,
+never the Python tracing of the model.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ TIMED_EVENTS = (COMPILE_EVENT, "/jax/core/compile/jaxpr_trace_duration",
 HIT_EVENT = "/jax/compilation_cache/cache_hits"
 
 _lock = threading.Lock()
-_count = {"programs": 0, "from_cache": 0, "seconds": 0.0}
+_count = {"programs": 0, "from_cache": 0, "seconds": 0.0, "tracing": 0.0}
 _listening = False
 
 
@@ -33,6 +34,7 @@ def _on_duration(event: str, duration_secs: float, **_) -> None:
         with _lock:
             _count["seconds"] += duration_secs
             _count["programs"] += event == COMPILE_EVENT
+            _count["tracing"] += duration_secs if event != COMPILE_EVENT else 0.0
 
 
 def _on_event(event: str, **_) -> None:
