@@ -22,7 +22,7 @@ About 100 s on 2 cores with the defaults (35 s without torch_xla).
 
 the real model instead, at 224 px in the route's precision (train.precision=auto: bfloat16 on a TPU, float16 on a
 GPU, float32 on the CPU): EfficientNet-B0 with random weights (the efficientnet package on tf_keras, keras.applications
-on keras_jax, timm's efficientnet_b0 on torch_xla). Each Keras row adds a third figure, the device-resident loop:
+on keras_jax, timm's efficientnet_b0 on torch_xla). The keras_jax row adds a third figure, the device-resident loop:
 train_on_batch on one batch already on the device, the step with nothing fed from the host. What each route's kernel
 path does per step that the in-memory fit does not, and what was removed, is in bench/README.md.
 
@@ -76,7 +76,7 @@ def settings(framework: str, args: argparse.Namespace, tmp: Path) -> list[str]:
                                   "runtime.cpu_devices=1"]}[framework]
     return [f"train.framework={framework}", *backbone, f"data.image_size={args.image_size}", "runtime.strategy=default",
             f"train.batch_size={args.batch}", f"train.epochs={args.epochs + 1}", "train.export_float16=false",
-            f"train.steps_per_epoch={args.steps_per_epoch}"]
+            f"train.steps_per_epoch={args.steps_per_epoch}", f"runtime.output_dir={tmp / 'out'}"]  # its compile cache
 
 
 def measure(cfg, backend, args: argparse.Namespace, tmp: Path) -> dict:
@@ -155,18 +155,13 @@ def fit_in_memory(backend, arrays, plan, epochs: int) -> list[float]:
 
 def steps_on_device(backend, arrays, plan, steps: int = 5) -> float | None:
     """Seconds a step of Keras' train_on_batch on one batch already on the device (median of `steps`, after one that
-    compiles): the step with nothing fed from the host. None for torch_xla, whose in-memory loop is its own."""
-    if backend.name == "torch_xla":
+    compiles): the step with nothing fed from the host. keras_jax only: tf_keras' train_on_batch runs a compiled
+    model's steps_per_execution steps on its one batch (and fails), torch_xla's in-memory loop is its own."""
+    if backend.name != "keras_jax":
         return None
-    images, targets = arrays[0][:plan.global_batch], arrays[1][:plan.global_batch]
-    if backend.name == "keras_jax":
-        import jax
+    import jax
 
-        images, targets = jax.device_put(images), jax.device_put(targets)
-    else:
-        import tensorflow as tf
-
-        images, targets = tf.constant(images), tf.constant(targets)
+    images, targets = (jax.device_put(a[:plan.global_batch]) for a in arrays)
     model, seconds = backend.model, []
     for _ in range(steps + 1):
         start = time.perf_counter()

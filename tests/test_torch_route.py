@@ -100,6 +100,26 @@ def route_refusal(monkeypatch, missing=(), processes=1, cuda=False) -> str:
     return str(refused.value)
 
 
+@needs_torch_xla
+@pytest.mark.parametrize("architecture", ["efficientnet_b0", "mobilenetv3_small_050", "resnet18"])
+def test_the_head_takes_what_forward_features_gives_for_each_family(architecture):
+    """EfficientNet's forward_features ends in its conv_head (1280 channels for B0; its last block, timm's
+    feature_info, has 320), MobileNetV3's does not: the head is as wide as the map it pools. On the CPU with plain
+    torch (this process has TensorFlow: no torch_xla)."""
+    from common.core.config import load_config
+    from common.training.backends.torch_xla.model import build_timm_model
+
+    import torch
+
+    cfg = load_config(None, ["model.backbone=timm", f"model.timm_model={architecture}", "model.timm_weights=none"])
+    model = build_timm_model(cfg.model, 10, "softmax").eval()
+    with torch.no_grad():
+        outputs = model(torch.zeros(2, 32, 32, 3, dtype=torch.uint8))
+    assert tuple(outputs.shape) == (2, 10)
+    width = {"efficientnet_b0": 1280, "mobilenetv3_small_050": 288, "resnet18": 512}[architecture]
+    assert model.head.in_features == width
+
+
 def test_where_the_route_cannot_run_it_is_one_line_naming_the_routes_that_can(monkeypatch):
     missing = route_refusal(monkeypatch, missing=["torch_xla"])  # one process: KERAS_DISTRIBUTION_NUM_PROCESSES=1
     assert missing.startswith("train.framework=torch_xla needs torch, torch_xla and timm, and this environment lacks "

@@ -82,8 +82,10 @@ class TimmClassifier(nn.Module):
 
 
 def feature_width(backbone: nn.Module) -> int:
-    """Channels of forward_features' map (timm's feature_info; num_features may count a conv_head after it)."""
-    return int(backbone.feature_info[-1]["num_chs"])
+    """Channels of forward_features' map: timm's num_features (1280 for EfficientNet-B0, whose map ends in its
+    conv_head; 288 for MobileNetV3-small-050, whose conv_head follows the pooling). Not feature_info's last stage:
+    EfficientNet's is the last block's (320), before the conv_head."""
+    return int(backbone.num_features)
 
 
 def build_timm_model(model_cfg, outputs: int, activation: str, autocast: bool = False) -> TimmClassifier:
