@@ -5,14 +5,15 @@ later folds, a resumed run and other runs on this machine take their programs fr
     ... the framework's own persistent cache pointed at cache.folder ...
     cache.vouch()                                             # after each checkpoint: its entries are complete
 
-The frameworks write an entry in place (not to a temporary name) and read whatever they find, and a TPU runtime given
-an entry written by another version or cut short by a killed run may fail where it should recompile. So beside the
-entries tpu2gpu keeps tpu2gpu-cache.json: the versions and platform that wrote them, and each entry's SHA-256, written
-after each checkpoint. Before the framework reads the folder, entries of another version or platform, entries the
-ledger does not know (written by a run killed before its next checkpoint) and entries that differ from it (cut short,
-damaged) are removed, one line for each kind; a folder that cannot be written is no cache, one line. Each costs a
-compile, none a failure. One job's processes share a folder safely: process 0 alone checks and writes it (JAX writes
-from process 0 only, and the torch_xla route is one process); the others read it after process 0's check.
+The frameworks write an entry in place (not to a temporary name) and read whatever they find; what they make of an
+entry cut short by a killed run or written by another version is theirs (JAX warns and compiles, when its
+decompression notices; a TPU client given such an executable is untested here). So beside the entries tpu2gpu keeps
+tpu2gpu-cache.json: the versions and platform that wrote them, and each entry's SHA-256, written after each
+checkpoint. Before the framework reads the folder, entries of another version or platform, entries the ledger does not
+know (written by a run killed before its next checkpoint) and entries that differ from it (cut short, damaged) are
+removed, one line for each kind; a folder that cannot be written is no cache, one line. Each costs a compile, none a
+failure. One job's processes share a folder safely: process 0 alone checks and writes it (JAX writes from process 0
+only, and the torch_xla route is one process); the others read it after process 0's check.
 """
 
 from __future__ import annotations
