@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -127,11 +126,8 @@ class CompileCache:
 
     @staticmethod
     def _remove(entries: list[Path]) -> None:
-        for entry in entries:
-            if entry.is_dir():
-                shutil.rmtree(entry, ignore_errors=True)
-            else:
-                entry.unlink(missing_ok=True)
+        for entry in entries:  # files: _entries lists nothing else
+            entry.unlink(missing_ok=True)
 
     def vouch(self) -> None:
         """The entries in the folder now are complete (the framework writes an entry before it runs the program):

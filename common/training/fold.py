@@ -72,7 +72,8 @@ class EpochClock:
         self.compiled = compiled
 
     def start(self) -> None:
-        self.at, self.count = time.monotonic(), self.compiled()
+        self.began = self.at = time.monotonic()
+        self.count = self.compiled()
         self.phases: dict[str, float] = {}
         self.compiles = CompileCount()
 
@@ -170,7 +171,6 @@ class EpochMonitor:
         self.clock = EpochClock(backend.compiled)
 
     def epoch_begin(self, epoch: int) -> None:
-        self.started = time.monotonic()
         self.clock.start()
 
     def epoch_end(self, epoch: int, logs: dict) -> bool:
@@ -184,7 +184,7 @@ class EpochMonitor:
         self.clock.lap("checkpoint")
         print(f"[train] epoch {epoch + 1}: {trained}; {scored}; {self.clock.describe()}", flush=True)
         now = time.monotonic()
-        self.seconds.append(now - self.started)
+        self.seconds.append(now - self.clock.began)
         early = bool(self.patience and epoch + 1 - self.best["epoch"] >= self.patience)
         cut = not early and cuts_after(epoch + 1, self.plan.epochs, now, max(self.seconds), self.deadline)
         early, cut = self.backend.hosts.agree((early, cut))  # process 0's clock decides for every process

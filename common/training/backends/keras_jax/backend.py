@@ -254,7 +254,8 @@ class JaxBackend:
 
     def fit(self, data, loop: EpochLoop) -> None:
         # The pipeline's batches handed to Keras as NumPy arrays: given the tf.data.Dataset, Keras' adapter iterates
-        # it eagerly and converts each tensor itself, about 5% of a step on this project's CPU (bench/README.md).
+        # it eagerly and converts each tensor itself, about 5% of a step on this project's CPU (bench/README.md). A
+        # generator, since Keras takes no tf.data NumpyIterator.
         batches = (batch for batch in data.as_numpy_iterator())
         with lost_process_named(self.hosts):
             self.model.fit(batches, epochs=loop.epochs, initial_epoch=loop.initial_epoch,

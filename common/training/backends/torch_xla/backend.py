@@ -121,7 +121,7 @@ class TorchXlaBackend:
     def compiled(self) -> CompileCount:
         """Graphs compiled so far in this process, and those taken from the compile cache (torch_xla's counters; an
         entry torch_xla cannot read back is compiled, and counted as compiled)."""
-        hits = metrics.counter_value("PersistentCacheHit") or 0
+        hits = cache_hits()
         data = metrics.metric_data("CompileTime")
         return CompileCount(compiles() + hits, hits, (data[1] / 1e9 if data else 0.0) + cache_load_seconds())
 
@@ -200,19 +200,18 @@ class TorchXlaBackend:
             loop.epoch_begin(epoch)
             self.model.train()
             # total: a fresh zero each epoch would compile each epoch. Graphs taken from the compile cache count too.
-            total, before, in_steps = None, self.compiled().programs, 0
+            total, before, in_steps = None, graphs(), 0
             for _ in range(loop.steps_per_epoch):
                 batch = next(batches)
-                step_before = self.compiled().programs
+                step_before = graphs()
                 loss = self._step(batch["images"], batch["targets"])
-                in_steps += self.compiled().programs - step_before
+                in_steps += graphs() - step_before
                 total = loss if total is None else total + loss
             stop = loop.epoch_end(epoch, {"loss": float(total.item()) / loop.steps_per_epoch})
             # After the first epoch: none, or every step pays a compile. In the first: one training step graph.
-            now = self.compiled()
-            print(f"[torch_xla] epoch {epoch + 1}: {now.programs - before} graph(s) compiled (training and "
-                  f"validation; from the cache or not), {in_steps} by the training step, {now.programs} in all "
-                  f"({now.from_cache} from the cache)", flush=True)
+            print(f"[torch_xla] epoch {epoch + 1}: {graphs() - before} graph(s) compiled (training and "
+                  f"validation; from the cache or not), {in_steps} by the training step, {graphs()} in all "
+                  f"({cache_hits()} from the cache)", flush=True)
             if stop:
                 break
         self._take_average()
@@ -289,6 +288,17 @@ def compiles() -> int:
     """XLA graphs compiled in this process so far (torch_xla's own counter; those from the cache are not)."""
     data = metrics.metric_data("CompileTime")
     return int(data[0]) if data else 0
+
+
+def cache_hits() -> int:
+    """Graphs taken from the compile cache in this process so far."""
+    return metrics.counter_value("PersistentCacheHit") or 0
+
+
+def graphs() -> int:
+    """Graphs compiled or taken from the compile cache so far: what each step's count reads (two counters, no
+    timings: it runs around every training step)."""
+    return compiles() + cache_hits()
 
 
 def cache_load_seconds() -> float:
