@@ -73,6 +73,36 @@ def test_a_damaged_ledger_vouches_for_nothing(tmp_path, capsys):
     assert "1 entry in" in capsys.readouterr().out and entries(folder) == []
 
 
+def test_where_the_cache_lives_and_the_words_that_would_be_a_folder(tmp_path, monkeypatch):
+    """In a Kaggle kernel /kaggle/temp/compile-cache (kept out of the kernel's output), locally beside the output,
+    $TPU2GPU_COMPILE_CACHE over both, a folder named, off; a gs:// URL, YAML's false and the words a user means as
+    off ("no", "None") are one named error, never a folder made of them."""
+    from common.core.errors import ConfigError, DataPathError
+    from common.core.paths import COMPILE_CACHE_ENV, KAGGLE_ROOT_ENV, compile_cache_dir
+
+    def folder(*settings):
+        return compile_cache_dir(load_config(None, list(settings)).runtime)
+
+    monkeypatch.delenv(COMPILE_CACHE_ENV, raising=False)
+    assert folder(f"runtime.output_dir={tmp_path / 'out'}") == tmp_path / "out" / "compile-cache"
+    monkeypatch.setenv("KAGGLE_KERNEL_RUN_TYPE", "Batch")
+    monkeypatch.setenv(KAGGLE_ROOT_ENV, str(tmp_path / "kaggle"))
+    assert folder() == tmp_path / "kaggle" / "temp" / "compile-cache"
+    monkeypatch.setenv(COMPILE_CACHE_ENV, str(tmp_path / "shared"))
+    assert folder() == tmp_path / "shared"
+    assert folder(f"runtime.compile_cache={tmp_path / 'mine'}") == tmp_path / "mine"
+    assert folder("runtime.compile_cache=off") is None
+    with pytest.raises(DataPathError, match=r"runtime.compile_cache='gs://b/c' is a URL"):
+        folder("runtime.compile_cache=gs://b/c")
+    with pytest.raises(ConfigError, match=r"config key 'runtime.compile_cache' must be str, got False \(bool\)"):
+        folder("runtime.compile_cache=false")  # YAML's false: the config itself refuses it by name
+    for word in ("no", "None", "disabled"):
+        with pytest.raises(ConfigError, match=rf"runtime.compile_cache='{word}' would be a folder named '{word}'\. "
+                                              rf"Fix: runtime.compile_cache=off to compile without a cache, or "
+                                              rf"\./{word} for that folder"):
+            folder(f"runtime.compile_cache={word}")
+
+
 # ------------------------------------------------------------------------------------------- Keras 3 on JAX, here
 def jax_fold(settings, records_dir, work_dir, fold=0, seconds=600.0):
     """One fold trained in this process by a backend of its own (a new model: its programs traced anew), within

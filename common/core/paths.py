@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.core.errors import DataPathError
+from common.core.errors import ConfigError, DataPathError
 from common.core.gcs import Mirror, is_gcs
 
 KAGGLE_ROOT_ENV = "TPU2GPU_KAGGLE_ROOT"
@@ -87,6 +87,9 @@ def compile_cache_dir(runtime) -> Path | None:
     configured = runtime.compile_cache or os.environ.get(COMPILE_CACHE_ENV, "")
     if configured == "off":
         return None
+    if configured.lower() in ("no", "none", "false", "disable", "disabled", "0"):  # meant as off, read as a folder
+        raise ConfigError(f"runtime.compile_cache={configured!r} would be a folder named {configured!r}. Fix: "
+                          f"runtime.compile_cache=off to compile without a cache, or ./{configured} for that folder")
     if configured:
         return local_folder(configured, "runtime.compile_cache", "the compile cache")
     out = output_dir(runtime.output_dir, "runs/train", bucket_ok=True)
