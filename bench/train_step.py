@@ -24,7 +24,8 @@ the real model instead, at 224 px in the route's precision (train.precision=auto
 GPU, float32 on the CPU): EfficientNet-B0 with random weights (the efficientnet package on tf_keras, keras.applications
 on keras_jax, timm's efficientnet_b0 on torch_xla). The keras_jax row adds a third figure, the device-resident loop:
 train_on_batch on one batch already on the device, the step with nothing fed from the host. What each route's kernel
-path does per step that the in-memory fit does not, and what was removed, is in bench/README.md.
+path does per step that the in-memory fit does not, and what was removed, is in bench/README.md. On a GPU machine
+whose TensorFlow is tensorflow-cpu (for tf.data), `--frameworks keras_jax` measures the one route that trains there.
 
     .venv/bin/python bench/train_step.py --smoke
 
@@ -207,12 +208,13 @@ def report(args: argparse.Namespace, figures: dict[str, dict]) -> None:
         print("RESULT " + json.dumps({"bench": f"training kernel path, {framework} {size}", "value": f["kernel"],
                                       "baseline": f["in_memory"], "ratio": f["kernel"] / f["in_memory"],
                                       "unit": "img/s", "baseline_name": "the same model on in-memory batches"}))
-    tf_keras, keras_jax = figures["tf_keras"], figures["keras_jax"]
-    print(f"keras_jax / tf_keras on the kernel path: {keras_jax['kernel'] / tf_keras['kernel']:.2f}")
-    print("RESULT " + json.dumps({"bench": f"training, keras_jax vs tf_keras kernel path {size}",
-                                  "value": keras_jax["kernel"], "baseline": tf_keras["kernel"],
-                                  "ratio": keras_jax["kernel"] / tf_keras["kernel"], "unit": "img/s",
-                                  "baseline_name": "tf_keras"}))
+    if "tf_keras" in figures and "keras_jax" in figures:
+        tf_keras, keras_jax = figures["tf_keras"], figures["keras_jax"]
+        print(f"keras_jax / tf_keras on the kernel path: {keras_jax['kernel'] / tf_keras['kernel']:.2f}")
+        print("RESULT " + json.dumps({"bench": f"training, keras_jax vs tf_keras kernel path {size}",
+                                      "value": keras_jax["kernel"], "baseline": tf_keras["kernel"],
+                                      "ratio": keras_jax["kernel"] / tf_keras["kernel"], "unit": "img/s",
+                                      "baseline_name": "tf_keras"}))
     wrong = {name: f for name, f in figures.items() if f["optimizer_steps"] != f["planned"] or f["compiled_after"]}
     if wrong:
         sys.exit(f"the optimiser's step count is not the plan's, or a graph compiled after the first epoch: {wrong}")
@@ -227,6 +229,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3, help="timed epochs after the first (medians)")
     parser.add_argument("--steps-per-epoch", type=int, default=0, help="0: every training record once an epoch")
     parser.add_argument("--smoke", action="store_true", help=f"toy sizes, seconds; the figures mean nothing: {SMOKE}")
+    parser.add_argument("--frameworks", nargs="+", choices=(*FRAMEWORKS, "torch_xla"), default=None,
+                        help="the routes to measure (default: all; on a GPU machine with tensorflow-cpu, keras_jax: "
+                             "tf_keras would train on its CPU)")
     parser.add_argument(CHILD_FLAG, type=Path, help=argparse.SUPPRESS)
     if parser.parse_known_args()[0].smoke:
         parser.set_defaults(**SMOKE)
@@ -248,11 +253,12 @@ def main() -> None:
         convert_competition(make_demo_competition(tmp / "competition"), tmp / "records", Config().data)
         save_tiny_backbone(tmp / "backbone", width=args.width)
         save_tiny_keras_backbone(tmp / "backbone.keras", width=args.width)
-        figures = {}
+        figures, chosen = {}, args.frameworks or (*FRAMEWORKS, "torch_xla")
         for framework in FRAMEWORKS:
-            cfg = load_config(None, settings(framework, args, tmp))
-            figures[framework] = measure(cfg, start_backend(cfg), args, tmp)
-        torch_xla = torch_xla_in_child(args, tmp)
+            if framework in chosen:
+                cfg = load_config(None, settings(framework, args, tmp))
+                figures[framework] = measure(cfg, start_backend(cfg), args, tmp)
+        torch_xla = torch_xla_in_child(args, tmp) if "torch_xla" in chosen else None
         report(args, {**figures, **({"torch_xla": torch_xla} if torch_xla else {})})
 
 
