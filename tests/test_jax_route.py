@@ -7,8 +7,12 @@ tf-keras, no tensorflow-hub) are tests/test_jax_image.py's (opt-in: it downloads
 """
 
 import json
+import os
 import sys
 from pathlib import Path
+
+from common.core.paths import COMPILE_CACHE_ENV
+from common.training.compile_cache import LEDGER
 
 import pytest
 
@@ -70,6 +74,12 @@ def test_each_task_trains_with_keras_on_jax_and_exports_the_same_contract(task, 
     assert verification["device"].startswith("cpu (cpu) at JAX's default matmul precision"), verification
     if task == "multiclass":
         assert verify_batch_difference(sys.executable, tmp_path / "train" / "export" / "fold0") < 1e-5
+        # Every program the run compiled, its export's included, is vouched for in the suite's compile cache: the
+        # next run takes them all, and removes none as "never vouched for".
+        folder = Path(os.environ[COMPILE_CACHE_ENV]) / "keras_jax"
+        vouched = json.loads((folder / LEDGER).read_text())["entries"]
+        entries = [p.name for p in folder.iterdir() if not p.name.startswith(("tpu2gpu-", "."))]
+        assert [name for name in entries if name not in vouched] == []
 
 
 @pytest.mark.e2e

@@ -285,7 +285,10 @@ class JaxBackend:
     # --------------------------------------------------------------------------------------------------- export
     def export(self, export_dir: Path, contents):
         """The verified export (common/training/backends/keras_jax/export.py: written by a child interpreter)."""
-        return export(self, export_dir, contents)
+        card = export(self, export_dir, contents)
+        if self.compile_cache and self.hosts.writer:  # the export's programs (its float32 copies' initialisers,
+            self.compile_cache.vouch()                # the host's reference) too: the next fold or run takes them
+        return card
 
     def float32_outputs(self, images: np.ndarray, on_host: bool) -> tuple[np.ndarray, str]:
         """(a float32 copy's outputs for images, where and at what precision they were computed): on_host, exact on

@@ -259,7 +259,10 @@ class TorchXlaBackend:
 
     def export(self, export_dir: Path, contents):
         """The verified export (common/training/backends/torch_xla/export.py: rebuilt under TensorFlow in a child)."""
-        return export(self, export_dir, contents)
+        card = export(self, export_dir, contents)
+        if self.compile_cache:  # the graphs of the device's own outputs for the card too: the next run takes them
+            self.compile_cache.vouch()
+        return card
 
 
 class HostBatches:
