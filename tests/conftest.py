@@ -119,3 +119,38 @@ def efficientnet_export(demo_records, tmp_path_factory):
                 "train.batch_size_per_replica=8", f"runtime.output_dir={out}"]
     assert train_main([a for s in settings for a in ("--set", s)]) == 0
     return out / "export"
+
+
+# The longest tests (20-110 s each on 2 cores, from --durations), longest first: they are dealt out before the rest
+# (pyproject's `--dist load` deals the first quarter of the list in turn to each worker, then one test at a time to
+# whichever is free), so the short tests fill in at the end and both workers finish together, instead of one idling
+# while the other runs a long test it started last.
+LONGEST_FIRST = (
+    "test_gcs.py::test_a_run_in_a_bucket_converts_trains_is_killed_resumes_from_the_bucket_and_scores",
+    "test_readme.py::test_every_readme_command_runs_as_written",
+    "test_multihost.py::test_two_processes_train_as_one_process_with_two_devices",
+    "test_torch_route.py::test_a_timm_model_trains_resumes_after_a_kill_exports_the_same_contract_and_the_tf_only_"
+    "kernel_scores_it",
+    "test_torch_tasks.py::test_each_task_types_torch_model_exports_the_same_contract_and_the_tf_only_kernel_predicts_"
+    "what_it_does",
+    "test_torch_route.py::test_one_and_two_xla_devices_train_the_planned_steps_at_the_planned_rate_to_the_same_weights",
+    "test_damaged_data.py::test_a_corrupt_record_ends_the_fold_naming_its_shard_and_the_repaired_run_resumes",
+    "test_training.py::test_custom_loop_step_on_two_replicas_equals_the_single_device_step",
+    "test_kaggle.py::test_simulated_kaggle_run_of_both_built_kernels",
+    "test_jax_route.py::test_each_task_trains_with_keras_on_jax_and_exports_the_same_contract",
+    "test_tasks.py::test_regression_submission_is_the_value_with_the_scaling_in_the_export",
+    "test_backends.py::test_a_third_backend_defined_in_the_tests_trains_and_its_export_feeds_the_inference_kernel",
+    "test_bench.py::test_run_all_smoke_prints_a_row_of_real_figures_per_benchmark",
+    "test_tasks.py::test_binary_submission_is_a_probability_per_row_with_patients_kept_whole",
+    "test_tasks.py::test_multilabel_submission_is_known_labels_over_fold_thresholds",
+    "test_training.py::test_a_killed_run_resumes_at_the_next_epoch",
+    "test_compile_cache.py::test_keras_jax_folds_and_a_resumed_fold_take_their_programs_from_the_cache_and_a_bad_"
+    "cache_costs_a_compile",
+    "test_training.py::test_all_folds_in_turn_give_out_of_fold_scores",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """LONGEST_FIRST at the head of the run, in that order; every other test after them, in its usual order."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.removeprefix("tests/").split("[")[0], len(rank)))
