@@ -23,7 +23,7 @@ from pathlib import Path
 
 import common  # noqa: F401
 from common.core.config import format_config, parse_kernel_args
-from common.core.errors import UserError
+from common.core.errors import UserError, guarded
 from common.core.paths import output_dir, resolve_data_path
 from common.core.platform import environment_report
 from common.core.strategy import get_strategy, split_cpu
@@ -36,7 +36,6 @@ from common.inference.submission import (
     write_csv_atomically,
 )
 from common.inference.unread import BAD_TEST_IMAGES, predict_unread, write_bad_test_images
-from common.launch.kernel import guarded
 from common.tasks.parts import decimal_text
 from common.tasks.types import get_task
 

@@ -57,7 +57,7 @@ def test_tpu_hardware_that_tensorflow_cannot_see_is_an_error_not_a_cpu_fallback(
         in message
     assert "runtime.strategy=default" in message
     installed = {"tensorflow-tpu": "2.20.0", "libtpu": "0.0.17", "tf-keras": "2.20.1"}  # after the stack install
-    monkeypatch.setattr("common.launch.tpu_stack.installed_versions", lambda: installed)
+    monkeypatch.setattr("common.core.strategy.installed_versions", lambda: installed)
     with pytest.raises(StrategyError, match=r"The TPU stack is installed \(tensorflow-tpu 2\.20\.0, libtpu 0\.0\.17, "
                        r"tf-keras 2\.20\.1\), but no TPU answered"):
         get_strategy("auto")

@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 
 import common  # noqa: F401  (environment bootstrap first)
+import common.launch.routes  # noqa: F401  (on import, the routes and the tasks supply what every step's config
+import common.tasks.types  # noqa: F401  is checked against: train.framework, model.backbone, data.task)
 from common.core.config import add_config_flags, config_from_args, format_config
 from common.launch.tpu_stack import IMAGE_PYTHON
 

@@ -25,12 +25,13 @@ import time
 from pathlib import Path
 
 import common  # noqa: F401  (TF_USE_LEGACY_KERAS before tensorflow)
+import common.launch.routes  # noqa: F401  (supplies the config train.framework's routes and backbone rule)
 from common.core.config import config_to_dict, format_config, parse_kernel_args
+from common.core.errors import guarded
 from common.core.gcs import require_access
 from common.core.paths import training_folders
 from common.data.records import has_manifest, read_manifest
 from common.data.sources import open_source
-from common.launch.kernel import guarded
 
 
 def skipped_images(tfrecord_dir: str, export_root: Path) -> dict | None:

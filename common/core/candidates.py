@@ -1,5 +1,6 @@
 """The candidate TensorFlow TPU stacks, in the order the training kernel tries them: kaggle.tpu_packages' default.
-Data only, so the config can name them without importing the installer (common/launch/tpu_stack.py)."""
+Data only, and a default of the config's, so it lives on the ground floor: the TPU launcher reads and tries them
+(common/launch/tpu_stack.py, negotiation.py), and the config names them without importing it."""
 
 
 # The candidate TPU stacks the training kernel tries in order (common/launch/negotiation.py), researched for Kaggle's

@@ -6,8 +6,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import common
-
 # The check needs only the CPU. On a TPU VM one process alone may own the chips (the trainer does), and on a GPU the
 # trainer already holds the memory: the child sees neither.
 ACCELERATOR_ENV_REMOVED = ("TPU_NAME", "TPU_ACCELERATOR_TYPE", "TPU_WORKER_ID", "TPU_WORKER_HOSTNAMES", "ISTPUVM")
@@ -17,7 +15,7 @@ CPU_ONLY_ENV = {"CUDA_VISIBLE_DEVICES": "-1", "TPU_LOAD_LIBRARY": "0", "TPU_SKIP
 
 def bundle_root() -> str:
     """The folder, or the kernel's zip, that holds the `common` package: what a child's PYTHONPATH starts with."""
-    return str(Path(common.__file__).resolve().parents[1])
+    return str(Path(__file__).resolve().parents[2])  # <root>/common/core/children.py
 
 
 def importable_environment(environ) -> dict[str, str]:

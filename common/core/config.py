@@ -7,6 +7,8 @@
 An unknown section or key, or a value of the wrong type, raises ConfigError naming the key (with a close match). Each
 number declares its range and each name its choices on its own field (common/core/fields.py), checked as it is set;
 a rule of two keys is checked where they meet (mixup_prob + cutmix_prob <= 1: common.data.pipeline.check_mixing).
+What a floor above means by a key (data.task's tasks, train.framework's routes and the backbones each trains) its
+owner supplies when it is imported (common/core/fields.py): this module imports nothing above common.core.
 Sections follow the Model Garden split: what to learn (data, model, train, infer) apart from where it runs (runtime).
 Model and data code never read `runtime`.
 """
@@ -23,23 +25,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from common.core.candidates import TPU_PACKAGES
 from common.core.errors import ConfigError
-from common.core.fields import field_value, one_of, within
-from common.launch.candidates import TPU_PACKAGES
-from common.launch.routes import check_backbone, framework_choices
+from common.core.fields import field_value, one_of, supplied, supplied_checks, within
 
 TTA_NAMES = ("identity", "flip_left_right", "flip_up_down", "rotate90", "rotate180", "rotate270", "transpose")
 
 
-def _task_names() -> tuple[str, ...]:
-    from common.tasks.types import TASKS  # read at each check: a task added to TASKS at run time is a choice
-
-    return tuple(TASKS)
-
-
 @dataclass
 class DataConfig:
-    task: str = one_of("multiclass", _task_names)  # see common/tasks/types.py
+    task: str = one_of("multiclass", supplied("data.task"))  # see common/tasks/types.py
     # Kaggle-style competition folder (read by `tpu2gpu tfrecords`, the training and the inference kernel).
     train_csv: str = "train.csv"  # CSV of training ids and labels, in the competition folder
     train_images: str = "train"  # folder of training images (JPEG/PNG named <id> or <id>.<ext>)
@@ -122,7 +117,7 @@ class TrainConfig:
     lr_reference_batch: int = within(256, "[1, inf)")  # the global batch learning_rate is meant for
     warmup_epochs: float = within(1.0, "[0, inf)")  # linear warm-up, then cosine decay to zero
     steps_per_execution: int = within(32, "[1, inf)")  # training steps per host round trip (tf.function call)
-    framework: str = one_of("auto", framework_choices)  # noqa: E501  # tf_keras under tf.distribute, Keras 3 on JAX, or PyTorch/XLA (timm models); auto: torch_xla for model.backbone=timm, else tf_keras, and on a Kaggle TPU keras_jax when no TensorFlow TPU stack answers
+    framework: str = one_of("auto", supplied("train.framework"))  # noqa: E501  # tf_keras under tf.distribute, Keras 3 on JAX, or PyTorch/XLA (timm models); auto: torch_xla for model.backbone=timm, else tf_keras, and on a Kaggle TPU keras_jax when no TensorFlow TPU stack answers
     loop: Literal["fit", "custom"] = "fit"  # Keras fit, or the custom strategy.run loop (tf_keras)
     label_smoothing: float = within(0.0, "[0, 1)")  # cross-entropy label smoothing
     class_weight: Literal["none", "balanced"] = "none"  # balanced: weigh the loss by n / (classes x count) per class
@@ -296,7 +291,8 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
         config_from_dict(raw or {}, cfg)
     for text in overrides:
         _apply(cfg, *parse_override(text))
-    check_backbone(cfg)
+    for check in supplied_checks():  # rules of keys that meet in a floor above (common/core/fields.py)
+        check(cfg)
     return cfg
 
 

@@ -1,7 +1,12 @@
 """Errors that are the user's to fix. Each message names the file, row, key or value at fault and says how to fix it.
 
-Entry points print a UserError as one line without a traceback; anything else is a bug and keeps its traceback.
+Entry points print a UserError as one line without a traceback (guarded); anything else is a bug and keeps its
+traceback.
+
+    sys.exit(guarded("infer_gpu", main))   # both kernels, the tpu2gpu CLI and the export children end this way
 """
+
+import sys
 
 
 class UserError(Exception):
@@ -22,3 +27,12 @@ class DataPathError(UserError, FileNotFoundError):
 
 class StrategyError(UserError, RuntimeError):
     """The requested hardware cannot be used."""
+
+
+def guarded(prog: str, func, *args) -> int:
+    """func(*args)'s exit code; a UserError (the user's to fix) is printed as one line without a traceback: code 2."""
+    try:
+        return func(*args)
+    except UserError as err:
+        print(f"{prog}: error: {err}", file=sys.stderr, flush=True)
+        return 2

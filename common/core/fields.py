@@ -2,11 +2,17 @@
 (common/core/config.py).
 
     image_size: int = within(224, "[8, 4096]")             # a number and its range, as its error message shows it
-    task: str = one_of("multiclass", task_names)            # names: a tuple, or a function called at each check
-    tta: tuple[str, ...] = one_of((), TTA_NAMES, "views")   # a list of names ("views" in its error message)
+    tta: tuple[str, ...] = one_of((), TTA_NAMES, "views")   # names as a tuple ("views" in a list's error message)
+    task: str = one_of("multiclass", supplied("data.task"))  # or as a function asked at each check: here what the
+                                                             # names' owner, a floor above, supplied (below)
 
 Every int and float field declares a range ("(-inf, inf)" where any number goes): tests/test_config.py names one that
 does not. A value is checked whenever it is set, so a run stops at its config, not hours later inside fit.
+
+Core imports nothing above it (docs/design.md, "Floors"), so where a key means what a floor above owns, the owner
+supplies it when it is imported: the names the key takes (supply_choices: data.task's tasks, train.framework's
+routes), or a rule of keys that meet up there, which load_config runs (supply_check: model.backbone with
+train.framework). A process that never imports an owner never acts on its keys, and checks them by type alone.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import typing
+from collections.abc import Callable, Iterable
 from dataclasses import field
 from typing import Any, Literal
 
@@ -35,6 +42,31 @@ def within(default: float, interval: str) -> Any:
 def one_of(default: Any, choices: Any, items: str = "values") -> Any:
     """A str field, or a tuple of str (its `items`), whose values must be among `choices`."""
     return field(default=default, metadata={"choices": choices, "items": items})
+
+
+_SUPPLIED_CHOICES: dict[str, Callable[[], Iterable[str]]] = {}  # "data.task" -> its names, from their owner
+_SUPPLIED_CHECKS: dict[str, Callable[[Any], None]] = {}  # "module.function" -> a rule run on each loaded config
+
+
+def supply_choices(key: str, names: Callable[[], Iterable[str]]) -> None:
+    """The owner of `key`'s names hands them in, as a function asked at each check (a name added at run time is one
+    of them)."""
+    _SUPPLIED_CHOICES[key] = names
+
+
+def supplied(key: str) -> Callable[[], tuple]:
+    """one_of's choices for a key whose names a floor above owns: what its owner supplied, () (any value) before."""
+    return lambda: tuple(_SUPPLIED_CHOICES[key]()) if key in _SUPPLIED_CHOICES else ()
+
+
+def supply_check(check: Callable[[Any], None]) -> None:
+    """The owner of a rule of keys hands it in: load_config runs it on the loaded config (check(cfg) raises
+    ConfigError). Supplied again (a module reloaded), it replaces itself."""
+    _SUPPLIED_CHECKS[f"{check.__module__}.{check.__qualname__}"] = check
+
+
+def supplied_checks() -> list[Callable[[Any], None]]:
+    return list(_SUPPLIED_CHECKS.values())
 
 
 def choices_of(f: dataclasses.Field, annotation: Any) -> tuple:

@@ -1,15 +1,17 @@
-"""gs:// for the kernels: access checked before any training, an output folder in a bucket, exports read from one.
+"""gs:// for the kernels: access checked before any training, an output folder in a bucket, folders read from one.
 
     require_access(reads=[cfg.runtime.tfrecords], writes=[cfg.runtime.output_dir])  # one error per refused bucket
     mirror = Mirror("gs://bucket/run", Path("runs/gcs/output/bucket/run"))  # the folder, worked on in a local copy
     mirror.settle(work / "fold0", "checkpoints/progress.json", epochs)  # bucket and local copy agreed, before use
     mirror.push(work / "fold0", marker="checkpoints/progress.json")   # after each checkpoint; exports likewise
-    fetch_exports("gs://bucket/run/export", Path("runs/gcs/input/..."))  # its complete exports, copied there
+    files = remote_files("gs://bucket/run/export")     # {path relative to the folder: object}, listed once
+    download(files, Path("runs/gcs/input/..."))         # copied into a local folder, which they replace whole
 
 GCS has no rename of a folder, so the staged folders of common/core/atomic.py cannot be made in a bucket. There a
 folder is complete when its marker object is: a push removes the marker first and uploads it last, and a reader takes
-a folder only with its marker (an export: model_card.json; a checkpoint: progress.json). A push cut short (a kill)
-leaves a folder without its marker, which is never taken for complete; objects themselves are written whole by GCS.
+a folder only with its marker (an export: model_card.json, which common/export/loader.py's fetch_exports requires; a
+checkpoint: progress.json). A push cut short (a kill) leaves a folder without its marker, which is never taken for
+complete; objects themselves are written whole by GCS.
 
 The bucket is the truth and the local copy a cache (settle, before a fold is skipped, resumed or trained): a complete
 copy in the bucket is taken, unless the local copy is complete and the bucket's is not, or is behind it (a checkpoint
@@ -96,7 +98,7 @@ def require_access(reads=(), writes=()) -> None:
         print(f"[gcs] {', '.join(checked)}: access granted with {credential_words()}", flush=True)
 
 
-def _remote_files(url: str) -> dict[str, str]:
+def remote_files(url: str) -> dict[str, str]:
     """{path relative to url: object url} of every object under the folder url (none when it does not exist)."""
     import tensorflow as tf
 
@@ -109,8 +111,8 @@ def _remote_files(url: str) -> dict[str, str]:
     return found
 
 
-def _download(files: dict[str, str], folder: Path) -> None:
-    """The objects of _remote_files() copied into `folder`, which they replace whole (a staged folder)."""
+def download(files: dict[str, str], folder: Path) -> None:
+    """The objects of remote_files() copied into `folder`, which they replace whole (a staged folder)."""
     import tensorflow as tf
 
     with staged_dir(folder, overwrite=True) as tmp:
@@ -175,7 +177,7 @@ class Mirror:
         if remote_marker is None or local_marker == remote_marker:
             return
         with bucket_errors(remote, "reading"):
-            _download(_remote_files(remote), Path(folder))
+            download(remote_files(remote), Path(folder))
         self.pushed.update({p: _stamp(p) for p in Path(folder).rglob("*") if p.is_file()})
         print(f"[gcs] {remote}: taken from the bucket into {folder}", flush=True)
 
@@ -199,7 +201,7 @@ class Mirror:
         done = 0
         try:
             with bucket_errors(remote, "writing to"):
-                stale = [] if path.is_file() else [r for r in _remote_files(remote) if r not in files]
+                stale = [] if path.is_file() else [r for r in remote_files(remote) if r not in files]
                 if not changed and not stale:
                     return
                 started = time.monotonic()
@@ -239,23 +241,3 @@ class Mirror:
 def _stamp(path: Path) -> tuple[int, int]:
     stat = path.stat()
     return stat.st_size, stat.st_mtime_ns
-
-
-def fetch_exports(url: str, local: Path) -> Path:
-    """The complete exports (folders whose model_card.json is there) under a gs:// folder, copied into `local`
-    (replaced); an export without its card (an upload cut short) is refused by name."""
-    from common.export.card import CARD_NAME, SAVED_MODEL_DIR, ExportError
-
-    with bucket_errors(url, "reading"):
-        files = _remote_files(url)
-        saved = {Path(r).parent.parent for r in files if r.endswith(f"{SAVED_MODEL_DIR}/saved_model.pb")}
-        cut = sorted(str(f) for f in saved if (f / CARD_NAME).as_posix() not in files)
-        if cut:
-            where = url.rstrip("/") + ("" if cut[0] == "." else f"/{cut[0]}")
-            raise ExportError(f"{where} holds a SavedModel without its {CARD_NAME}: its upload "
-                              "was cut short, so it is not taken for an export. Fix: run the training again with the "
-                              "same runtime.output_dir (it uploads that fold again), or remove the folder from the "
-                              "bucket to go without it")
-        _download(files, local)
-    print(f"[gcs] {url}: {len(saved)} export(s), {len(files)} files, copied into {local}", flush=True)
-    return local

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform as _platform
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +59,21 @@ def detect_platform(environ: Mapping[str, str] | None = None, dev: Path = Path("
     else:
         kind = "kaggle-cpu"
     return Platform(kind=kind, on_kaggle=on_kaggle, tpu_signals=tpu)
+
+
+def normalize(name: str) -> str:
+    """PEP 503 name: tf_keras, TF-Keras and tf-keras are one distribution."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def installed_versions() -> dict[str, str]:
+    """{normalized name: version} of every installed distribution, read from metadata (nothing is imported)."""
+    found = {}
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata["Name"] if dist.metadata else None
+        if name:
+            found[normalize(name)] = dist.version
+    return found
 
 
 def _version(distribution: str) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 
 from common.core.errors import StrategyError
-from common.core.platform import tpu_hardware_signals
+from common.core.platform import installed_versions, tpu_hardware_signals
 
 import tensorflow as tf
 
@@ -33,8 +33,6 @@ TPU_STACK_INSTALLED = (
 
 
 def _tpu_fix() -> str:
-    from common.launch.tpu_stack import installed_versions
-
     installed = installed_versions()
     if "tensorflow-tpu" not in installed:
         return TPU_NOT_VISIBLE_FIX

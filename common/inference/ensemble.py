@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.core.config import TTA_NAMES
-from common.core.gcs import fetch_exports, is_gcs
+from common.core.gcs import is_gcs
 from common.core.paths import kaggle_input_dir, local_copy, local_folder, resolve_data_path
 from common.export.card import CARD_NAME, ExportError, ModelCard, read_card
-from common.export.loader import serving_function
+from common.export.loader import fetch_exports, serving_function
 
 import numpy as np
 import tensorflow as tf
@@ -57,7 +57,7 @@ def _exports_under(root: Path) -> list[Path]:
 
 def find_exports(names_or_paths) -> list[Path]:
     """Export folders (holding model_card.json) under each given path / attached dataset / gs:// folder (copied here
-    first, common/core/gcs.py), or under /kaggle/input."""
+    first, common/export/loader.py), or under /kaggle/input."""
     roots = [fetch_exports(n, local_copy(n, "input")) if is_gcs(n) else
              local_folder(resolve_data_path(n), "infer.exports", "an export") for n in names_or_paths]
     roots = roots or [kaggle_input_dir()]

@@ -16,13 +16,13 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
+from common.core.platform import installed_versions
 from common.launch.negotiation import FALLBACK_ENV, JAX_ROUTE_FIX, _route, ensure_tpu_stack
 from common.launch.tpu_stack import (
     TpuStackError,
     _pip,
     check_wheels,
     download_wheels,
-    installed_versions,
     pin_specs,
     same_version,
 )

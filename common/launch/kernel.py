@@ -2,9 +2,11 @@
 TensorFlow, then the entry point runs, and a UserError ends it as one line and exit code 2.
 
     run_kernel("train", "train_tpu.train", config_path, bundle)   # what a built kernel script calls
-    sys.exit(guarded("train_tpu", main))                           # `python -m train_tpu.train`, the tpu2gpu CLI
 
-Standard library only at import time: TensorFlow must not be loaded before prepare_runtime has run.
+guarded, which ends a run on a UserError with one line and exit code 2, lives in common.core.errors, where the GPU
+kernel, which imports nothing of this package, reaches it too. The route table is imported with this module, so the
+config run_kernel loads is checked against it (train.framework, model.backbone: the routes supply those checks on
+import). Standard library only at import time: TensorFlow must not be loaded before prepare_runtime has run.
 """
 
 from __future__ import annotations
@@ -15,24 +17,14 @@ import subprocess
 import sys
 import threading
 
-from common.core.errors import UserError
+from common.core.errors import guarded
 from common.core.platform import detect_platform
-
-
-def guarded(prog: str, func, *args) -> int:
-    """func(*args)'s exit code; a UserError (the user's to fix) is printed as one line without a traceback: code 2."""
-    try:
-        return func(*args)
-    except UserError as err:
-        print(f"{prog}: error: {err}", file=sys.stderr, flush=True)
-        return 2
+from common.launch.routes import ROUTES, chosen_framework, require_tf_keras
 
 
 def prepare_runtime(kernel: str, cfg, rerun) -> int | None:
     """The kernel's runtime needs, before TensorFlow is imported. None: go on here; an int: the kernel already ran
     again in a fresh interpreter (after the TPU stack install) and ended with that exit code."""
-    from common.launch.routes import ROUTES, chosen_framework, require_tf_keras
-
     if kernel != "train":
         return None  # inference needs TensorFlow alone, whichever build the GPU image holds
     if chosen_framework(cfg) != "tf_keras":

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from common.core.children import importable_environment
+from common.core.platform import installed_versions
 from common.launch.tpu_stack import (
     RERUN_ENV,
     TpuStackError,
@@ -40,7 +41,6 @@ from common.launch.tpu_stack import (
     find_attached_wheels,
     install_from,
     installed_tensorflow,
-    installed_versions,
     parse_pins,
     pin_mismatches,
     pin_specs,

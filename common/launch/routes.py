@@ -10,7 +10,8 @@ switches to keras_jax when no TensorFlow TPU stack answers and the backbone has 
 (common/launch/fallback.py sets FRAMEWORK_ENV for the run). torch_xla: PyTorch/XLA with a timm model over every XLA
 device of one host (the TPU's chips; runtime.cpu_devices XLA CPU devices elsewhere), torch_xla imported before
 anything imports TensorFlow (the other order aborts the process: two LLVMs in one process). The backends start in
-common/training/backends/registry.py. Standard library at import time.
+common/training/backends/registry.py. Importing this module supplies the config train.framework's choices and the
+backbone rule (check_backbone), which load_config then checks. Standard library at import time.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from common.core.errors import ConfigError, StrategyError
+from common.core.fields import supply_check, supply_choices
 
 FRAMEWORK_ENV = "TPU2GPU_FRAMEWORK"  # set by the TPU negotiation when it falls back to keras_jax
 KERAS_3_BACKBONES = ("efficientnet", "keras")  # model.backbone values with a Keras 3 form (a TF Hub model has none)
@@ -172,3 +174,8 @@ def check_backbone(cfg) -> None:
         raise ConfigError(f"model.timm_model={model.timm_model!r} is not an architecture the export can rebuild "
                           f"under TensorFlow (keras-hub's timm converters): {', '.join(TIMM_ARCHITECTURES)}. Fix: one "
                           "of those, or a folder holding one (config.json + model.safetensors)")
+
+
+# The config (common/core, below this floor) checks what the routes mean through these (common/core/fields.py).
+supply_choices("train.framework", framework_choices)
+supply_check(check_backbone)

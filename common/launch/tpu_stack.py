@@ -19,7 +19,6 @@ Standard library only: this runs before anything may import TensorFlow.
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import re
 import subprocess
@@ -27,8 +26,9 @@ import sys
 import zipfile
 from pathlib import Path
 
+from common.core.candidates import TPU_PACKAGES
 from common.core.errors import UserError
-from common.launch.candidates import TPU_PACKAGES
+from common.core.platform import installed_versions, normalize
 
 # Distributions that write the `tensorflow` package: any of them beside tensorflow-tpu may have overwritten its files.
 TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-intel", "tensorflow-tpu",
@@ -44,11 +44,6 @@ class TpuStackError(UserError, RuntimeError):
     """The TPU stack cannot be installed: no route, a wheel missing or corrupt, a pin the index does not have."""
 
     fatal = False  # True once TensorFlow was uninstalled: nothing else can be tried in this session
-
-
-def normalize(name: str) -> str:
-    """PEP 503 name: tf_keras, TF-Keras and tf-keras are one distribution."""
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def same_version(a: str, b: str) -> bool:
@@ -75,16 +70,6 @@ def parse_pins(pins) -> dict[str, str]:
         raise TpuStackError(f"kaggle.tpu_packages lacks {missing}: a TPU stack needs tensorflow-tpu, the libtpu it was "
                             f"built with and tf-keras of its minor version (defaults: {TPU_PACKAGES[0]!r} ...)")
     return parsed
-
-
-def installed_versions() -> dict[str, str]:
-    """{normalized name: version} of every installed distribution, read from metadata (nothing is imported)."""
-    found = {}
-    for dist in importlib.metadata.distributions():
-        name = dist.metadata["Name"] if dist.metadata else None
-        if name:
-            found[normalize(name)] = dist.version
-    return found
 
 
 def installed_tensorflow(installed: dict[str, str] | None = None) -> str:

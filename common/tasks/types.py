@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from common.core.errors import ConfigError, DataError
+from common.core.fields import supply_choices
 from common.tasks import parts
 
 import numpy as np
@@ -324,6 +325,7 @@ REGRESSION = Task(
 
 TASKS = {task.name: task for task in (MULTICLASS, BINARY, MULTILABEL, REGRESSION)}
 ALL_METRICS = tuple(dict.fromkeys(m for task in TASKS.values() for m in task.metrics))
+supply_choices("data.task", lambda: TASKS)  # the config's data.task: read at each check (a task added later counts)
 
 
 def get_task(name: str) -> Task:
