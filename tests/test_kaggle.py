@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -399,6 +400,22 @@ def test_simulated_kaggle_run_of_both_built_kernels(tmp_path, demo_dir, tiny_bac
     template = read_csv(demo_dir / "sample_submission.csv")
     assert [r["id"] for r in submission] == [r["id"] for r in template]
     assert {r["label"] for r in submission} <= set(card["class_names"])
+    # The GPU kernel carries nothing of the TPU launcher or of training (docs/design.md, "Floors"), the training
+    # kernel all of common/.
+    carried = {kernel: bundled_files(folders[kernel] / f"{kernel}.py") for kernel in ("train", "infer")}
+    assert "common/launch/kernel.py" in carried["train"] and "common/training/fold.py" in carried["train"]
+    assert "common/inference/ensemble.py" in carried["infer"] and "infer_gpu/infer.py" in carried["infer"]
+    assert [n for n in carried["infer"] if n.startswith(("common/launch/", "common/training/", "train_tpu/"))] == []
+
+
+def bundled_files(script: Path) -> list[str]:
+    """The file names in a built kernel's bundle (the base64 zip in its BUNDLE lines)."""
+    import base64
+    import io
+    import zipfile
+
+    encoded = "".join(re.findall(r'^    "([A-Za-z0-9+/=]+)"$', script.read_text(), re.M))
+    return zipfile.ZipFile(io.BytesIO(base64.b64decode(encoded))).namelist()
 
 
 @pytest.mark.e2e

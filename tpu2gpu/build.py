@@ -157,12 +157,21 @@ def kernel_config(cfg: Config, kernel: str) -> dict:
     return config_to_dict(run)
 
 
-def bundle_zip(packages: list[str]) -> bytes:
-    """The packages' .py files in a zip with fixed dates and order: the same sources give the same bytes."""
+# What the GPU kernel leaves out of common/: it stands on the floors below inference (docs/design.md, "Floors") and
+# never on the TPU launcher or training, so it does not carry them (an import of either fails in the built kernel,
+# tests/test_kaggle.py runs it).
+LEFT_OUT = {"train": (), "infer": ("common/launch/", "common/training/")}
+
+
+def bundle_zip(packages: list[str], left_out: tuple[str, ...] = ()) -> bytes:
+    """The packages' .py files (but those under left_out) in a zip with fixed dates and order: the same sources give
+    the same bytes."""
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
         for package in packages:
             for path in sorted((REPO / package).rglob("*.py")):
+                if path.relative_to(REPO).as_posix().startswith(left_out):
+                    continue
                 info = zipfile.ZipInfo(str(path.relative_to(REPO)), date_time=(1980, 1, 1, 0, 0, 0))
                 info.external_attr = 0o644 << 16
                 info.compress_type = zipfile.ZIP_DEFLATED
@@ -172,8 +181,7 @@ def bundle_zip(packages: list[str]) -> bytes:
 
 SCRIPT = '''"""tpu2gpu {kernel} kernel, built by `tpu2gpu build` (bundle sha256 {sha}).
 Do not edit: change the repository and rebuild. Carries the packages {packages} as a zip and the run config;
-needs no internet (on a TPU image without a TPU build of TensorFlow it installs the TPU stack first: see
-common/launch/tpu_stack.py in the bundle)."""
+needs no internet{note}."""
 
 import base64
 import json
@@ -201,29 +209,41 @@ def _unpack() -> str:
 BUNDLE_PATH = _unpack()
 sys.path.insert(0, BUNDLE_PATH)  # ahead of anything installed: the bundled code is the code that runs
 import common  # noqa: E402  (sets TF_USE_LEGACY_KERAS before tensorflow is imported)
-from common.launch.kernel import run_kernel  # noqa: E402  (standard library only: TensorFlow is not loaded yet)
 
 print("[bundle] " + BUNDLE_SHA256[:16] + ": common from " + os.path.dirname(os.path.dirname(common.__file__)),
       flush=True)
 config_path = os.path.join(tempfile.gettempdir(), "tpu2gpu-" + BUNDLE_SHA256[:16] + "-{kernel}.json")
 with open(config_path, "w") as f:
     json.dump(CONFIG, f)
-# Kaggle's own argv (e.g. ipykernel's -f) is not ours to parse. The runtime's needs come before the entry point is
-# imported: on a TPU image without a TPU build, the TPU stack is installed and the kernel runs again (run_kernel).
-code = run_kernel("{kernel}", "{entry}", config_path, BUNDLE_PATH)
+# Kaggle's own argv (e.g. ipykernel's -f) is not ours to parse: the entry point reads the config file.
+{start}
 if code:
     sys.exit(code)
 '''
 
 
+# How each kernel starts. Training: through the launcher (standard library only until then), since its runtime needs
+# come before the entry point is imported: on a TPU image without a TPU build, the TPU stack is installed and the
+# kernel runs again (run_kernel). Inference: TensorFlow alone, whichever build the GPU image holds: the entry point
+# under core's guarded, which ends a user's error with one line and exit code 2.
+START = {"train": """from common.launch.kernel import run_kernel  # noqa: E402
+code = run_kernel("train", "{entry}", config_path, BUNDLE_PATH)""",
+         "infer": """from common.core.errors import guarded  # noqa: E402
+from {entry} import main  # noqa: E402
+code = guarded("infer", lambda: main(["--config", config_path]))"""}
+
+
 def build_script(cfg: Config, kernel: str) -> str:
     package, entry = KERNELS[kernel]
-    data = bundle_zip(["common", package])
+    data = bundle_zip(["common", package], LEFT_OUT[kernel])
     encoded = base64.b64encode(data).decode()
     chunks = "\n".join(f'    "{encoded[i:i + 100]}"' for i in range(0, len(encoded), 100))
     config = json.dumps(kernel_config(cfg, kernel), indent=1)
+    note = {"train": " (on a TPU image without a TPU build of TensorFlow it installs the TPU stack first: see\n"
+                     "common/launch/tpu_stack.py in the bundle)",
+            "infer": " (the TPU launcher and training, common/launch and common/training, left out)"}[kernel]
     return SCRIPT.format(kernel=kernel, sha=hashlib.sha256(data).hexdigest(), packages=["common", package],
-                         config=config, chunks=chunks, entry=entry)
+                         config=config, chunks=chunks, start=START[kernel].format(entry=entry), note=note)
 
 
 def build(cfg: Config, out_dir: str | Path, demo: bool = False) -> dict[str, Path]:
