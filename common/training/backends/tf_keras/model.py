@@ -34,7 +34,7 @@ def import_hub():
     """tensorflow_hub, or an error naming the fix. hub 0.16.1 (the newest) runs `from pkg_resources import
     parse_version` at import, and setuptools 82 removed pkg_resources: a Python 3.12+ environment that pip filled
     with the newest setuptools has none. Kaggle's GPU image pins setuptools<82; the TPU stack install brings
-    80.10.2 (common/launch/candidates.py)."""
+    80.10.2 (common/core/candidates.py)."""
     import warnings
 
     try:
