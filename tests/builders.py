@@ -161,6 +161,39 @@ def task_competition(demo_dir: Path, root: Path, task: str) -> tuple[Path, list[
     return root, answers
 
 
+# Ten of Kaggle's Plant Seedlings classes, one per digit: names with spaces and hyphens, sorted in another order than
+# the digits, so the mapping from folder to class index is exercised.
+PLANTS = ("Black-grass", "Charlock", "Cleavers", "Common Chickweed", "Common wheat", "Fat Hen", "Loose Silky-bent",
+          "Maize", "Scentless Mayweed", "Shepherds Purse")
+
+
+def plant_competitions(demo_dir: Path, root: Path, per_class: int, n_test: int) -> tuple[Path, Path, list[dict]]:
+    """The demo's digits as Kaggle ships Plant Seedlings: train/<class name>/<id>.png, test/<id>.png and
+    sample_submission.csv (file,species; ids with their extension), per_class training images of each class and
+    n_test test images; and beside it the same images with a train.csv (file,species) listing them in the order the
+    folders hold them. Returns (class folders, CSV, held-out answers {'file', 'species'})."""
+    folders, with_csv = root / "folders", root / "csv"
+    chosen: dict[str, list[str]] = {}
+    for row in read_csv(demo_dir / "train.csv"):
+        plant = PLANTS[DIGITS.index(row["label"])]
+        if len(chosen.setdefault(plant, [])) < per_class:
+            chosen[plant].append(f"{row['id']}.png")
+    rows = [(name, plant) for plant in sorted(chosen) for name in sorted(chosen[plant])]
+    for name, plant in rows:
+        for target in (folders / "train" / plant / name, with_csv / "train" / name):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(demo_dir / "train" / name, target)
+    answers = [{"file": f"{r['id']}.png", "species": PLANTS[DIGITS.index(r["label"])]}
+               for r in read_csv(demo_dir / "solution.csv")[:n_test]]
+    for competition in (folders, with_csv):
+        (competition / "test").mkdir()
+        for answer in answers:
+            shutil.copyfile(demo_dir / "test" / answer["file"], competition / "test" / answer["file"])
+        write_csv(competition / "sample_submission.csv", ["file", "species"], [[a["file"], PLANTS[0]] for a in answers])
+    write_csv(with_csv / "train.csv", ["file", "species"], rows)
+    return folders, with_csv, answers
+
+
 def verify_batch_difference(python, export: Path) -> float:
     """An export loaded with tf.saved_model.load by `python` in a process where jax, keras, tf_keras and
     tensorflow_hub cannot be imported: the max abs difference of its predictions from its verify batch."""

@@ -83,7 +83,7 @@ def test_config_reference_in_the_docs_is_current():
     assert table == config_reference()
     rows = table.splitlines()[2:]
     keys = sum(len(dataclasses.fields(section.default_factory)) for section in dataclasses.fields(Config))
-    assert len(rows) == keys == 127  # one row per key, each with its comment
+    assert len(rows) == keys == 128  # one row per key, each with its comment
     assert all(row.count(" | ") == 2 and row.rsplit(" | ", 1)[1].strip(" |") for row in rows)
 
 
@@ -97,7 +97,7 @@ def test_task_type_configs_in_the_docs_are_valid():
     section = re.sub(r"\s*\n\s*", " ", DOCS["training.md"].split("## Task types", 1)[1].split("\n## ", 1)[0])
     items = re.findall(r"- \*\*(.+?)\*\*(.*?)(?= - \*\*|$)", section.split("does not fit the task", 1)[1].strip())
     assert [name for name, _ in items] == ["SIIM-ISIC Melanoma", "Plant Pathology 2021", "PetFinder Pawpularity",
-                                           "Cassava Leaf Disease"]
+                                           "Cassava Leaf Disease", "Plant Seedlings Classification"]
     for _, text in items:
         raw = {}
         for snippet in re.findall(r"`((?:data|train|kaggle): \{[^`]*\})`", text):

@@ -241,10 +241,11 @@ def _local_steps(steps) -> None:
               config=False)
     p.add_argument("--out", default=str(DEFAULT_DEMO_DIR), help="folder to write (default: %(default)s)")
     p.add_argument("--overwrite", action="store_true", help="rewrite it even if complete")
-    p = _step(steps, "tfrecords", "convert a competition folder (CSV + images) into sharded TFRecords", cmd_tfrecords,
-              description="Convert a Kaggle-style competition (a CSV of ids and labels, a folder of JPEG/PNG images, "
-              "a test folder) into TFRecord shards with a manifest. Column names, folds, shard size and re-encoding "
-              "come from the data section of the config.")
+    p = _step(steps, "tfrecords", "convert a competition folder (CSV + images, or class folders) into sharded "
+              "TFRecords", cmd_tfrecords,
+              description="Convert a Kaggle-style competition (a CSV of ids and labels and a folder of JPEG/PNG "
+              "images, or the images in one folder per class; a test folder) into TFRecord shards with a manifest. "
+              "Column names, layout, folds, shard size and re-encoding come from the data section of the config.")
     p.add_argument("--competition", metavar="DIR", help="competition folder (default: runtime.competition_dir, "
                    "else the embedded demo)")
     p.add_argument("--out", metavar="DIR", help="output folder (default: runtime.tfrecords, else <competition>-tfrec)")

@@ -37,7 +37,8 @@ class DataConfig:
     task: str = one_of("multiclass", supplied("data.task"))  # see common/tasks/types.py
     # Kaggle-style competition folder (read by `tpu2gpu tfrecords`, the training and the inference kernel).
     train_csv: str = "train.csv"  # CSV of training ids and labels, in the competition folder
-    train_images: str = "train"  # folder of training images (JPEG/PNG named <id> or <id>.<ext>)
+    train_images: str = "train"  # noqa: E501  # folder of training images (JPEG/PNG named <id> or <id>.<ext>, or in one folder per class)
+    layout: Literal["auto", "csv", "folders"] = "auto"  # noqa: E501  # training labels: csv = train_csv; folders = train_images/<class>/<image> (the folder is the class, multiclass); auto = the CSV where it exists, else the folders
     test_images: str = "test"  # folder of test images
     test_csv: str = "sample_submission.csv"  # test ids, their order and the submission's columns
     id_column: str = "id"  # id column of the CSVs

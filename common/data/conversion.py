@@ -4,11 +4,12 @@ common/data/records.py).
     manifest = convert_competition("data/demo", "data/demo-tfrec", cfg.data)   # what `tpu2gpu tfrecords` runs
     manifest = convert_competition(CompetitionFolder(root, cfg.data), out, cfg.data)   # any SampleSource
 
-A competition folder holds a CSV of ids and labels, a folder of JPEG/PNG images and a test folder (ids from
-sample_submission.csv when there is one). Every image is checked first, in parallel and in one pass: a missing,
-empty or unreadable one, or one that cannot be stored, is a bad image, and all of them are reported together
-(data.on_bad_image=error: nothing is written) or left out and listed in bad_images.csv (data.on_bad_image=skip);
-the checks and the preparation of the stored bytes are in common/data/images.py.
+A competition folder holds a CSV of ids and labels and a folder of JPEG/PNG images, or the training images in one
+folder per class (common/data/samples.py), and a test folder (ids from sample_submission.csv when there is one).
+Every image is checked first, in parallel and in one pass: a missing, empty or unreadable one, or one that cannot be
+stored, is a bad image, and all of them are reported together (data.on_bad_image=error: nothing is written) or left
+out and listed in bad_images.csv (data.on_bad_image=skip); the checks and the preparation of the stored bytes are in
+common/data/images.py.
 Labelled rows are then split into stratified K folds (or one hold-out split) with scikit-learn, shuffled, and written
 as shards named `<split>-<index>-n<count>.tfrec`, sized by the Kaggle guidance (10-100 files of 10-100 MB), into a
 hidden temporary folder renamed into place at the end, with manifest.json (class names, counts, shards, schema,

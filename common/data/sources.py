@@ -5,8 +5,9 @@ kernel trains on, and which test batches the inference kernel predicts.
     tfrecord_dir = source.training_records(scratch)   # the training kernel
     batches = source.test_batches(card, template, cfg.infer)   # the inference kernel: {'image', 'id'} batches
 
-- CompetitionSource: a competition folder (CSV + images, common/data/samples.py). Training converts it once into the
-  scratch folder through the same samples the conversion reads; inference reads its test images through them too.
+- CompetitionSource: a competition folder (CSV + images, or class folders: common/data/samples.py). Training
+  converts it once into the scratch folder through the same samples the conversion reads; inference reads its test
+  images through them too.
 - RecordSource: TFRecords (a `tpu2gpu tfrecords` folder with its manifest, or files matched by data.train_files /
   data.test_files), local, attached on Kaggle, or gs://.
 
