@@ -159,6 +159,9 @@ def index_images(image_dir: Path) -> dict[str, Path]:
 
 
 # ---------------------------------------------------------------------------------------------------- class folders
+SAME_NAME = "the same file name in two class folders"
+
+
 def visible(folder: Path) -> list[Path]:
     """A folder's entries, sorted, without hidden ones (.DS_Store, .ipynb_checkpoints: what a copy or a notebook
     leaves, never an image of the competition)."""
@@ -187,7 +190,7 @@ def class_folders(image_dir: Path, shown: str) -> tuple[dict[str, list[Path]], d
             else:
                 classes[folder.name].append(path)
                 if first_in.setdefault(path.name, folder.name) != folder.name:
-                    problems.setdefault("the same file name in two class folders", []).append(
+                    problems.setdefault(SAME_NAME, []).append(
                         f"{path.name} in '{first_in[path.name]}' and '{folder.name}'")
         if not classes[folder.name]:
             problems.setdefault("class folder without an image", []).append(f"{shown}/{folder.name}/")
@@ -241,10 +244,10 @@ def read_folder_samples(comp_dir: Path, data_cfg) -> tuple[list[Sample], list[st
                               f"unset data.{key}, or give a {data_cfg.train_csv} (data.layout=csv)")
     classes, problems = class_folders(comp_dir / data_cfg.train_images, shown)
     if problems:
+        rename = ", and rename one of two images of one name" if SAME_NAME in problems else ""
         raise DataError(problems_message(f"{shown}/ (one folder per class) has", "bad entries", problems,
                                          f"put every image in the folder of its class under {shown}/, remove the "
-                                         "other files and the empty folders, and rename one of two images of one "
-                                         "name"))
+                                         f"other files and the empty folders{rename}"))
     file_names = template_has_file_names(comp_dir, data_cfg)
     found = folder_ids(classes, file_names)
     sources = [f"{shown}/{name}/{path.name}" for _, name, path in found]
