@@ -52,6 +52,11 @@ class CompileCount:
         return f"{self.programs} program(s) in {self.seconds:.1f} s{tracing}, {self.from_cache} from the compile cache"
 
 
+def cache_entries(folder: Path) -> list[Path]:
+    """The framework's entries in a cache folder: its files, but the ledger (and its partial writes) and hidden ones."""
+    return sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(("tpu2gpu-", ".")))
+
+
 def _digest(path: Path) -> str:
     with path.open("rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
@@ -93,7 +98,7 @@ class CompileCache:
         return cache
 
     def _entries(self) -> list[Path]:
-        return sorted(p for p in self.folder.iterdir() if p.is_file() and not p.name.startswith(("tpu2gpu-", ".")))
+        return cache_entries(self.folder)
 
     def _check(self) -> None:
         """Entries of another version or platform, unknown to the ledger or unlike it: removed, one line a kind."""

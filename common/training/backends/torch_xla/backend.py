@@ -209,8 +209,9 @@ class TorchXlaBackend:
                 total = loss if total is None else total + loss
             stop = loop.epoch_end(epoch, {"loss": float(total.item()) / loop.steps_per_epoch})
             # After the first epoch: none, or every step pays a compile. In the first: one training step graph.
-            print(f"[torch_xla] epoch {epoch + 1}: {graphs() - before} graph(s) compiled (training and "
-                  f"validation; from the cache or not), {in_steps} by the training step, {graphs()} in all "
+            now = graphs()
+            print(f"[torch_xla] epoch {epoch + 1}: {now - before} graph(s) compiled (training and "
+                  f"validation; from the cache or not), {in_steps} by the training step, {now} in all "
                   f"({cache_hits()} from the cache)", flush=True)
             if stop:
                 break
