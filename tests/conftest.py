@@ -126,7 +126,7 @@ def efficientnet_export(demo_records, tmp_path_factory):
 # end of the other's queue, the shortest tests, so both finish together. In the alphabetical order a long test could
 # start last. Clean clones, 281 tests: 562, 594, 598 and 636 s in this order, 590 s in the alphabetical one (no gain
 # beyond this machine's noise), and 705 s under --dist load, which deals a quarter of the list up front and cannot
-# rebalance it.
+# rebalance it. Since the bootstrap's collector settings (common/__init__.py): 536 and 561 s; -n 3 gains nothing.
 LONGEST_FIRST = (
     "test_gcs.py::test_a_run_in_a_bucket_converts_trains_is_killed_resumes_from_the_bucket_and_scores",
     "test_readme.py::test_every_readme_command_runs_as_written",
