@@ -113,3 +113,32 @@ def test_both_loops_train_under_mirrored_strategy(demo_records, tiny_backbone, t
         assert history["loss"][-1] < history["loss"][0], (loop, history["loss"])
         assert result.validation.predictions.shape == (288, 10) and len(set(result.validation.ids)) == 288
         np.testing.assert_allclose(result.validation.predictions.sum(axis=1), 1.0, rtol=1e-5)  # softmax rows
+
+
+@pytest.mark.e2e
+def test_each_validation_pass_is_keras_predict_in_record_order_on_two_replicas(demo_records, tiny_backbone):
+    """The tf_keras backend scores the validation set every epoch through one repeated distributed iterator
+    (RepeatedPasses) instead of Keras' predict: each pass gives what Keras' predict gives for the same padded
+    batches, row for row, the last batch's padding dropped; a new model starts a new iterator."""
+    from common.data.pipeline import make_padded_image_batches
+    from common.data.records import record_set
+    from common.training.backends.tf_keras.backend import TFBackend
+    from common.training.plan import plan_fold
+
+    records_dir, _ = demo_records
+    strategy = get_strategy("mirrored")
+    cfg = load_config(None, [f"model.hub_handle={tiny_backbone}", "data.image_size=16",
+                             "train.batch_size_per_replica=20"])  # 288 records in batches of 40: 8, the last padded
+    records = record_set(str(records_dir), cfg.data, 0)
+    backend = TFBackend(cfg, strategy, str(tiny_backbone))
+    passes = []
+    for _ in range(2):  # a model, then the next fold's
+        backend.build(plan_fold(cfg, records, strategy.num_replicas_in_sync))
+        keras = backend.model.predict(make_padded_image_batches(records.val_files, records.schema, 16, 40),
+                                      steps=8, verbose=0)[:288]
+        for _ in range(3):
+            outputs = backend.predict(records.val_files, records.schema, records.val_count)
+            assert outputs.shape == (288, 10)
+            np.testing.assert_allclose(outputs, keras, rtol=0, atol=1e-6)
+        passes.append(backend._passes)
+    assert passes[0] is not passes[1] and passes[1].model is backend.model

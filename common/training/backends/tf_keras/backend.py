@@ -52,6 +52,7 @@ class TFBackend:
     def __init__(self, cfg, strategy: tf.distribute.Strategy, hub_handle: str | None = None):
         self.cfg, self.strategy, self.hub_handle = cfg, strategy, hub_handle
         self.model: tf.keras.Model | None = None
+        self._passes: RepeatedPasses | None = None  # the validation set's, for the fold's model
         self.ops = tensorflow_ops()  # what the task's loss is written in
         self.options = tf.train.CheckpointOptions(experimental_io_device=HOST)
 
@@ -158,11 +159,14 @@ class TFBackend:
     def predict(self, files, schema: RecordSchema, count: int) -> np.ndarray:
         """Model outputs for the `count` records of `files`, in order, every replica holding the same batch-norm
         statistics. Batches are padded to a full batch and the padding dropped after: static shapes for TPUs, and no
-        record lost to drop_remainder."""
+        record lost to drop_remainder. The same records again (the validation set, every epoch) are one more pass of
+        the fold's RepeatedPasses."""
         self._sync_replica_statistics()
-        batch = self.plan.global_batch
-        batches = make_padded_image_batches(files, schema, self.cfg.data.image_size, batch)
-        return self.model.predict(batches, steps=-(-count // batch), verbose=0)[:count]
+        key = (tuple(str(f) for f in files), count, self.model)
+        if self._passes is None or self._passes.key != key:
+            batches = make_padded_image_batches(files, schema, self.cfg.data.image_size, self.plan.global_batch)
+            self._passes = RepeatedPasses(self.strategy, self.model, batches, -(-count // self.plan.global_batch), key)
+        return self._passes.next_pass()[:count]
 
     def _sync_replica_statistics(self) -> None:
         """Give every replica the same batch-norm statistics: their mean, which is what the weights read outside the
@@ -183,6 +187,27 @@ class TFBackend:
     def export(self, export_dir: Path, contents: ExportContents):
         """The verified export of the weights the model holds now (common/training/backends/tf_keras/export.py)."""
         return export(self, export_dir, contents)
+
+
+class RepeatedPasses:
+    """The model's outputs for the same padded batches pass after pass: one distributed iterator over them, repeated,
+    kept while the model is the same, and one traced step. Keras' predict makes a distributed iterator, its
+    per-device buffers and their threads on every call, and takes them down after: 0.20 s a call on two logical
+    CPUs for 15 batches whose steps take 0.02 s (measured here), paid every epoch."""
+
+    def __init__(self, strategy: tf.distribute.Strategy, model: tf.keras.Model, batches: tf.data.Dataset, steps: int,
+                 key):
+        self.strategy, self.model, self.steps, self.key = strategy, model, steps, key
+        # `steps` batches make one pass exactly (the last one padded): the next pass starts where this one ends.
+        self.iterator = iter(strategy.experimental_distribute_dataset(batches.repeat()))
+
+    @tf.function
+    def _step(self, iterator):
+        outputs = self.strategy.run(lambda images: self.model(images, training=False), args=(next(iterator),))
+        return self.strategy.experimental_local_results(outputs)  # replica by replica, in batch order, as Keras'
+
+    def next_pass(self) -> np.ndarray:
+        return np.concatenate([part.numpy() for _ in range(self.steps) for part in self._step(self.iterator)])
 
 
 def start(cfg) -> TFBackend:
