@@ -31,23 +31,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import common  # noqa: F401,E402
-from common.core.config import load_config  # noqa: E402
-from common.data.pipeline import make_image_file_dataset  # noqa: E402
-from common.export.card import ModelCard  # noqa: E402
-from common.export.loader import load_export  # noqa: E402
-from common.export.writer import ExportContents, write_export  # noqa: E402
-from common.inference.ensemble import ensemble_probabilities  # noqa: E402
-from common.tasks.types import TASKS  # noqa: E402
-from common.training.backends.tf_keras.model import build_model  # noqa: E402
-
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from PIL import Image  # noqa: E402
+# TensorFlow and the project are imported where the measurement starts (measure), not before --help is answered.
 
 
 def write_images(folder: Path, n: int, side: int) -> list[Path]:
+    import numpy as np
+    from PIL import Image
     from sklearn.datasets import load_sample_images
 
     photos = load_sample_images().images
@@ -79,6 +68,22 @@ MODELS = {"efficientnet-b0": "EfficientNet-B0", "tiny": "tiny backbone"}
 
 
 def measure(args: argparse.Namespace, tmp: Path) -> None:
+    import common  # noqa: F401  (the environment bootstrap, before TensorFlow)
+    from common.core.config import load_config
+    from common.data.pipeline import make_image_file_dataset
+    from common.export.card import ModelCard
+    from common.export.loader import load_export
+    from common.export.writer import ExportContents, write_export
+    from common.inference.ensemble import ensemble_probabilities
+    from common.tasks.types import TASKS
+    from common.training.backends.tf_keras.model import build_model
+
+    import numpy as np
+    import tensorflow as tf
+    from PIL import Image
+
+    if args.xla is None:
+        args.xla = bool(tf.config.list_logical_devices("GPU"))
     size = args.image_size
     paths = write_images(tmp / "test", args.images, int(size * 1.25))
     ids = [p.stem for p in paths]
@@ -139,8 +144,6 @@ def main() -> None:
     if parser.parse_known_args()[0].smoke:
         parser.set_defaults(**SMOKE)
     args = parser.parse_args()
-    if args.xla is None:
-        args.xla = bool(tf.config.list_logical_devices("GPU"))
     with tempfile.TemporaryDirectory(prefix="bench-infer-") as tmp:
         measure(args, Path(tmp))
 
