@@ -52,7 +52,7 @@ class TFBackend:
     def __init__(self, cfg, strategy: tf.distribute.Strategy, hub_handle: str | None = None):
         self.cfg, self.strategy, self.hub_handle = cfg, strategy, hub_handle
         self.model: tf.keras.Model | None = None
-        self._passes: RepeatedPasses | None = None  # the validation set's, for the fold's model
+        self._passes: RepeatedPasses | None = None  # the validation set's, for the fold's model (build drops it)
         self.ops = tensorflow_ops()  # what the task's loss is written in
         self.options = tf.train.CheckpointOptions(experimental_io_device=HOST)
 
@@ -63,7 +63,7 @@ class TFBackend:
     def build(self, plan) -> None:
         """The model and its optimiser, loss and running metric, inside the strategy's scope; the optimiser's slots
         exist before any restore, so nothing is deferred."""
-        self.plan = plan
+        self.plan, self._passes = plan, None
         tf.keras.utils.set_random_seed(self.cfg.train.seed)  # the head's initial weights, as on the keras_jax route
         with self.strategy.scope():
             self.model = self._build(tf.keras.mixed_precision.global_policy().name)
@@ -162,10 +162,10 @@ class TFBackend:
         record lost to drop_remainder. The same records again (the validation set, every epoch) are one more pass of
         the fold's RepeatedPasses."""
         self._sync_replica_statistics()
-        key = (tuple(str(f) for f in files), count, self.model)
+        key, batch = (tuple(str(f) for f in files), count), self.plan.global_batch
         if self._passes is None or self._passes.key != key:
-            batches = make_padded_image_batches(files, schema, self.cfg.data.image_size, self.plan.global_batch)
-            self._passes = RepeatedPasses(self.strategy, self.model, batches, -(-count // self.plan.global_batch), key)
+            batches = make_padded_image_batches(files, schema, self.cfg.data.image_size, batch)
+            self._passes = RepeatedPasses(self.strategy, self.model, batches, -(-count // batch), key)
         return self._passes.next_pass()[:count]
 
     def _sync_replica_statistics(self) -> None:
@@ -191,9 +191,9 @@ class TFBackend:
 
 class RepeatedPasses:
     """The model's outputs for the same padded batches pass after pass: one distributed iterator over them, repeated,
-    kept while the model is the same, and one traced step. Keras' predict makes a distributed iterator, its
-    per-device buffers and their threads on every call, and takes them down after: 0.20 s a call on two logical
-    CPUs for 15 batches whose steps take 0.02 s (measured here), paid every epoch."""
+    kept for the fold's model (build starts another), and one traced step. Keras' predict makes a distributed
+    iterator, its per-device buffers and their threads on every call, and takes them down after: 0.20 s a call on two
+    logical CPUs for 15 batches whose steps take 0.02 s (measured here), paid every epoch."""
 
     def __init__(self, strategy: tf.distribute.Strategy, model: tf.keras.Model, batches: tf.data.Dataset, steps: int,
                  key):
