@@ -16,12 +16,14 @@ import sys
 import time
 from pathlib import Path
 
+from common.core.children import BLOCKED_IN_CHECK
+
 import numpy as np
 from PIL import Image
 
 REPO = Path(__file__).resolve().parents[1]
-# A fresh interpreter without Keras 2 and TF Hub, as on a GPU image that lacks them.
-BLOCK_KERAS_AND_HUB = "import sys; sys.modules['tf_keras'] = None; sys.modules['tensorflow_hub'] = None; "
+# A fresh interpreter with TensorFlow alone (no tf_keras, TF Hub, Keras 3 or JAX), as on a GPU image that lacks them.
+TENSORFLOW_ALONE = f"import sys; sys.modules.update(dict.fromkeys({BLOCKED_IN_CHECK!r})); "
 
 
 def checkout_copy(destination: Path, link_venv: bool = False) -> Path:
@@ -60,14 +62,14 @@ def kill_after_epochs(command: list[str], progress: Path, epochs: int, timeout: 
 
 
 def run_inference_kernel(argv: list[str]) -> subprocess.CompletedProcess:
-    """infer_gpu.infer's main(argv) in a fresh interpreter where tf_keras and tensorflow_hub cannot be imported."""
+    """infer_gpu.infer's main(argv) in a fresh interpreter with TensorFlow alone (TENSORFLOW_ALONE)."""
     return run_inference_kernels([argv])
 
 
 def run_inference_kernels(argvs: list[list[str]], blocked: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     """main(argv) for each argv in turn, in one such interpreter (TensorFlow imported once), where the `blocked`
     modules cannot be imported either; it stops at the first that fails."""
-    code = (BLOCK_KERAS_AND_HUB + "".join(f"sys.modules[{name!r}] = None; " for name in blocked) +
+    code = (TENSORFLOW_ALONE + "".join(f"sys.modules[{name!r}] = None; " for name in blocked) +
             f"from infer_gpu.infer import main; sys.exit(next(filter(None, map(main, {argvs!r})), 0))")
     return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
 

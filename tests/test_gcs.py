@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from builders import BLOCK_KERAS_AND_HUB, write_competition
+from builders import TENSORFLOW_ALONE, write_competition
 from fake_gcs import TOKEN, run_with_gcs, service_account_key, unavailable
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(bool(unavailable()), reason=unavailable() or "root")]
@@ -119,7 +119,7 @@ def test_a_run_in_a_bucket_converts_trains_is_killed_resumes_from_the_bucket_and
     the bucket is the truth: an export that lost its card, a folder emptied by hand, and a push refused half-way are
     each repaired by the next run from the complete local copy, nothing trained again, and scored from the bucket."""
     write_competition(tmp_path / "comp", ["a", "b"] * 20, size=16, n_test=4)
-    infer = BLOCK_KERAS_AND_HUB + ("from infer_gpu.infer import main; sys.exit(main(sys.argv[1:] + ['--set', "
+    infer = TENSORFLOW_ALONE + ("from infer_gpu.infer import main; sys.exit(main(sys.argv[1:] + ['--set', "
                                    "'runtime.competition_dir=comp', '--set', 'runtime.tfrecords=']))")
     env = {"PYTHON": sys.executable, "CONVERT": CONVERT, "AFTER": AFTER, "NO_MANIFEST": NO_MANIFEST, "INFER": infer,
            "RUN": BUCKET_RUN,

@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from train_tpu.train import main as train_main
 
-from builders import BLOCK_KERAS_AND_HUB, kill_after_epochs
+from builders import TENSORFLOW_ALONE, kill_after_epochs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -92,7 +92,7 @@ def test_train_export_reload_in_a_fresh_process(train_argv, tmp_path, monkeypatc
 
     # A new process that cannot import tf_keras or tensorflow_hub reproduces the probabilities.
     batch = np.load(export / "verify_batch.npz")
-    code = (BLOCK_KERAS_AND_HUB + "import numpy as np; from common.export.loader import load_export; "
+    code = (TENSORFLOW_ALONE + "import numpy as np; from common.export.loader import load_export; "
             f"card, predict = load_export({str(export)!r}); b = np.load({str(export / 'verify_batch.npz')!r}); "
             "p = predict(b['images']).numpy(); print(p.dtype, np.abs(p - b['predictions']).max())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
@@ -121,7 +121,7 @@ def test_bfloat16_training_exports_a_float32_signature_and_says_which_part_ran_i
     assert card.precisions == {"float32": "serving_default"}
     assert saved_census(export / "saved_model", "serving_default") == {"Conv2D": {"float32": 3},
                                                                        "MatMul": {"float32": 1}}
-    code = (BLOCK_KERAS_AND_HUB + "import numpy as np, tensorflow as tf; "
+    code = (TENSORFLOW_ALONE + "import numpy as np, tensorflow as tf; "
             f"m = tf.saved_model.load({str(export / 'saved_model')!r}); s = m.signatures['serving_default']; "
             "spec = s.structured_input_signature[1]['images']; "
             "out = s(images=tf.zeros([3, 16, 16, 3], tf.uint8))['predictions']; "

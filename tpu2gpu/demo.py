@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import common  # noqa: F401  (environment bootstrap first)
+from common.core.children import BLOCKED_IN_CHECK
 from common.core.config import load_config
 from common.core.errors import UserError
 from common.launch.routes import ROUTES
@@ -103,10 +104,10 @@ def run(root: Path, framework: str = "tf_keras", processes: int = 1) -> float:
     train(["--config", str(CONFIG), *settings, "--set", f"runtime.output_dir={root / 'train'}"], processes,
           in_child=framework == "torch_xla")
 
-    step("5/7 inference kernel (tf_keras and tensorflow_hub blocked)")
+    step("5/7 inference kernel (TensorFlow alone: tf_keras, tensorflow_hub, Keras 3 and JAX blocked)")
     infer_argv = ["--config", str(CONFIG), *settings, "--set", f"infer.exports=[{root / 'train' / 'export'}]",
                   "--set", f"runtime.output_dir={root / 'infer'}", "--set", "runtime.tfrecords="]
-    code = ("import sys; sys.modules['tf_keras'] = None; sys.modules['tensorflow_hub'] = None; "
+    code = (f"import sys; sys.modules.update(dict.fromkeys({BLOCKED_IN_CHECK!r})); "
             f"from infer_gpu.infer import main; sys.exit(main({infer_argv!r}))")
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -1,16 +1,17 @@
-"""`python -m common.export.check_child EXPORT_DIR`: load an export where tf_keras and tensorflow_hub cannot be
-imported, and print each signature's max abs difference from the probabilities recorded at export time, its saved
-graph's op dtype census, and the accelerator settings it ran with (JSON; exit 1 if over tolerance or a float16 signature
-is not float16)."""
+"""`python -m common.export.check_child EXPORT_DIR`: load an export where only TensorFlow can be imported (not tf_keras,
+tensorflow_hub, Keras 3 or JAX), and print each signature's max abs difference from the probabilities recorded at
+export time, its saved graph's op dtype census, and the accelerator settings it ran with (JSON; exit 1 if over
+tolerance or a float16 signature is not float16)."""
 
 import json
 import os
 import sys
 
-for _blocked in ("tf_keras", "tensorflow_hub"):  # set before tensorflow is imported: any import of them now fails
+from common.core.children import BLOCKED_IN_CHECK, CPU_ONLY_ENV
+
+for _blocked in BLOCKED_IN_CHECK:  # set before tensorflow is imported: any import of them now fails
     sys.modules[_blocked] = None
 
-from common.core.children import CPU_ONLY_ENV  # noqa: E402
 from common.export.verify import check_export  # noqa: E402
 
 if __name__ == "__main__":

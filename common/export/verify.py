@@ -1,4 +1,4 @@
-"""An export checked in a fresh interpreter on the CPU, where importing tf_keras or tensorflow_hub fails: every
+"""An export checked in a fresh interpreter on the CPU, where only TensorFlow can be imported: every
 signature reproduces the predictions recorded at export time, and a float16 signature really computes in float16."""
 
 from __future__ import annotations
@@ -20,12 +20,10 @@ VERIFY_TOLERANCE = 1e-4
 
 FLOAT16_TOLERANCE = 1e-2  # float16 arithmetic: about 3 significant digits
 
-BLOCKED_IN_CHECK = ("tf_keras", "tensorflow_hub")
-
 
 def verify_in_fresh_process(folder: Path) -> dict:
-    """Reload `folder` in a new interpreter without tf_keras / tensorflow_hub, on the CPU: {'max_abs_diff': per
-    signature, 'census': per signature, 'environment': the accelerator settings the check saw}."""
+    """Reload `folder` in a new interpreter that cannot import BLOCKED_IN_CHECK (common.core.children), on the CPU:
+    {'max_abs_diff': per signature, 'census': per signature, 'environment': the accelerator settings it saw}."""
     env = cpu_only_environment(os.environ)
     result = subprocess.run([sys.executable, "-m", "common.export.check_child", str(folder)], capture_output=True,
                             text=True, env=env)

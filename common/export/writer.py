@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.core.atomic import staged_dir
+from common.core.children import BLOCKED_IN_CHECK
 from common.export.card import OUTPUT_NAME, SAVED_MODEL_DIR, SIGNATURES, VERIFY_NAME, ExportError, ModelCard, write_card
 from common.export.census import FLOAT16_MIN_SHARE, float16_share, precision_by_part, traced_census
 from common.export.verify import (
-    BLOCKED_IN_CHECK,
     FLOAT16_TOLERANCE,
     VERIFY_TOLERANCE,
     scaled_difference,
@@ -50,7 +50,7 @@ REFERENCE = "the trained model at exact float32 on the host CPU"
 
 def library_versions() -> dict[str, str]:
     versions = {"python": platform.python_version(), "tensorflow": tf.__version__}
-    for name in (*BLOCKED_IN_CHECK, "keras", "jax"):
+    for name in ("tf_keras", "tensorflow_hub", "keras", "jax"):
         module = sys.modules.get(name)
         versions[name] = getattr(module, "__version__", "not loaded") if module else "not loaded"
     return versions
