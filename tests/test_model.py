@@ -1,3 +1,7 @@
+import threading
+import time
+import weakref
+
 from common.core.config import load_config
 from common.core.errors import ConfigError
 from common.core.strategy import get_strategy
@@ -142,3 +146,14 @@ def test_each_validation_pass_is_keras_predict_in_record_order_on_two_replicas(d
             np.testing.assert_allclose(outputs, keras, rtol=0, atol=1e-6)
         passes.append(backend._passes)
     assert passes[0] is not passes[1] and passes[1].model is backend.model
+    # Each iterator is let go on a thread of its own, the first by the next fold's build, the last by release: taking
+    # one down can wait up to 60 s on TensorFlow (common/training/backends/tf_keras/iterators.py).
+    dropped_on, iterator = [], passes[1].iterator
+    weakref.finalize(iterator, lambda: dropped_on.append(threading.current_thread().name))
+    del iterator
+    assert passes[0].iterator is None and dropped_on == []
+    backend.release()
+    deadline = time.monotonic() + 90
+    while not dropped_on and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert dropped_on == ["tpu2gpu-let-go"] and backend._passes is None and passes[1].iterator is None

@@ -17,8 +17,10 @@ with the next epoch; the history keeps every epoch once.
 from __future__ import annotations
 
 import csv
+import gc
 import json
 import math
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -273,6 +275,15 @@ def describe_precision(backend, cfg) -> str:
             + ("; a TF Hub backbone keeps its SavedModel's dtypes" if cfg.model.backbone == "hub" else "") + ")")
 
 
+def collect_garbage_aside() -> None:
+    """The fold's garbage collected now, on a thread of its own. Keras 3 leaves its epoch iterators in reference
+    cycles (3-4 a keras_jax fold, counted here), and a fold that ended in an error leaves its frames: only the garbage
+    collector frees them, whenever it next runs, in whatever thread runs then, and taking down an old tf.data iterator
+    can wait up to 60 s (common/training/backends/tf_keras/iterators.py). Collected now, they are as young as the
+    fold, and any wait is this thread's."""
+    threading.Thread(target=gc.collect, name="tpu2gpu-collect", daemon=True).start()
+
+
 def train_fold(cfg, backend, records, work_dir: Path, deadline: float,
                checkpointed: Callable[[], None] = lambda: None) -> FoldResult:
     """Plan, build (and resume), fit and finish one fold. Checkpoints live in work_dir; `checkpointed` follows each."""
@@ -287,27 +298,31 @@ def train_fold(cfg, backend, records, work_dir: Path, deadline: float,
 
     compiled_before = backend.compiled()
     backend.build(plan)
-    initial_epoch = backend.restore(work_dir / "checkpoints")
-    print(describe_precision(backend, cfg), flush=True)
-    if initial_epoch:
-        print(f"[train] resuming from the checkpoint after epoch {initial_epoch}", flush=True)
-    validation = read_validation(records)
+    try:
+        initial_epoch = backend.restore(work_dir / "checkpoints")
+        print(describe_precision(backend, cfg), flush=True)
+        if initial_epoch:
+            print(f"[train] resuming from the checkpoint after epoch {initial_epoch}", flush=True)
+        validation = read_validation(records)
 
-    def predict_val() -> np.ndarray:
-        return backend.predict(records.val_files, records.schema, records.val_count)
+        def predict_val() -> np.ndarray:
+            return backend.predict(records.val_files, records.schema, records.val_count)
 
-    def to_target(labels):
-        return plan.task.target(labels, len(plan.class_names), plan.scaling)
+        def to_target(labels):
+            return plan.task.target(labels, len(plan.class_names), plan.scaling)
 
-    monitor = EpochMonitor(cfg, plan, backend, Scoring(validation, predict_val),
-                           FoldWork(work_dir, initial_epoch, checkpointed), deadline)
-    if initial_epoch < plan.epochs:
-        data = backend.distribute(lambda ctx: make_train_dataset(
-            records.train_files, cfg.data, InputShare(plan.global_batch, ctx), to_target, records.schema,
-            seed=cfg.train.seed))
-        backend.fit(data, EpochLoop(plan.epochs, initial_epoch, plan.steps_per_epoch, monitor.epoch_begin,
-                                    monitor.epoch_end))
-    best_epoch, outputs = restore_best(backend, monitor, predict_val)
+        monitor = EpochMonitor(cfg, plan, backend, Scoring(validation, predict_val),
+                               FoldWork(work_dir, initial_epoch, checkpointed), deadline)
+        if initial_epoch < plan.epochs:
+            data = backend.distribute(lambda ctx: make_train_dataset(
+                records.train_files, cfg.data, InputShare(plan.global_batch, ctx), to_target, records.schema,
+                seed=cfg.train.seed))
+            backend.fit(data, EpochLoop(plan.epochs, initial_epoch, plan.steps_per_epoch, monitor.epoch_begin,
+                                        monitor.epoch_end))
+        best_epoch, outputs = restore_best(backend, monitor, predict_val)
+    finally:  # scored, or ended by an error: what the fold held is let go, off this thread
+        backend.release()
+        collect_garbage_aside()
     validation.predictions = plan.to_values(outputs)
     epochs_done = initial_epoch + len(monitor.seconds)
     compiles = backend.compiled() - compiled_before if compiled_before is not None else None

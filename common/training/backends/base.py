@@ -111,6 +111,9 @@ class Backend(Protocol):
     def predict(self, files, schema, count: int):
         """Model outputs (NumPy) for the `count` records of `files`, in order."""
 
+    def release(self) -> None:
+        """The fold is scored: let go of what its training and scoring held (the model stays, for the export)."""
+
     def export(self, export_dir: Path, contents):
         """The verified export (common/export/writer.py's contract) of the weights it holds, with `contents` (an
         ExportContents: card, verify images, files, scaling): returns the card as written."""

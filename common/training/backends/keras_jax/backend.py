@@ -278,6 +278,9 @@ class JaxBackend:
         with lost_process_named(self.hosts):
             return gather_outputs(lambda x: self._forward(trainable, other, x), images, self.hosts, sharding)[:count]
 
+    def release(self) -> None:
+        """Nothing to let go: predict reads its batches anew on each call."""
+
     @functools.cached_property
     def _forward(self):
         return jax.jit(lambda trainable, other, x: self.model.stateless_call(trainable, other, x, training=False)[0])

@@ -7,11 +7,12 @@ card and export contract live in common/ and never look at the backend.
     done = backend.restore(work / "checkpoints")          # epochs a checkpoint already holds
     backend.fit(backend.distribute(make_dataset), loop)   # loop: EpochLoop(epochs, done, steps, epoch_begin, epoch_end)
     outputs = backend.predict(files, schema, count)       # raw model outputs, in record order
+    backend.release()                                     # the fold is scored: what it held for that let go
     card = backend.export(export_dir, contents)           # the verified export (export.py)
 
 The interface: name, ops, replicas, build, runtime, precision, restore, save_checkpoint, distribute, fit, predict,
-averaged, save_weights, load_weights, export. Keras 3 on JAX (common/training/backends/keras_jax/backend.py) implements
-the same.
+release, averaged, save_weights, load_weights, export. Keras 3 on JAX (common/training/backends/keras_jax/backend.py)
+implements the same.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from common.training.backends.base import (
 )
 from common.training.backends.tf_keras.custom_loop import CustomLoop
 from common.training.backends.tf_keras.export import export, serving_model
+from common.training.backends.tf_keras.iterators import RepeatedPasses
 from common.training.backends.tf_keras.model import (
     build_model,
     compile_model,
@@ -52,7 +54,7 @@ class TFBackend:
     def __init__(self, cfg, strategy: tf.distribute.Strategy, hub_handle: str | None = None):
         self.cfg, self.strategy, self.hub_handle = cfg, strategy, hub_handle
         self.model: tf.keras.Model | None = None
-        self._passes: RepeatedPasses | None = None  # the validation set's, for the fold's model (build drops it)
+        self._passes: RepeatedPasses | None = None  # the validation set's, for the fold's model (release ends it)
         self.ops = tensorflow_ops()  # what the task's loss is written in
         self.options = tf.train.CheckpointOptions(experimental_io_device=HOST)
 
@@ -63,7 +65,8 @@ class TFBackend:
     def build(self, plan) -> None:
         """The model and its optimiser, loss and running metric, inside the strategy's scope; the optimiser's slots
         exist before any restore, so nothing is deferred."""
-        self.plan, self._passes = plan, None
+        self.release()  # a fold that ended without it (an error, a test)
+        self.plan = plan
         tf.keras.utils.set_random_seed(self.cfg.train.seed)  # the head's initial weights, as on the keras_jax route
         with self.strategy.scope():
             self.model = self._build(tf.keras.mixed_precision.global_policy().name)
@@ -155,6 +158,12 @@ class TFBackend:
                             plan.class_weights)
         custom.fit(data, loop, self.cfg.train.steps_per_execution)
 
+    def release(self) -> None:
+        """The fold is scored: its validation iterator let go (iterators.let_go says why not here and now)."""
+        if self._passes is not None:
+            self._passes.close()
+            self._passes = None
+
     # -------------------------------------------------------------------------------------------------- predict
     def predict(self, files, schema: RecordSchema, count: int) -> np.ndarray:
         """Model outputs for the `count` records of `files`, in order, every replica holding the same batch-norm
@@ -187,27 +196,6 @@ class TFBackend:
     def export(self, export_dir: Path, contents: ExportContents):
         """The verified export of the weights the model holds now (common/training/backends/tf_keras/export.py)."""
         return export(self, export_dir, contents)
-
-
-class RepeatedPasses:
-    """The model's outputs for the same padded batches pass after pass: one distributed iterator over them, repeated,
-    kept for the fold's model (build starts another), and one traced step. Keras' predict makes a distributed
-    iterator, its per-device buffers and their threads on every call, and takes them down after: 0.20 s a call on two
-    logical CPUs for 15 batches whose steps take 0.02 s (measured here), paid every epoch."""
-
-    def __init__(self, strategy: tf.distribute.Strategy, model: tf.keras.Model, batches: tf.data.Dataset, steps: int,
-                 key):
-        self.strategy, self.model, self.steps, self.key = strategy, model, steps, key
-        # `steps` batches make one pass exactly (the last one padded): the next pass starts where this one ends.
-        self.iterator = iter(strategy.experimental_distribute_dataset(batches.repeat()))
-
-    @tf.function
-    def _step(self, iterator):
-        outputs = self.strategy.run(lambda images: self.model(images, training=False), args=(next(iterator),))
-        return self.strategy.experimental_local_results(outputs)  # replica by replica, in batch order, as Keras'
-
-    def next_pass(self) -> np.ndarray:
-        return np.concatenate([part.numpy() for _ in range(self.steps) for part in self._step(self.iterator)])
 
 
 def start(cfg) -> TFBackend:

@@ -6,6 +6,7 @@ equals the single-device one. It drives the same epoch hooks as Keras fit
 from __future__ import annotations
 
 from common.training.backends.base import EpochLoop
+from common.training.backends.tf_keras.iterators import let_go
 
 import tensorflow as tf
 
@@ -61,5 +62,7 @@ class CustomLoop:
             print(f"epoch {epoch + 1}/{loop.epochs}: " + ", ".join(f"{k}={v:.4f}" for k, v in logs.items()), flush=True)
             if stop:
                 break
+        holder, iterator = [iterator], None
+        let_go(holder)  # it lived the whole fold (iterators.py)
         if getattr(self.model.optimizer, "use_ema", False):  # as fit does: the averaged weights stay
             self.model.optimizer.finalize_variable_values(self.model.trainable_variables)

@@ -258,6 +258,9 @@ class TorchXlaBackend:
                 outputs.append(self.model(on_device).cpu().numpy())
         return np.concatenate(outputs)[:count]
 
+    def release(self) -> None:
+        """Nothing to let go: predict reads its batches anew on each call."""
+
     def export(self, export_dir: Path, contents):
         """The verified export (common/training/backends/torch_xla/export.py: rebuilt under TensorFlow in a child)."""
         card = export(self, export_dir, contents)
