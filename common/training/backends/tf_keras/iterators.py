@@ -1,11 +1,11 @@
 """Distributed iterators the tf_keras route keeps for a fold, and how it lets them go.
 
 Taking down a MirroredStrategy or TPUStrategy iterator (a MultiDeviceIterator inside) waits for the tf.data autotune
-thread of each device's pipeline to wake of its own accord: in TensorFlow 2.21 the teardown's cancellation does not wake
-it, and it sleeps up to 60 s between optimisations once the iterator has lived a minute or two. Measured here on two
-logical CPUs, eight iterators that each lived 90 s: three took 50-60 s to delete, the other five 0.2 s; a plain
-(single-device) iterator 0.15 s every time. So an iterator that lived long is dropped on a thread of its own, and the
-fold goes on at once (let_go)."""
+thread of each device's pipeline. In TensorFlow 2.21 that thread is not always woken by the teardown: it is found in a
+timed wait (gdb), and the stall ends when that wait does, at its next optimisation, which comes up to 60 s apart once
+the iterator has lived a minute or two. Measured here on two logical CPUs, eight iterators that each lived 90 s: three
+took 50-60 s to delete, the other five 0.2 s; plain (single-device) iterators 0.15 s every time. So an iterator that
+lived long is dropped on a thread of its own, and the fold goes on at once (let_go)."""
 
 from __future__ import annotations
 
