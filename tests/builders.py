@@ -202,8 +202,7 @@ def verify_batch_difference(python, export: Path) -> float:
     import os
     import subprocess
 
-    code = ("import sys\nfor m in ('jax', 'jaxlib', 'keras', 'tf_keras', 'tensorflow_hub'): sys.modules[m] = None\n"
-            "import numpy as np, tensorflow as tf\n"
+    code = (TENSORFLOW_ALONE + "\nimport numpy as np, tensorflow as tf\n"
             f"loaded = tf.saved_model.load({str(export / 'saved_model')!r})\n"
             f"batch = np.load({str(export / 'verify_batch.npz')!r})\n"
             "out = loaded.signatures['serving_default'](images=tf.constant(batch['images']))['predictions']\n"

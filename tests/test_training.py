@@ -90,7 +90,7 @@ def test_train_export_reload_in_a_fresh_process(train_argv, tmp_path, monkeypatc
     assert card.runtime == report["runtime"] == {"framework": "tf_keras", "steps_per_execution": 2,
                                                    "tpu_stack": stack}
 
-    # A new process that cannot import tf_keras or tensorflow_hub reproduces the probabilities.
+    # A new process with TensorFlow alone (no tf_keras, TF Hub, Keras 3 or JAX) reproduces the probabilities.
     batch = np.load(export / "verify_batch.npz")
     code = (TENSORFLOW_ALONE + "import numpy as np; from common.export.loader import load_export; "
             f"card, predict = load_export({str(export)!r}); b = np.load({str(export / 'verify_batch.npz')!r}); "
