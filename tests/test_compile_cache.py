@@ -134,8 +134,9 @@ def test_keras_jax_folds_and_a_resumed_fold_take_their_programs_from_the_cache_a
     assert first.compiles.programs > 0 and first.compiles.from_cache == 0  # a new cache: everything compiles
     log = capsys.readouterr().out
     assert f"[keras_jax] compile cache: {cache / 'keras_jax'} (0 program(s) in it)" in log
-    assert re.search(r"\[train\] epoch 1: step 3, \d+ ms/step; val_macro_f1 [\d.]+ \(best [\d.]+ at epoch 1\); "
-                     r"[\d.]+ s: training [\d.]+ s, compile [\d.]+ s \(\d+ program\(s\), 0 from the cache\), "
+    assert re.search(r"\[train\] epoch 1: step 3, all in the first execution; val_macro_f1 [\d.]+ \(best [\d.]+ at "
+                     r"epoch 1\); [\d.]+ s: first execution [\d.]+ s \(3 step\(s\)\), training [\d.]+ s, "
+                     r"compile [\d.]+ s \(\d+ program\(s\), 0 from the cache\), "
                      r"validation [\d.]+ s, best-epoch save [\d.]+ s, checkpoint [\d.]+ s$", log, re.M), log
     assert f"[train] the fold compiled {first.compiles.programs} program(s) in " in log
 

@@ -167,7 +167,8 @@ def test_a_timm_model_trains_resumes_after_a_kill_exports_the_same_contract_and_
     # supported"): the cache is a TPU's, and here the resumed process compiles its graphs again, counted in the log.
     assert ("[torch_xla] compile cache: not used on cpu XLA devices (torch_xla's cpu client cannot read a compiled "
             "graph back); each graph compiles once in the run's process, every fold reusing it") in log
-    assert re.search(r"\[train\] epoch 2: step 8, \d+ ms/step; .*; [\d.]+ s: training [\d.]+ s, compile [\d.]+ s "
+    assert re.search(r"\[train\] epoch 2: step 8, \d+ ms/step; .*; [\d.]+ s: first execution [\d.]+ s \(1 step\(s\)\), "
+                     r"training [\d.]+ s, compile [\d.]+ s "
                      r"\(\d+ program\(s\), 0 from the cache\), validation", log)
     # Exactly the planned steps, counted on from the checkpoint; every graph compiled in the first epoch, none after.
     assert re.search(r"\[train\] epoch 2: step 8, \d+ ms/step", log) and re.search(r"epoch 3: step 12, ", log)

@@ -77,10 +77,13 @@ class EpochClock:
         self.began = self.at = time.monotonic()
         self.count = self.compiled()
         self.phases: dict[str, float] = {}
+        self.notes: dict[str, str] = {}  # what the log says of a phase beside its seconds
         self.compiles = CompileCount()
 
-    def lap(self, phase: str) -> float:
+    def lap(self, phase: str, note: str = "") -> float:
         """The seconds since the last lap, less what compiled in them, recorded as `phase`'s."""
+        if note:
+            self.notes[phase] = note
         now, count = time.monotonic(), self.compiled()
         compiling = count - self.count if count is not None else CompileCount()
         self.compiles = self.compiles + compiling
@@ -89,13 +92,15 @@ class EpochClock:
         return self.phases[phase]
 
     def describe(self) -> str:
-        """'T s: training a s, compile b s (N program(s), M from the cache), validation c s, ...': the compile part
-        only where something compiled (the first epoch, as a rule)."""
+        """'T s: [first execution f s (n step(s)),] training a s, compile b s (N program(s), M from the cache),
+        validation c s, ...': the compile part only where something compiled (the first epoch, as a rule)."""
         total = sum(self.phases.values()) + self.compiles.seconds
-        parts = [f"{phase} {seconds:.1f} s" for phase, seconds in self.phases.items()]
+        parts = [f"{phase} {seconds:.1f} s" + (f" ({self.notes[phase]})" if phase in self.notes else "")
+                 for phase, seconds in self.phases.items()]
         if self.compiles.programs:
-            parts.insert(1, f"compile {self.compiles.seconds:.1f} s ({self.compiles.programs} program(s), "
-                            f"{self.compiles.from_cache} from the cache)")
+            parts.insert(list(self.phases).index("training") + 1,
+                         f"compile {self.compiles.seconds:.1f} s ({self.compiles.programs} program(s), "
+                         f"{self.compiles.from_cache} from the cache)")
         return f"{total:.1f} s: " + ", ".join(parts)
 
 
@@ -174,6 +179,13 @@ class EpochMonitor:
 
     def epoch_begin(self, epoch: int) -> None:
         self.clock.start()
+        self.first_steps = 0
+
+    def first_executed(self, steps: int) -> None:
+        """The fit's first execution (its first `steps` steps) has run: its seconds beyond the compile are its own
+        phase, not the steps' pace (on an H200, 9-10 s where the steps take 34 ms: docs/training.md)."""
+        self.clock.lap("first execution", f"{steps} step(s)")
+        self.first_steps = steps
 
     def epoch_end(self, epoch: int, logs: dict) -> bool:
         """Everything that follows an epoch; True when training stops here."""
@@ -198,9 +210,10 @@ class EpochMonitor:
         return early or cut
 
     def count_steps(self, epoch: int, seconds: float) -> str:
-        """'step N, X ms/step' over the training steps' own seconds (compiles apart), and the optimiser's own step
-        count checked against the plan: a loop that trained more steps than planned would run the
-        learning-rate schedule down to zero early, so the fold stops at its first epoch instead of hours later."""
+        """'step N, X ms/step' over the training steps' own seconds (compiles and the first execution apart; 'step N,
+        all in the first execution' where it was the whole epoch), and the optimiser's own step count checked against
+        the plan: a loop that trained more steps than planned would run the learning-rate schedule down to zero
+        early, so the fold stops at its first epoch instead of hours later."""
         steps, planned = self.backend.optimizer_steps(), (epoch + 1) * self.plan.steps_per_epoch
         if steps > planned:
             raise RuntimeError(
@@ -208,7 +221,9 @@ class EpochMonitor:
                 f"({self.plan.steps_per_epoch} steps per epoch): the {self.backend.name} training loop ran more "
                 "steps than it was asked for. Fix: --set train.steps_per_execution=1, and report the Keras version "
                 "in the log's environment block")
-        taken, self.steps = steps - self.steps, steps
+        taken, self.steps = steps - self.steps - self.first_steps, steps
+        if taken <= 0 < self.first_steps:
+            return f"step {steps}, all in the first execution"
         return f"step {steps}, {1000 * seconds / max(1, taken):.0f} ms/step"
 
     def score(self, epoch: int, logs: dict) -> str:
@@ -318,7 +333,7 @@ def train_fold(cfg, backend, records, work_dir: Path, deadline: float,
                 records.train_files, cfg.data, InputShare(plan.global_batch, ctx), to_target, records.schema,
                 seed=cfg.train.seed))
             backend.fit(data, EpochLoop(plan.epochs, initial_epoch, plan.steps_per_epoch, monitor.epoch_begin,
-                                        monitor.epoch_end))
+                                        monitor.epoch_end, monitor.first_executed))
         best_epoch, outputs = restore_best(backend, monitor, predict_val)
     finally:  # scored, or ended by an error: what the fold held is let go, off this thread
         backend.release()

@@ -29,6 +29,9 @@ class EpochLoop:
     steps_per_epoch: int
     epoch_begin: Callable[[int], None]  # epoch_begin(epoch), before its first step
     epoch_end: Callable[[int, dict], bool]  # epoch_end(epoch, logs) after its last step: True stops training
+    # first_executed(steps) once the fit's first execution has run (its outputs read back): on an accelerator it
+    # carries seconds beyond the compile (9-10 s on an H200, docs/training.md), which are not the steps' pace
+    first_executed: Callable[[int], None] = lambda steps: None
 
 
 @dataclass(frozen=True)
@@ -124,8 +127,18 @@ def epoch_hooks(callback_class, loop: EpochLoop):
     loop's hooks, the fold's one epoch-end owner: it decides, fit obeys."""
 
     class EpochHooks(callback_class):
+        first = True
+        _supports_tf_logs = True  # tf_keras: hand the batch hooks' logs over as tensors, read back only here
+
         def on_epoch_begin(self, epoch, logs=None):
             loop.epoch_begin(epoch)
+
+        def on_train_batch_end(self, batch, logs=None):
+            """`batch`: the last step of the execution that ended, counted from the epoch's start."""
+            if self.first:
+                self.first = False
+                [float(value) for value in (logs or {}).values()]  # waits for the execution's outputs
+                loop.first_executed(batch + 1)
 
         def on_epoch_end(self, epoch, logs=None):
             if loop.epoch_end(epoch, dict(logs or {})):

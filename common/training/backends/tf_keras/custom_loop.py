@@ -56,6 +56,9 @@ class CustomLoop:
             while done < loop.steps_per_epoch:
                 chunk = min(steps_per_execution, loop.steps_per_epoch - done)
                 self.train_steps(iterator, tf.constant(chunk))
+                if epoch == loop.initial_epoch and not done:
+                    float(self.loss.result())  # waits for the execution
+                    loop.first_executed(chunk)
                 done += chunk
             logs = {"loss": float(self.loss.result()), self.running.name: float(self.running.result())}
             stop = loop.epoch_end(epoch, logs)

@@ -206,6 +206,9 @@ class TorchXlaBackend:
                 step_before = graphs()
                 loss = self._step(batch["images"], batch["targets"])
                 in_steps += graphs() - step_before
+                if epoch == loop.initial_epoch and total is None:
+                    loss.item()  # waits for the first step's graph to run
+                    loop.first_executed(1)
                 total = loss if total is None else total + loss
             stop = loop.epoch_end(epoch, {"loss": float(total.item()) / loop.steps_per_epoch})
             # After the first epoch: none, or every step pays a compile. In the first: one training step graph.
