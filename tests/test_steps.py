@@ -61,8 +61,9 @@ def train_counting(settings: list[str], records_dir, work_dir) -> tuple[Counting
     return backend, result
 
 
-@pytest.mark.parametrize("framework", ["tf_keras", "tf_keras/custom", "keras_jax"])
-@pytest.mark.parametrize("setting", [32, 4])
+# tf_keras's custom loop at one setting: it reports its first execution the same way at any
+@pytest.mark.parametrize(("framework", "setting"), [("tf_keras", 32), ("tf_keras", 4), ("keras_jax", 32),
+                                                   ("keras_jax", 4), ("tf_keras/custom", 4)])
 def test_every_epoch_ends_at_the_planned_optimiser_step_and_its_pace_leaves_out_the_first_execution(
         framework, setting, demo_records, tiny_backbone, tiny_keras_backbone, tmp_path, capsys):
     records_dir, _ = demo_records
@@ -70,7 +71,7 @@ def test_every_epoch_ends_at_the_planned_optimiser_step_and_its_pace_leaves_out_
     backend, result = train_counting(settings, records_dir, tmp_path / "work")
     plan = result.plan
     assert [steps for steps, _ in backend.seen] == [STEPS, 2 * STEPS]
-    # The fit's first execution is a phase of its own (on an H200 it held 9-10 s beyond the compile): ms/step counts
+    # The fit's first execution is a phase of its own (on an H200 it held 9-12 s beyond the compile): ms/step counts
     # the steps after it, and an epoch that was all one execution says so rather than giving a pace.
     first = backend.steps_per_execution if framework == "keras_jax" else min(setting, STEPS)  # 3: 4 does not divide 9
     pace = "all in the first execution" if first == STEPS else r"\d+ ms/step"

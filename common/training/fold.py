@@ -183,7 +183,7 @@ class EpochMonitor:
 
     def first_executed(self, steps: int) -> None:
         """The fit's first execution (its first `steps` steps) has run: its seconds beyond the compile are its own
-        phase, not the steps' pace (on an H200, 9-10 s where the steps take 34 ms: docs/training.md)."""
+        phase, not the steps' pace (on an H200, 9-12 s where the steps take 34 ms: docs/training.md)."""
         self.clock.lap("first execution", f"{steps} step(s)")
         self.first_steps = steps
 

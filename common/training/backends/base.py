@@ -30,7 +30,7 @@ class EpochLoop:
     epoch_begin: Callable[[int], None]  # epoch_begin(epoch), before its first step
     epoch_end: Callable[[int, dict], bool]  # epoch_end(epoch, logs) after its last step: True stops training
     # first_executed(steps) once the fit's first execution has run (its outputs read back): on an accelerator it
-    # carries seconds beyond the compile (9-10 s on an H200, docs/training.md), which are not the steps' pace
+    # carries seconds beyond the compile (9-12 s on an H200, docs/training.md), which are not the steps' pace
     first_executed: Callable[[int], None] = lambda steps: None
 
 
@@ -137,7 +137,8 @@ def epoch_hooks(callback_class, loop: EpochLoop):
             """`batch`: the last step of the execution that ended, counted from the epoch's start."""
             if self.first:
                 self.first = False
-                [float(value) for value in (logs or {}).values()]  # waits for the execution's outputs
+                if logs:
+                    float(next(iter(logs.values())))  # an output read back: the execution has run
                 loop.first_executed(batch + 1)
 
         def on_epoch_end(self, epoch, logs=None):
