@@ -28,7 +28,13 @@ from common.core.paths import output_dir, resolve_data_path
 from common.core.platform import environment_report
 from common.core.strategy import get_strategy, split_cpu
 from common.data.sources import open_source
-from common.inference.ensemble import ensemble_predict, ensemble_thresholds, load_members, tta_view_names
+from common.inference.ensemble import (
+    confirm_float16,
+    ensemble_predict,
+    ensemble_thresholds,
+    load_members,
+    tta_view_names,
+)
 from common.inference.submission import (
     check_template_classes,
     read_template,
@@ -85,8 +91,12 @@ def main(argv: list[str] | None = None) -> int:
 
     # ---- predict (averaged over exports and views, then thresholded) and write
     source = open_source(cfg)
-    ids, predictions = ensemble_predict(members, lambda c: source.test_batches(c, template, cfg.infer),
-                                        cfg.infer.tta, strategy, cfg.infer.xla)
+
+    def batches_for(card):
+        return source.test_batches(card, template, cfg.infer)
+
+    members, precision = confirm_float16(members, precision, batches_for)  # on this GPU, before it counts
+    ids, predictions = ensemble_predict(members, batches_for, cfg.infer.tta, strategy, cfg.infer.xla)
     # what TensorFlow could not decode: read with Pillow, or named and given the fallback (common/inference/unread.py)
     ids, predictions, bad = predict_unread(members, source, template, (ids, predictions), cfg.infer, strategy)
     rows = submission_rows(template, ids, predictions, task, card.class_names, thresholds)

