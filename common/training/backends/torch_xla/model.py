@@ -77,6 +77,19 @@ class TimmClassifier(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.head = nn.Linear(feature_width(backbone), outputs)
 
+    def freeze_backbone(self) -> None:
+        """model.trainable=false: the backbone's weights get no gradient, and its BatchNorm layers keep their
+        pretrained statistics (evaluation mode whatever train() says), as Keras freezes a layer. Left in training
+        mode, a frozen timm backbone would still normalise by each batch's statistics and move its running ones."""
+        self.backbone.requires_grad_(False)
+        self.frozen = True
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        if getattr(self, "frozen", False):
+            self.backbone.eval()
+        return self
+
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         x = (images.permute(0, 3, 1, 2).float() - self.mean) / self.std
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.autocast):
@@ -96,6 +109,7 @@ def build_timm_model(model_cfg, outputs: int, activation: str, autocast: bool = 
     if activation == "softmax" and outputs < 2:
         raise ConfigError(f"a classifier needs at least 2 classes, got {outputs}")
     backbone = create_backbone(model_cfg)
+    model = TimmClassifier(backbone, outputs, activation, model_cfg.dropout, autocast)
     if not model_cfg.trainable:
-        backbone.requires_grad_(False)
-    return TimmClassifier(backbone, outputs, activation, model_cfg.dropout, autocast)
+        model.freeze_backbone()
+    return model
