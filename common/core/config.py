@@ -100,7 +100,7 @@ class ModelConfig:
     hub_handle: str = "https://www.kaggle.com/models/google/efficientnet-v2/TensorFlow2/imagenet21k-b0-feature-vector/1"  # noqa: E501  # feature-vector model: a handle, Kaggle Models handle or SavedModel path
     efficientnet_variant: str = "B0"  # B0-B7 when backbone=efficientnet; V2B0-V2B3, V2S, V2M, V2L on keras_jax too
     efficientnet_weights: str = "imagenet"  # noqa: E501  # none | imagenet | noisy-student (tf_keras) | path to a weights file (keras_jax: keras.applications' .h5)
-    keras_backbone: str = ""  # noqa: E501  # backbone=keras: a .keras feature extractor (images in [0, 1]) or a KerasHub preset folder
+    keras_backbone: str = ""  # noqa: E501  # backbone=keras: a .keras feature extractor (images in [0, 1]) or a KerasHub preset folder (its image converter's scale and offset applied in the model)
     timm_model: str = "efficientnet_b0"  # noqa: E501  # backbone=timm: a timm architecture name, or a folder as timm's save_for_hf writes it (config.json + model.safetensors)
     timm_weights: Literal["none", "pretrained"] = "pretrained"  # noqa: E501  # a timm name's weights: pretrained (timm downloads them: the training kernel needs internet) or none; a folder brings its own
     trainable: bool = True  # fine-tune the backbone (false: train the head only)
@@ -131,7 +131,7 @@ class TrainConfig:
     time_budget_hours: float = within(8.25, "(0, inf)")  # noqa: E501  # training and exports end within this (a 9 h Kaggle session minus a margin)
     fold_minutes: float = within(0.0, "[0, inf)")  # noqa: E501  # a fold's time before one is measured: the first fold starts only if it fits
     export_minutes: float = within(5.0, "[0, inf)")  # noqa: E501  # time a fold keeps for its export until one export has been measured
-    export_float16: bool = True  # add a float16 signature (T4 tensor cores) where the graph computes in float16
+    export_float16: bool = True  # noqa: E501  # add a float16 signature (T4 tensor cores) where the graph computes in float16 and holds 1e-2 of float32 as tensor cores compute it
     seed: int = within(42, "[0, inf)")  # shuffling seed and the initial weights of what is not pretrained (the head)
 
 
