@@ -92,8 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     # ---- predict (averaged over exports and views, then thresholded) and write
     source = open_source(cfg)
 
-    def batches_for(card):
-        return source.test_batches(card, template, cfg.infer)
+    datasets = {}
+
+    def batches_for(card):  # one dataset per image size, as the ensemble groups members: its images checked once
+        if card.image_size not in datasets:
+            datasets[card.image_size] = source.test_batches(card, template, cfg.infer)
+        return datasets[card.image_size]
 
     members, precision = confirm_float16(members, precision, batches_for)  # on this GPU, before it counts
     ids, predictions = ensemble_predict(members, batches_for, cfg.infer.tta, strategy, cfg.infer.xla)

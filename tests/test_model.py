@@ -73,6 +73,20 @@ def test_missing_or_offline_hub_handles_are_clear_errors():
                     10, 32)
 
 
+def test_an_efficientnet_weights_file_of_another_variant_is_one_line_naming_the_fix(tmp_path):
+    """The efficientnet package's B1 weights given to a B0: the line names the variant and the fix, not a traceback
+    from h5py or tf_keras."""
+    import efficientnet.tfkeras as efn
+
+    b1 = tmp_path / "efficientnet-b1_notop.h5"
+    efn.EfficientNetB1(include_top=False, weights=None, input_shape=(32, 32, 3)).save_weights(b1)
+    cfg = load_config(None, ["model.backbone=efficientnet", f"model.efficientnet_weights={b1}"])
+    with pytest.raises(ConfigError, match=rf"model.efficientnet_weights='{b1}' does not fit EfficientNetB0 \(.+\)\. "
+                                          r"Fix: the efficientnet package's weights file of B0, or "
+                                          r"model.efficientnet_variant set to the file's variant"):
+        build_model(cfg.model, 10, 32)
+
+
 def test_learning_rate_warms_up_then_decays():
     schedule = learning_rate_schedule(0.1, 100, 10, tf.keras.optimizers.schedules)
     rates = [float(schedule(step)) for step in (0, 5, 10, 55, 100)]

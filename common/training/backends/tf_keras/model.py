@@ -85,6 +85,11 @@ def efficientnet_backbone(variant: str, weights: str, image_size: int, trainable
             f"model.efficientnet_weights={weights!r} must be downloaded, which failed ({err}). Fix: with the "
             "internet off, attach the weights file as a dataset and set model.efficientnet_weights to its path, "
             "or use model.efficientnet_weights=none") from err
+    except ValueError as err:  # a file of another variant: its layers or shapes do not fit
+        raise ConfigError(
+            f"model.efficientnet_weights={weights!r} does not fit EfficientNet{variant.upper()} "
+            f"({str(err).splitlines()[0][:200]}). Fix: the efficientnet package's weights file of "
+            f"{variant.upper()}, or model.efficientnet_variant set to the file's variant") from err
     base.trainable = trainable
     return base
 
