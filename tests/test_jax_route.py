@@ -70,7 +70,7 @@ def test_each_task_trains_with_keras_on_jax_and_exports_the_same_contract(task, 
     # host (regression: relative); the training devices' own float32, a bfloat16 pass, is recorded, not gated.
     verification = card["verification"]
     assert verification["max_abs_diff"]["float32"] < 1e-5
-    assert verification["device_max_abs_diff"] > 1e-4, verification
+    assert verification["device_max_abs_diff"] > 1e-5, verification  # binary: 6.7e-5 seen; exact: below 1e-7
     assert verification["device"].startswith("cpu (cpu) at JAX's default matmul precision"), verification
     if task == "multiclass":
         assert verify_batch_difference(sys.executable, tmp_path / "train" / "export" / "fold0") < 1e-5

@@ -32,6 +32,7 @@ from common.tasks.parts import is_better
 from common.training.backends.base import Backend, EpochLoop
 from common.training.budget import cut_message, cuts_after
 from common.training.compile_cache import CompileCount
+from common.training.memory import Phase, RunShape, model_name, named_out_of_memory
 from common.training.plan import FoldPlan, needs_train_labels, plan_fold
 
 import numpy as np
@@ -159,8 +160,11 @@ class History:
 class EpochMonitor:
     """The fold's one epoch-end owner (see the module docstring for the order of what it does)."""
 
-    def __init__(self, cfg, plan: FoldPlan, backend, scoring: Scoring, work: FoldWork, deadline: float):
+    def __init__(self, cfg, plan: FoldPlan, backend, scoring: Scoring, work: FoldWork, deadline: float,
+                 phase: Phase | None = None):
         import tensorflow as tf
+
+        self.phase = phase or Phase()
 
         self.plan, self.backend, self.deadline = plan, backend, deadline
         self.validation, self.predict_val, self.work_dir = scoring.validation, scoring.predict, Path(work.folder)
@@ -186,6 +190,7 @@ class EpochMonitor:
         phase, not the steps' pace (on an H200, 9-12 s where the steps take 34 ms: docs/training.md)."""
         self.clock.lap("first execution", f"{steps} step(s)")
         self.first_steps = steps
+        self.phase.now = "training"
 
     def epoch_end(self, epoch: int, logs: dict) -> bool:
         """Everything that follows an epoch; True when training stops here."""
@@ -230,8 +235,10 @@ class EpochMonitor:
         """val_loss and val_<metric> into the logs; the best epoch's weights and outputs kept: 'val_<metric> V (best
         ...)'."""
         metric, task = self.plan.metric, self.plan.task
+        training, self.phase.now = self.phase.now, f"validation after epoch {epoch + 1}"
         with self.backend.averaged():
             raw = self.predict_val()
+            self.phase.now = training
             try:
                 value = task.score(metric, self.validation.labels, self.plan.to_values(raw))
             except ValueError as err:  # e.g. AUC on a validation fold that holds one class: no score, no best
@@ -312,6 +319,25 @@ def train_fold(cfg, backend, records, work_dir: Path, deadline: float,
             f"{name} {w:.3f}" for name, w in zip(plan.class_names, plan.class_weights, strict=True)), flush=True)
 
     compiled_before = backend.compiled()
+    phase = Phase()
+    with named_out_of_memory(lambda: run_shape(cfg, plan, backend, work_dir.name), phase):
+        return _train_built_fold(cfg, backend, records, work_dir, deadline, checkpointed, plan, phase,
+                                 compiled_before)
+
+
+def run_shape(cfg, plan: FoldPlan, backend, fold: str) -> RunShape:
+    """What a device's out-of-memory line names of this fold (`fold`: its work folder's name, fold<k>)."""
+    try:
+        precision = backend.precision()["policy"]
+    except Exception:  # noqa: BLE001  (the model was never built: the policy asked for)
+        precision = cfg.train.precision
+    return RunShape(fold, model_name(cfg.model), cfg.data.image_size, plan.global_batch // plan.replicas,
+                    plan.replicas, precision,
+                    "train.batch_size" if cfg.train.batch_size > 0 else "train.batch_size_per_replica")
+
+
+def _train_built_fold(cfg, backend, records, work_dir: Path, deadline: float, checkpointed, plan: FoldPlan,
+                      phase: Phase, compiled_before) -> FoldResult:
     backend.build(plan)
     try:
         initial_epoch = backend.restore(work_dir / "checkpoints")
@@ -327,13 +353,15 @@ def train_fold(cfg, backend, records, work_dir: Path, deadline: float,
             return plan.task.target(labels, len(plan.class_names), plan.scaling)
 
         monitor = EpochMonitor(cfg, plan, backend, Scoring(validation, predict_val),
-                               FoldWork(work_dir, initial_epoch, checkpointed), deadline)
+                               FoldWork(work_dir, initial_epoch, checkpointed), deadline, phase)
         if initial_epoch < plan.epochs:
+            phase.now = "compiling and running the first training step"
             data = backend.distribute(lambda ctx: make_train_dataset(
                 records.train_files, cfg.data, InputShare(plan.global_batch, ctx), to_target, records.schema,
                 seed=cfg.train.seed))
             backend.fit(data, EpochLoop(plan.epochs, initial_epoch, plan.steps_per_epoch, monitor.epoch_begin,
                                         monitor.epoch_end, monitor.first_executed))
+        phase.now = "predicting the validation fold with the best epoch's weights"
         best_epoch, outputs = restore_best(backend, monitor, predict_val)
     finally:  # scored, or ended by an error: what the fold held is let go, off this thread
         backend.release()

@@ -1,0 +1,205 @@
+"""An accelerator's out of memory, read as the user's to fix: one line naming what ran out, by how much, and a batch
+that is expected to fit, instead of a runtime's traceback.
+
+    with named_out_of_memory(lambda: RunShape(...), phase):   # phase.now: where the fold is
+        backend.fit(...)                     # a device OOM inside becomes DeviceMemoryError (exit 2, one line)
+
+Each runtime says it its own way (the public reports in the comments); what they share is a figure or two:
+- XLA on a TPU, at compile: "Ran out of memory in memory space hbm. Used 29.80G of 7.98G hbm" (pytorch/xla#3532,
+  tensorflow/tpu#385): what the program needs and what the chip has.
+- XLA on a TPU, at run time (torch_xla, TF): "Attempting to reserve 3.95G at the bottom of memory. That was not
+  possible. There are 1.92G free ...; HBM capacity 8.00G" (pytorch/xla#1735), or "Attempting to allocate 180.59M.
+  That was not possible. There are 142.58M free" (pytorch/xla#2569).
+- JAX on a GPU: "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 4294967296 bytes".
+- TensorFlow on a GPU: "OOM when allocating tensor with shape[256,112,112,32] and type float on ... GPU:0".
+- PyTorch on a GPU: "CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 15.78 GiB total capacity; ...)".
+- "Bad hardware status" on a TPU after a large allocation was out of memory in disguise (tensorflow/tpu#403).
+A full disk (TensorFlow's ResourceExhaustedError saying "No space left on device") and the host's own memory
+(MemoryError) are not the device's, and are left to their own messages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+from dataclasses import dataclass
+
+from common.core.errors import UserError
+
+HEADROOM = 0.85  # of the device's memory a suggested batch may plan to use: fragmentation, buffers, the runtime's own
+_UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+_DTYPE_BYTES = {"float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "double": 8, "int32": 4,
+                "int64": 8, "uint8": 1, "int8": 1, "bool": 1}
+_SIZE = r"([\d.]+)\s*([KMGT]?)(?:i?B)?"
+
+
+class DeviceMemoryError(UserError, RuntimeError):
+    """The accelerator ran out of memory: the batch, the image size or the model is larger than the chip holds."""
+
+
+@dataclass(frozen=True)
+class OutOfMemory:
+    """What a runtime's out-of-memory message says, in bytes where it says it."""
+
+    needed: int | None  # what the program (or the one allocation) asked for
+    capacity: int | None  # what the device holds
+    free: int | None  # what was free when it asked
+    words: str  # the runtime's own words, one line
+    likely: bool = False  # a "Bad hardware status": likely, not certainly, out of memory
+
+
+def _bytes(number: str, unit: str) -> int:
+    return int(float(number) * _UNITS[unit.upper()[:1] if unit else ""])
+
+
+def size_text(count: int | None) -> str:
+    return "unknown" if count is None else f"{count / 2**30:.2f} GiB"
+
+
+def _find(pattern: str, text: str) -> int | None:
+    match = re.search(pattern, text)
+    return _bytes(match.group(1), match.group(2)) if match else None
+
+
+def _tensor_bytes(text: str) -> int | None:
+    match = re.search(r"OOM when allocating tensor with shape\[([\d,\s]*)\] and type (\w+)", text)
+    if not match:
+        return None
+    count = math.prod(int(d) for d in match.group(1).replace(" ", "").split(",") if d)
+    return count * _DTYPE_BYTES.get(match.group(2), 4)
+
+
+def _runtime_words(text: str) -> str:
+    for pattern in (r"Ran out of memory in memory space hbm[^\n;]*", r"Attempting to reserve [^\n;]*",
+                    r"Attempting to allocate [^\n;]*", r"Out of memory while trying to allocate [^\n;]*",
+                    r"OOM when allocating tensor with shape\[[^\]]*\][^\n;]*?(?= on |$)", r"CUDA out of memory[^\n]*",
+                    r"Bad hardware status[^\n;]*"):
+        match = re.search(pattern, text)
+        if match:
+            return match.group(0).strip()[:240]
+    return text.strip().splitlines()[0][:240] if text.strip() else ""
+
+
+def device_out_of_memory(err: BaseException) -> OutOfMemory | None:
+    """The out of memory a runtime's exception reports (it or what caused it), or None where it is something else."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        found = _read(err)
+        if found is not None:
+            return found
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def _read(err: BaseException) -> OutOfMemory | None:
+    if isinstance(err, MemoryError | OSError) or isinstance(err, UserError):  # the host's memory, a disk, ours
+        return None
+    text = str(err)
+    if "No space left on device" in text:  # TensorFlow's ResourceExhaustedError for a full disk
+        return None
+    kind = type(err).__name__
+    hbm = re.search(rf"Ran out of memory in memory space hbm\. Used {_SIZE} of {_SIZE} hbm", text)
+    if hbm:
+        return OutOfMemory(_bytes(*hbm.group(1, 2)), _bytes(*hbm.group(3, 4)), None, _runtime_words(text))
+    reserve = _find(rf"Attempting to (?:reserve|allocate) {_SIZE}", text)
+    if reserve is not None:
+        capacity = _find(rf"HBM capacity {_SIZE}", text)
+        return OutOfMemory(reserve, capacity, _find(rf"There are {_SIZE} free", text), _runtime_words(text))
+    allocate = re.search(r"Out of memory while trying to allocate (\d+) bytes", text)
+    if allocate:
+        return OutOfMemory(int(allocate.group(1)), None, None, _runtime_words(text))
+    if "OOM when allocating tensor" in text:
+        return OutOfMemory(_tensor_bytes(text), None, None, _runtime_words(text))
+    if "CUDA out of memory" in text or kind == "OutOfMemoryError":
+        capacity = (_find(rf"total capacity of {_SIZE}", text) or _find(rf"{_SIZE} total capacity", text))
+        free = _find(rf"of which {_SIZE} is free", text) or _find(rf"{_SIZE} free", text)
+        return OutOfMemory(_find(rf"Tried to allocate {_SIZE}", text), capacity, free, _runtime_words(text))
+    if "Bad hardware status" in text:
+        return OutOfMemory(None, None, None, _runtime_words(text), likely=True)
+    exhausted = kind == "ResourceExhaustedError" or "RESOURCE_EXHAUSTED" in text or "Resource exhausted" in text
+    if exhausted and re.search(r"memory|hbm|allocat", text, re.IGNORECASE):
+        return OutOfMemory(None, None, None, _runtime_words(text))
+    return None
+
+
+def fitting_batch(per_replica: int, oom: OutOfMemory) -> int:
+    """The largest per-replica batch (a power of two below the one that failed) expected to fit: the batch scaled by
+    the room the device had over what the program asked for (activations grow with the batch), the room being what
+    was free where the runtime says (the weights and optimiser state hold the rest), else its capacity, with
+    HEADROOM; half the batch where the runtime gave no figures."""
+    room = (oom.free or oom.capacity or 0) * HEADROOM
+    ratio = room / oom.needed if room and oom.needed else 0.0
+    target = max(1, int(per_replica * (ratio if 0 < ratio < 1 else 0.5)))
+    return 2 ** int(math.log2(target))
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """What the line names of the run that ran out: where, what model, how large."""
+
+    fold: str  # fold<k>
+    model: str  # e.g. "efficientnet B5", "timm efficientnet_b3"
+    image_size: int
+    per_replica: int
+    replicas: int
+    precision: str
+    batch_key: str  # the config key a user sets: train.batch_size_per_replica or train.batch_size
+
+
+def out_of_memory_line(oom: OutOfMemory, shape: RunShape, phase: str) -> str:
+    """The one line a device's out of memory ends the run with."""
+    global_batch = shape.per_replica * shape.replicas
+    smaller = fitting_batch(shape.per_replica, oom)
+    if oom.needed and oom.free:
+        of = f" of the chip's {size_text(oom.capacity)}" if oom.capacity else ""
+        figures = f"it needed {size_text(oom.needed)} where {size_text(oom.free)}{of} was free"
+    elif oom.needed and oom.capacity:
+        figures = f"it needed {size_text(oom.needed)} where the chip has {size_text(oom.capacity)}"
+    elif oom.needed:
+        figures = f"it asked for {size_text(oom.needed)} more"
+    else:
+        figures = "the runtime gave no figures"
+    what = "likely ran out of memory (a 'Bad hardware status' after a large allocation is an out of memory in " \
+        "disguise)" if oom.likely else "ran out of memory"
+    new = smaller if shape.batch_key.endswith("per_replica") else smaller * shape.replicas
+    fix = (f"--set {shape.batch_key}={new} (expected to fit), or a smaller data.image_size or model"
+           if smaller < shape.per_replica else
+           "a batch of 1 per replica does not fit: a smaller data.image_size, or a smaller model")
+    return (f"{shape.fold}, {phase}: the device {what}: {shape.model} at {shape.image_size} px, batch "
+            f"{shape.per_replica} per replica x {shape.replicas} replica(s) = {global_batch}, {shape.precision}; "
+            f"{figures} ({oom.words}). Fix: {fix}; the fold's checkpoints are kept, and the same command with the "
+            "fix resumes from them")
+
+
+def model_name(model_cfg) -> str:
+    """The backbone as the line names it: its variant, architecture, or the last part of its path or handle (a
+    Kaggle Models handle's variation, not its version number)."""
+    def last(path: str) -> str:
+        parts = [part for part in path.split("/") if part]
+        return parts[-2] if len(parts) > 1 and parts[-1].isdigit() else (parts[-1] if parts else path)
+
+    return {"efficientnet": f"EfficientNet {model_cfg.efficientnet_variant}",
+            "hub": f"TF Hub {last(model_cfg.hub_handle)}", "keras": f"Keras backbone {last(model_cfg.keras_backbone)}",
+            "timm": f"timm {last(model_cfg.timm_model)}"}[model_cfg.backbone]
+
+
+class Phase:
+    """Where a fold is, for the line: set as it moves (build, compile and first step, training, validation, ...)."""
+
+    def __init__(self, now: str = "building the model"):
+        self.now = now
+
+
+@contextlib.contextmanager
+def named_out_of_memory(shape, phase: Phase):
+    """A device's out of memory inside the block ends the run as a DeviceMemoryError naming shape() (a RunShape, made
+    when it is needed) and the phase it met; anything else passes through untouched."""
+    try:
+        yield
+    except Exception as err:
+        oom = device_out_of_memory(err)
+        if oom is None:
+            raise
+        raise DeviceMemoryError(out_of_memory_line(oom, shape(), phase.now)) from None

@@ -1,0 +1,200 @@
+"""An accelerator's out of memory ends the run in one line (exit 2, no traceback) naming the batch, the image size,
+what was needed and what the chip has, and a batch expected to fit; the fold's checkpoints stay, and the rerun the
+line names trains. The messages are the runtimes' own, as the public reports quote them (common/training/memory.py);
+this CPU never runs out, so a test hook raises them where a device would: at the first step, or in validation."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from common.core.errors import guarded
+from common.launch.routes import torch_xla_missing
+from common.training.memory import OutOfMemory, device_out_of_memory, fitting_batch
+
+import pytest
+import tensorflow as tf
+
+from train_tpu.train import main as train_main
+
+REPO = Path(__file__).resolve().parents[1]
+GiB = 2**30
+
+# (the runtime's words, what is read from them: needed, capacity, free in GiB; the batch per replica it suggests
+# below 32)
+PUBLIC = {
+    "xla_tpu_compile": (  # pytorch/xla#3532, tensorflow/tpu#385
+        "RESOURCE_EXHAUSTED: Ran out of memory in memory space hbm. Used 29.80G of 7.98G hbm. Exceeded hbm capacity "
+        "by 21.82G.", (29.80, 7.98, None), 4),
+    "torch_xla_reserve": (  # pytorch/xla#1735
+        "Resource exhausted: From /job:tpu_worker/replica:0/task:0:\nAttempting to reserve 3.95G at the bottom of "
+        "memory. That was not possible. There are 1.92G free, 0B reserved, and 1.92G reservable.; \nHBM capacity "
+        "8.00G:\n       Top-of-Memory reserved:  529.00M", (3.95, 8.00, 1.92), 8),
+    "xla_allocate": (  # pytorch/xla#2569
+        "Resource exhausted: Attempting to allocate 180.59M. That was not possible. There are 142.58M free.; "
+        "(0x3x0_HBM1)", (180.59 / 1024, None, 142.58 / 1024), 16),
+    "jax_gpu": ("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 4294967296 bytes.", (4.0, None, None), 16),
+    "tensorflow_gpu": (
+        "OOM when allocating tensor with shape[256,112,112,32] and type float on "
+        "/job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc", (256 * 112 * 112 * 32 * 4 / GiB, None,
+                                                                             None), 16),
+    "torch_cuda": (
+        "CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 15.78 GiB total capacity; 13.10 GiB already "
+        "allocated; 1.20 GiB free; 13.50 GiB reserved in total by PyTorch)", (2.00, 15.78, 1.20), 16),
+}
+
+
+@pytest.mark.parametrize("runtime", list(PUBLIC))
+def test_each_runtimes_out_of_memory_is_read_with_its_figures(runtime):
+    words, figures, batch = PUBLIC[runtime]
+    oom = device_out_of_memory(RuntimeError(words))
+    assert oom is not None and not oom.likely
+    read = tuple(None if v is None else round(v / GiB, 2) for v in (oom.needed, oom.capacity, oom.free))
+    assert read == tuple(None if v is None else round(v, 2) for v in figures), read
+    assert fitting_batch(32, oom) == batch
+
+
+def test_what_is_not_the_devices_memory_is_left_alone():
+    disk = tf.errors.ResourceExhaustedError(None, None, "checkpoint_temp/part-0; No space left on device")
+    assert device_out_of_memory(disk) is None  # a full disk keeps its own line (common/core/atomic.py)
+    assert device_out_of_memory(MemoryError()) is None  # the host's memory
+    assert device_out_of_memory(RuntimeError("shapes (3,) and (4,) do not match")) is None
+    hardware = device_out_of_memory(RuntimeError("UnavailableError: Bad hardware status: 0x1"))
+    assert hardware == OutOfMemory(None, None, None, "Bad hardware status: 0x1", likely=True)
+    # Wrapped (a Keras callback re-raising, a distributed runtime's chain): the cause is read.
+    try:
+        try:
+            raise RuntimeError(PUBLIC["jax_gpu"][0])
+        except RuntimeError as err:
+            raise ValueError("an error in a callback") from err
+    except ValueError as outer:
+        assert device_out_of_memory(outer).needed == 4 * GiB
+
+
+def raising_at_the_first_step(monkeypatch, backend_class, error, above: int):
+    """backend_class.fit raising `error` where the batch per replica is above `above` (what a device would hold), as
+    a device raises at the first step; smaller batches train."""
+    fit = backend_class.fit
+
+    def fit_or_run_out(self, data, loop):
+        if self.plan.global_batch // self.plan.replicas > above:
+            raise error
+        return fit(self, data, loop)
+
+    monkeypatch.setattr(backend_class, "fit", fit_or_run_out)
+
+
+def settings(records: Path, out: Path, *extra: str) -> list[str]:
+    base = [f"runtime.tfrecords={records}", "data.image_size=16", "train.fold=0", "train.epochs=2",
+            "train.steps_per_epoch=2", "train.steps_per_execution=2", "train.batch_size_per_replica=32",
+            "train.export_float16=false", f"runtime.output_dir={out}", *extra]
+    return [a for s in base for a in ("--set", s)]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("route", ["tf_keras", "keras_jax"])
+def test_a_device_out_of_memory_is_one_line_and_the_rerun_it_names_trains(route, demo_records, tiny_backbone,
+                                                                          tiny_keras_backbone, tmp_path, monkeypatch,
+                                                                          capsys):
+    if route == "tf_keras":
+        from common.training.backends.tf_keras.backend import TFBackend as backend_class
+
+        error = tf.errors.ResourceExhaustedError(None, None, PUBLIC["tensorflow_gpu"][0])
+        model = [f"model.hub_handle={tiny_backbone}"]
+    else:
+        from common.training.backends.keras_jax.backend import JaxBackend as backend_class
+
+        from jax.errors import JaxRuntimeError
+
+        error = JaxRuntimeError(PUBLIC["xla_tpu_compile"][0])
+        model = ["train.framework=keras_jax", "model.backbone=keras", f"model.keras_backbone={tiny_keras_backbone}"]
+    raising_at_the_first_step(monkeypatch, backend_class, error, above=16)
+    argv = settings(demo_records[0], tmp_path / "out", *model)
+    assert guarded("train", train_main, argv) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("train: error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    line = lines[0]
+    assert re.search(r"train: error: fold0, compiling and running the first training step: the device ran out of "
+                     r"memory: (TF Hub tiny_backbone|Keras backbone tiny_backbone.keras) at 16 px, batch 32 per "
+                     r"replica x 2 replica\(s\) = 64, float32; ", line), line
+    if route == "tf_keras":
+        assert "it asked for 0.38 GiB more (OOM when allocating tensor with shape[256,112,112,32] and type float)" \
+            in line, line
+        fix = 16
+    else:
+        assert "it needed 29.80 GiB where the chip has 7.98 GiB (Ran out of memory in memory space hbm. " \
+            "Used 29.80G of 7.98G hbm. Exceeded hbm capacity by 21.82G.)" in line, line
+        fix = 4
+    assert f"Fix: --set train.batch_size_per_replica={fix} (expected to fit)" in line, line
+    assert not (tmp_path / "out" / "export" / "fold0").exists()
+
+    # The rerun the line names.
+    assert train_main([*argv, "--set", f"train.batch_size_per_replica={fix}"]) == 0
+    card = json.loads((tmp_path / "out" / "export" / "fold0" / "model_card.json").read_text())
+    assert card["complete"] is True and card["config"]["train"]["batch_size_per_replica"] == fix
+
+
+@pytest.mark.e2e
+def test_an_out_of_memory_in_validation_keeps_the_checkpoints_and_the_rerun_resumes_from_them(
+        demo_records, tiny_backbone, tmp_path, monkeypatch, capsys):
+    """The device runs out after epoch 1 was checkpointed (scoring epoch 2): the line names that phase, epoch 1's
+    checkpoint is where it was, and the same command with the fix resumes after epoch 1."""
+    from common.training.backends.tf_keras.backend import TFBackend
+
+    predict, calls = TFBackend.predict, []
+
+    def predict_or_run_out(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2 and self.plan.global_batch // self.plan.replicas > 16:
+            raise tf.errors.ResourceExhaustedError(None, None, PUBLIC["tensorflow_gpu"][0])
+        return predict(self, *args, **kwargs)
+
+    monkeypatch.setattr(TFBackend, "predict", predict_or_run_out)
+    argv = settings(demo_records[0], tmp_path / "out", f"model.hub_handle={tiny_backbone}")
+    assert guarded("train", train_main, argv) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("train: error: fold0, validation after epoch 2: the device ran out of memory: "), line
+    progress = tmp_path / "out" / "work" / "fold0" / "checkpoints" / "progress.json"
+    assert json.loads(progress.read_text()) == {"epochs_done": 1}
+    calls.clear()
+    assert train_main([*argv, "--set", "train.batch_size_per_replica=16"]) == 0
+    assert "[train] resuming from the checkpoint after epoch 1" in capsys.readouterr().out
+    assert (tmp_path / "out" / "export" / "fold0" / "model_card.json").is_file()
+
+
+# torch_xla in a child (imported before TensorFlow): its step raises the message pytorch/xla#1735 quotes.
+TORCH_OUT_OF_MEMORY = """
+import sys
+import torch, torch_xla  # before anything imports TensorFlow
+from common.core.errors import guarded
+from common.launch.routes import torch_xla_missing
+import common.training.backends.torch_xla.backend as torch_backend
+from train_tpu.train import main
+
+def step(self, images, targets):
+    raise RuntimeError(sys.argv[1])
+
+torch_backend.TorchXlaBackend._step = step
+sys.exit(guarded("train", main, sys.argv[2:]))
+"""
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(bool(torch_xla_missing()), reason="./dev test installs the torch extra")
+def test_torch_xlas_out_of_memory_at_its_first_step_is_one_line(demo_records, tiny_timm_backbone, tmp_path):
+    argv = settings(demo_records[0], tmp_path / "out", "train.framework=torch_xla", "model.backbone=timm",
+                    f"model.timm_model={tiny_timm_backbone}")
+    run = subprocess.run([sys.executable, "-c", TORCH_OUT_OF_MEMORY, PUBLIC["torch_xla_reserve"][0], *argv],
+                         cwd=REPO, capture_output=True, text=True, timeout=600,
+                         env={k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"})
+    assert run.returncode == 2, (run.stdout + run.stderr)[-3000:]
+    assert "Traceback" not in run.stderr, run.stderr[-3000:]
+    line = run.stderr.strip().splitlines()[-1]
+    assert line.startswith("train: error: fold0, compiling and running the first training step: the device ran out "
+                           "of memory: timm tiny_timm at 16 px, batch 32 per replica x 1 replica(s) = 32, float32; "
+                           "it needed 3.95 GiB where 1.92 GiB of the chip's 8.00 GiB was free (Attempting to reserve "
+                           "3.95G at the bottom of memory. That was not possible. There are 1.92G free, 0B reserved, "
+                           "and 1.92G reservable.). Fix: --set train.batch_size_per_replica=8 (expected to fit)"), line
