@@ -149,8 +149,8 @@ def test_the_training_kernel_whose_float16_signature_misses_exits_0_with_a_verif
 
     monkeypatch.setattr("common.export.writer.FLOAT16_TOLERANCE", 0.0)
     settings = [f"runtime.tfrecords={demo_records[0]}", "model.backbone=efficientnet",
-                "model.efficientnet_weights=none", "data.image_size=32", "train.fold=0", "train.epochs=1", "train.steps_per_epoch=1",
-                "train.batch_size_per_replica=8", f"runtime.output_dir={tmp_path}"]
+                "model.efficientnet_weights=none", "data.image_size=32", "train.fold=0", "train.epochs=1",
+                "train.steps_per_epoch=1", "train.batch_size_per_replica=8", f"runtime.output_dir={tmp_path}"]
     assert train_main([a for s in settings for a in ("--set", s)]) == 0
     log = capsys.readouterr().out
     card = json.loads((tmp_path / "export" / "fold0" / "model_card.json").read_text())
