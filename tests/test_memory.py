@@ -198,3 +198,49 @@ def test_torch_xlas_out_of_memory_at_its_first_step_is_one_line(demo_records, ti
                            "it needed 3.95 GiB where 1.92 GiB of the chip's 8.00 GiB was free (Attempting to reserve "
                            "3.95G at the bottom of memory. That was not possible. There are 1.92G free, 0B reserved, "
                            "and 1.92G reservable.). Fix: --set train.batch_size_per_replica=8 (expected to fit)"), line
+
+
+@pytest.mark.e2e
+def test_keras_jax_weighs_its_compiled_step_against_the_device_and_auto_trains_at_the_largest_batch_that_fits(
+        demo_records, tiny_keras_backbone, tmp_path, capsys):
+    """runtime.device_memory=2MB, below what the tiny backbone's step needs at 128 per replica (about 5 MiB on this
+    CPU; 2 MiB is a v5e chip's 16 GB scaled to a 16 px model): the compiled step, weighed before training, ends the
+    run in the line; the batch it names trains; and auto finds the largest power of two that fits in at most three
+    compiles, the chosen step then taken from the compile cache by fit."""
+    model = ["train.framework=keras_jax", "model.backbone=keras", f"model.keras_backbone={tiny_keras_backbone}",
+             "runtime.device_memory=2MB", f"runtime.compile_cache={tmp_path / 'cache'}"]
+    argv = settings(demo_records[0], tmp_path / "out", *model, "train.batch_size_per_replica=128")
+    assert guarded("train", train_main, argv) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    found = re.fullmatch(r"train: error: fold0, checking the compiled training step's memory: the device ran out of "
+                         r"memory: Keras backbone tiny_backbone.keras at 16 px, batch 128 per replica x 2 replica\(s\) "
+                         r"= 256, float32; it needed ([\d.]+) MiB where the chip has 1.91 MiB \(the compiled training "
+                         r"step needs [\d.]+ MiB, runtime.device_memory=2MB\)\. Fix: --set "
+                         r"train.batch_size_per_replica=(\d+) \(expected to fit\), .*", line)
+    assert found, line
+    needed, fix = float(found.group(1)), int(found.group(2))
+    assert needed > 1.91 and fix < 128 and fix & (fix - 1) == 0, (needed, fix)
+    assert not (tmp_path / "out" / "export").exists() and not (tmp_path / "out" / "work" / "fold0" / "checkpoints"
+                                                                / "progress.json").exists()
+    assert train_main([*argv, "--set", f"train.batch_size_per_replica={fix}"]) == 0  # the rerun the line names
+    assert json.loads((tmp_path / "out" / "export" / "fold0" / "model_card.json").read_text())["complete"] is True
+    capsys.readouterr()
+
+    auto = settings(demo_records[0], tmp_path / "auto", *model, "train.batch_size_per_replica=auto")
+    assert train_main(auto) == 0
+    log = capsys.readouterr().out
+    card = json.loads((tmp_path / "auto" / "export" / "fold0" / "model_card.json").read_text())
+    memory = card["runtime"]["batch_memory"]
+    chosen = memory["batch_per_replica"]
+    assert memory["capacity_bytes"] == 2_000_000 and memory["capacity_from"] == "runtime.device_memory=2MB"
+    assert memory["needed_bytes"] <= 0.85 * 2_000_000 < memory["compiled"]["128"], memory
+    assert len(memory["compiled"]) <= 3 and str(chosen) in memory["compiled"]
+    # The next power of two would not fit, on the line through the smallest and largest batches compiled.
+    points = sorted((int(b), n) for b, n in memory["compiled"].items())
+    (low, low_need), (high, high_need) = points[0], points[-1]
+    assert low_need + (high_need - low_need) / (high - low) * (2 * chosen - low) > 0.85 * 2_000_000, memory
+    assert f"[train] batch: auto chose {chosen} per replica, whose compiled training step needs " in log
+    assert f"global batch {2 * chosen} (2 replicas)" in log
+    assert card["complete"] is True and card["verification"]["max_abs_diff"]["float32"] < 1e-5
+    epoch1 = next(x for x in log.splitlines() if x.startswith("[train] epoch 1:"))
+    assert re.search(r"compile [\d.]+ s \(\d+ program\(s\), [1-9]\d* from the cache\)", epoch1), epoch1

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from common.core.candidates import TPU_PACKAGES
 from common.core.errors import ConfigError
-from common.core.fields import field_value, one_of, supplied, supplied_checks, within
+from common.core.fields import field_value, memory_size, one_of, supplied, supplied_checks, within
 
 TTA_NAMES = ("identity", "flip_left_right", "flip_up_down", "rotate90", "rotate180", "rotate270", "transpose")
 
@@ -111,7 +111,7 @@ class ModelConfig:
 @dataclass
 class TrainConfig:
     epochs: int = within(10, "[1, inf)")  # epochs per fold
-    batch_size_per_replica: int = within(16, "[1, inf)")  # global batch = this x replicas (8 TPU cores -> 128)
+    batch_size_per_replica: int | str = within(16, "[1, inf)", word="auto")  # noqa: E501  # global batch = this x replicas (8 TPU cores -> 128); auto: the largest power of two up to 128 that fits the device's memory (docs/training.md)
     batch_size: int = within(0, "[0, inf)")  # > 0: the global batch instead; must divide over the replicas
     steps_per_epoch: int = within(0, "[0, inf)")  # noqa: E501  # 0 = one pass over the training records; > 0 caps it (quick local runs)
     learning_rate: float = within(1e-3, "(0, inf)")  # noqa: E501  # for a global batch of lr_reference_batch; scaled linearly with the global batch
@@ -194,6 +194,7 @@ class RuntimeConfig:
     scratch_dir: str = ""  # noqa: E501  # records converted in-kernel, checkpoints (a gs:// output keeps those); "" = /kaggle/temp on Kaggle, else output_dir
     compile_cache: str = ""  # noqa: E501  # compiled programs kept for later folds and runs (keras_jax, torch_xla): a local folder, off, or "" = $TPU2GPU_COMPILE_CACHE, else compile-cache/ in the scratch folder
     multihost: bool = False  # noqa: E501  # a Cloud TPU VM pod slice (keras_jax): JAX's distributed runtime finds the other hosts; several GPU nodes set KERAS_DISTRIBUTION_* instead
+    device_memory: str = memory_size()  # noqa: E501  # memory of one device (a chip, a GPU), e.g. 16GB: what train.batch_size_per_replica=auto plans in, and what keras_jax checks its compiled step against; "" = what the device reports (none on the CPU)
     host_timeout_seconds: int = within(60, "[10, 3600]")  # noqa: E501  # several processes: a host silent this long ends the job (JAX's coordination heartbeat)
 
 

@@ -32,11 +32,31 @@ BOOLEAN_WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": Fa
 INTERVAL = re.compile(r"([\[(])(-inf|-?[\d.]+), (inf|-?[\d.]+)([\])])")
 
 
-def within(default: float, interval: str) -> Any:
-    """A number field whose values must lie in `interval`."""
+def within(default: float, interval: str, word: str | None = None) -> Any:
+    """A number field whose values must lie in `interval`; with `word` (annotated `int | str`), that word too."""
     if not INTERVAL.fullmatch(interval):
         raise ValueError(f"interval {interval!r} must look like [0, 1] or (0, inf)")
-    return field(default=default, metadata={"range": interval})
+    return field(default=default, metadata={"range": interval, **({"word": word} if word else {})})
+
+
+SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)", re.IGNORECASE)
+_SIZE_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20,
+               "gib": 2**30, "tib": 2**40}
+
+
+def byte_size(text: str) -> int | None:
+    """'16GB' -> 16e9, '15.75GiB' -> bytes; '' -> None (not set). Raises ValueError for anything else."""
+    if not text:
+        return None
+    match = SIZE.fullmatch(text.strip())
+    if not match:
+        raise ValueError(text)
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+
+
+def memory_size(default: str = "") -> Any:
+    """A str field holding an amount of memory ('16GB', '15.75GiB') or '' (not set)."""
+    return field(default=default, metadata={"size": True})
 
 
 def one_of(default: Any, choices: Any, items: str = "values") -> Any:
@@ -86,6 +106,20 @@ def in_range(value: float, interval: str) -> bool:
 
 def field_value(key: str, value: Any, f: dataclasses.Field, annotation: Any) -> Any:
     """`value` as the field `f` of type `annotation` holds it, or ConfigError naming `key` and what it takes."""
+    word = f.metadata.get("word")
+    if word is not None:  # int | str: the number, or the word
+        if value == word:
+            return value
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ConfigError(f"config key '{key}' must be an integer or '{word}', got {value!r}")
+        annotation = int
+    if f.metadata.get("size"):
+        try:
+            byte_size(str(value))
+        except ValueError:
+            raise ConfigError(f"config key '{key}' is {value!r}, not an amount of memory. Fix: a number and a unit, "
+                              "e.g. 16GB, 15.75GiB or 512MB, or '' to leave it to the device") from None
+        return str(value)
     choices = choices_of(f, annotation)
     if choices and typing.get_origin(annotation) is not tuple:
         if value not in choices:

@@ -17,6 +17,7 @@ with the next epoch; the history keeps every epoch once.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import gc
 import json
 import math
@@ -26,13 +27,25 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.core.errors import DataError
+from common.core.errors import ConfigError, DataError
 from common.data.pipeline import InputShare, make_train_dataset, read_ids_and_labels
 from common.tasks.parts import is_better
 from common.training.backends.base import Backend, EpochLoop
 from common.training.budget import cut_message, cuts_after
 from common.training.compile_cache import CompileCount
-from common.training.memory import Phase, RunShape, model_name, named_out_of_memory
+from common.training.memory import (
+    AUTO_LARGEST,
+    FIRST_STEP,
+    DeviceMemoryError,
+    OutOfMemory,
+    Phase,
+    RunShape,
+    largest_fitting_batch,
+    model_name,
+    named_out_of_memory,
+    out_of_memory_line,
+    size_text,
+)
 from common.training.plan import FoldPlan, needs_train_labels, plan_fold
 
 import numpy as np
@@ -312,17 +325,100 @@ def train_fold(cfg, backend, records, work_dir: Path, deadline: float,
     work_dir = Path(work_dir)
     (work_dir / "best").mkdir(parents=True, exist_ok=True)
     labels = read_ids_and_labels(records.train_files, records.schema, True)[1] if needs_train_labels(cfg) else None
+    auto = cfg.train.batch_size_per_replica == "auto"
+    if auto:
+        cfg = choose_batch(cfg, records, backend, labels, work_dir.name)
     plan = plan_fold(cfg, records, backend.replicas, labels)
+    if not auto and cfg.runtime.device_memory and hasattr(backend, "step_memory"):
+        check_step_fits(cfg, plan, backend, records, work_dir.name)
     print(plan.describe(records.train_count, records.val_count, cfg.train.keep), flush=True)
     if plan.class_weights:
         print("[train] class weights (balanced): " + ", ".join(
             f"{name} {w:.3f}" for name, w in zip(plan.class_names, plan.class_weights, strict=True)), flush=True)
 
     compiled_before = backend.compiled()
-    phase = Phase()
-    with named_out_of_memory(lambda: run_shape(cfg, plan, backend, work_dir.name), phase):
-        return _train_built_fold(cfg, backend, records, work_dir, deadline, checkpointed, plan, phase,
-                                 compiled_before)
+    retries = 2 if getattr(backend, "auto_started", False) else 0  # auto on tf_keras, torch_xla: choose_batch
+    while True:
+        phase = Phase()
+        try:
+            with named_out_of_memory(lambda cfg=cfg, plan=plan: run_shape(cfg, plan, backend, work_dir.name), phase):
+                return _train_built_fold(cfg, backend, records, work_dir, deadline, checkpointed, plan, phase,
+                                         compiled_before)
+        except DeviceMemoryError as err:
+            if not (retries and err.phase == FIRST_STEP and err.batch):
+                raise
+            retries -= 1
+            print(f"[train] batch: auto's {plan.global_batch // plan.replicas} per replica ran out of memory at the "
+                  f"first step; trying {err.batch} ({err})", flush=True)
+            cfg = with_batch(cfg, err.batch)
+            plan = plan_fold(cfg, records, backend.replicas, labels)
+            print(plan.describe(records.train_count, records.val_count, cfg.train.keep), flush=True)
+
+
+def with_batch(cfg, per_replica: int):
+    """cfg with train.batch_size_per_replica set to a number."""
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, batch_size_per_replica=per_replica))
+
+
+def batch_spec(cfg, records, plan: FoldPlan):
+    """The training pipeline's element spec at plan's batch (built, not read): what a compiled step takes."""
+    dataset = make_train_dataset(records.train_files, cfg.data, InputShare(plan.global_batch),
+                                 lambda labels: plan.task.target(labels, len(plan.class_names), plan.scaling),
+                                 records.schema, seed=cfg.train.seed)
+    return dataset.element_spec
+
+
+def choose_batch(cfg, records, backend, labels, fold: str):
+    """train.batch_size_per_replica=auto: cfg with the batch chosen. keras_jax compiles its training step ahead of time
+    and holds its memory against the device's (common/training/memory.py, at most three compiles); the other routes
+    start at AUTO_LARGEST and take the batch a device's out of memory names (train_fold's retries)."""
+    if cfg.train.batch_size:
+        raise ConfigError(f"train.batch_size={cfg.train.batch_size} sets the global batch, and "
+                          "train.batch_size_per_replica=auto would choose it. Fix: one of them (train.batch_size=0)")
+    if not hasattr(backend, "step_memory"):
+        print(f"[train] batch: auto starts at {AUTO_LARGEST} per replica; a device's out of memory at the first step "
+              "names the batch it tries next (at most twice)", flush=True)
+        backend.auto_started = True
+        return with_batch(cfg, AUTO_LARGEST)
+    capacity, source = backend.device_memory()
+    if capacity is None:
+        raise ConfigError(f"train.batch_size_per_replica=auto plans within a device's memory, and the {source}. Fix: "
+                          "runtime.device_memory=16GB (one TPU v5e chip) or your own cap, or a number for the batch")
+
+    def measure(per_replica: int) -> int:
+        trial = with_batch(cfg, per_replica)
+        plan = plan_fold(trial, records, backend.replicas, labels)
+        try:
+            return backend.step_memory(plan, batch_spec(trial, records, plan))
+        finally:
+            backend.release()
+
+    choice = largest_fitting_batch(measure, capacity)
+    if choice.per_replica is None:
+        shape = run_shape(with_batch(cfg, 1), plan_fold(with_batch(cfg, 1), records, backend.replicas, labels),
+                          backend, fold)
+        oom = OutOfMemory(min(choice.needs.values()), capacity, None,
+                          f"the compiled training step needs {size_text(min(choice.needs.values()))}, {source}")
+        raise DeviceMemoryError(out_of_memory_line(oom, shape, "choosing a batch (train.batch_size_per_replica=auto)"))
+    print(choice.describe(source), flush=True)
+    backend.batch_memory = choice.record(source)
+    return with_batch(cfg, choice.per_replica)
+
+
+def check_step_fits(cfg, plan: FoldPlan, backend, records, fold: str) -> None:
+    """With runtime.device_memory set, keras_jax holds its compiled training step against it before training: a
+    program that does not fit ends in the out-of-memory line here, not at the first step."""
+    capacity, source = backend.device_memory()
+    try:
+        needed = backend.step_memory(plan, batch_spec(cfg, records, plan))
+    finally:
+        backend.release()
+    backend.batch_memory = {"batch_per_replica": plan.global_batch // plan.replicas, "needed_bytes": needed,
+                            "capacity_bytes": capacity, "capacity_from": source}
+    if needed > capacity:
+        oom = OutOfMemory(needed, capacity, None, f"the compiled training step needs {size_text(needed)}, {source}")
+        raise DeviceMemoryError(out_of_memory_line(oom, run_shape(cfg, plan, backend, fold),
+                                                   "checking the compiled training step's memory"))
 
 
 def run_shape(cfg, plan: FoldPlan, backend, fold: str) -> RunShape:
@@ -355,7 +451,7 @@ def _train_built_fold(cfg, backend, records, work_dir: Path, deadline: float, ch
         monitor = EpochMonitor(cfg, plan, backend, Scoring(validation, predict_val),
                                FoldWork(work_dir, initial_epoch, checkpointed), deadline, phase)
         if initial_epoch < plan.epochs:
-            phase.now = "compiling and running the first training step"
+            phase.now = FIRST_STEP
             data = backend.distribute(lambda ctx: make_train_dataset(
                 records.train_files, cfg.data, InputShare(plan.global_batch, ctx), to_target, records.schema,
                 seed=cfg.train.seed))

@@ -34,8 +34,16 @@ _DTYPE_BYTES = {"float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2
 _SIZE = r"([\d.]+)\s*([KMGT]?)(?:i?B)?"
 
 
+FIRST_STEP = "compiling and running the first training step"  # the phase auto's retries answer (train_fold)
+
+
 class DeviceMemoryError(UserError, RuntimeError):
-    """The accelerator ran out of memory: the batch, the image size or the model is larger than the chip holds."""
+    """The accelerator ran out of memory: the batch, the image size or the model is larger than the chip holds.
+    `phase` where it met it, `batch` the per-replica batch expected to fit (None: not even 1)."""
+
+    def __init__(self, line: str, phase: str = "", batch: int | None = None):
+        super().__init__(line)
+        self.phase, self.batch = phase, batch
 
 
 @dataclass(frozen=True)
@@ -54,7 +62,13 @@ def _bytes(number: str, unit: str) -> int:
 
 
 def size_text(count: int | None) -> str:
-    return "unknown" if count is None else f"{count / 2**30:.2f} GiB"
+    """Bytes as the runtimes print them (2**30 a GiB), in the largest unit that keeps a whole number in front."""
+    if count is None:
+        return "unknown"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if count >= size:
+            return f"{count / size:.2f} {unit}"
+    return f"{count} B"
 
 
 def _find(pattern: str, text: str) -> int | None:
@@ -202,4 +216,57 @@ def named_out_of_memory(shape, phase: Phase):
         oom = device_out_of_memory(err)
         if oom is None:
             raise
-        raise DeviceMemoryError(out_of_memory_line(oom, shape(), phase.now)) from None
+        run = shape()
+        smaller = fitting_batch(run.per_replica, oom)
+        raise DeviceMemoryError(out_of_memory_line(oom, run, phase.now), phase.now,
+                                smaller if smaller < run.per_replica else None) from None
+
+
+# ----------------------------------------------------------------------------- train.batch_size_per_replica=auto
+AUTO_LARGEST = 128  # the per-core batch the TPU guides recommend: auto looks no higher
+AUTO_PROBE = 8  # auto's second compile, where the largest does not fit: two points give the step's growth per image
+
+
+@dataclass(frozen=True)
+class BatchChoice:
+    """What auto chose and why: the per-replica batch (None: not even 1 fits), what each compiled batch needs per
+    device, and the device's memory."""
+
+    per_replica: int | None
+    needs: dict[int, int]  # per-replica batch -> bytes its compiled training step needs on one device
+    capacity: int
+
+    def record(self, source: str) -> dict:
+        """The card's record (runtime.batch_memory)."""
+        return {"batch_per_replica": self.per_replica, "needed_bytes": self.needs.get(self.per_replica),
+                "capacity_bytes": self.capacity, "capacity_from": source, "headroom": HEADROOM,
+                "compiled": {str(b): n for b, n in self.needs.items()}}
+
+    def describe(self, source: str) -> str:
+        tried = ", ".join(f"{b}: {size_text(n)}" for b, n in sorted(self.needs.items()))
+        return (f"[train] batch: auto chose {self.per_replica} per replica, whose compiled training step needs "
+                f"{size_text(self.needs.get(self.per_replica))} of the device's {size_text(self.capacity)} "
+                f"({source}; planned within {HEADROOM:.0%}); compiled per replica: {tried}")
+
+
+def largest_fitting_batch(measure, capacity: int) -> BatchChoice:
+    """The largest power of two up to AUTO_LARGEST whose training step fits `capacity` with HEADROOM, in at most three
+    compiles (measure(per_replica) -> bytes its compiled step needs): the largest first; where it does not fit, a
+    small one, the line through both (activations grow with the batch, weights do not) names the candidate, and a
+    third compile checks it (one that misses takes the next power down, as the line would)."""
+    room = capacity * HEADROOM
+    needs = {AUTO_LARGEST: measure(AUTO_LARGEST)}
+    if needs[AUTO_LARGEST] <= room:
+        return BatchChoice(AUTO_LARGEST, needs, capacity)
+    needs[AUTO_PROBE] = measure(AUTO_PROBE)
+    slope = (needs[AUTO_LARGEST] - needs[AUTO_PROBE]) / (AUTO_LARGEST - AUTO_PROBE)
+    fixed = needs[AUTO_PROBE] - slope * AUTO_PROBE
+    candidates = [2**k for k in range(int(math.log2(AUTO_LARGEST)), -1, -1)]
+    predicted = next((b for b in candidates if fixed + slope * b <= room), None)
+    if predicted is None:
+        return BatchChoice(None, needs, capacity)
+    if predicted not in needs:
+        needs[predicted] = measure(predicted)
+    if needs[predicted] <= room:
+        return BatchChoice(predicted, needs, capacity)
+    return BatchChoice(predicted // 2 or None, needs, capacity)

@@ -65,6 +65,7 @@ class JaxBackend:
     name = "keras_jax"
     hosts = ONE_PROCESS  # __init__ sets the job's
     compile_cache: CompileCache | None = None  # open_compile_cache sets the run's
+    batch_memory: dict | None = None  # the compiled step's memory against the device's, where it was weighed (fold.py)
 
     def __init__(self, cfg, hosts: Hosts = ONE_PROCESS):
         if cfg.train.loop != "fit":
@@ -117,6 +118,38 @@ class JaxBackend:
                            steps_per_execution=self.steps_per_execution)
         optimizer.build(self.model.trainable_variables)
 
+    def step_memory(self, plan, batch_spec) -> int:
+        """Bytes one device needs for the training step at `plan`'s batch: the model and optimiser built for the plan,
+        the step Keras' fit compiles (jit of train_step, the state donated, its shardings) lowered for batches of
+        `batch_spec` (the pipeline's element spec) and compiled ahead of time; its memory analysis (arguments,
+        outputs not aliased to them, temporaries). The compiled program goes to the compile cache like fit's."""
+        from keras.src.backend.jax.trainer import _distribute_data
+
+        self.build(plan)
+        model = self.model
+        batch = tuple(np.zeros([plan.global_batch // self.hosts.count, *spec.shape[1:]], spec.dtype.as_numpy_dtype)
+                      for spec in batch_spec)
+        model._symbolic_build(data_batch=batch)  # the compiled metrics' variables, as fit builds them first
+        state = model._get_jax_state(trainable_variables=True, non_trainable_variables=True,
+                                     optimizer_variables=True, metrics_variables=True)
+        shardings = (None, model._get_state_sharding_spec()) if keras.distribution.distribution() else None
+        step = jax.jit(model.train_step, donate_argnums=0, out_shardings=shardings)
+        analysis = step.lower(state, _distribute_data(batch)).compile().memory_analysis()
+        return int(analysis.argument_size_in_bytes + analysis.output_size_in_bytes - analysis.alias_size_in_bytes
+                   + analysis.temp_size_in_bytes)
+
+    def device_memory(self) -> tuple[int | None, str]:
+        """(bytes one device holds, where that figure comes from): runtime.device_memory where set, else what the
+        device reports (JAX's memory_stats bytes_limit: GPUs and TPUs), else (None, why)."""
+        from common.core.fields import byte_size
+
+        if self.cfg.runtime.device_memory:
+            return byte_size(self.cfg.runtime.device_memory), f"runtime.device_memory={self.cfg.runtime.device_memory}"
+        stats = self.devices[0].memory_stats() or {}
+        if stats.get("bytes_limit"):
+            return int(stats["bytes_limit"]), f"{self.devices[0].device_kind}'s own report"
+        return None, f"{self.devices[0].device_kind} ({self.platform}) reports no memory size"
+
     def _steps_per_execution(self, steps_per_epoch: int) -> int:
         """train.steps_per_execution, or the largest divisor of the epoch below it: Keras 3's JAX trainer finishes
         every execution it starts (keras/src/backend/jax/trainer.py), so an execution that crossed the epoch's end
@@ -160,7 +193,8 @@ class JaxBackend:
                 "steps_per_execution": self.steps_per_execution, "processes": self.hosts.count,
                 "process_index": self.hosts.index, "local_devices": local_devices(self.hosts, self.devices),
                 "tensorflow": tf.__version__, "tpu_stack": fallback_record(),
-                "compile_cache": str(self.compile_cache.folder) if self.compile_cache else "off"}
+                "compile_cache": str(self.compile_cache.folder) if self.compile_cache else "off",
+                **({"batch_memory": self.batch_memory} if self.batch_memory else {})}
 
     def precision(self) -> dict[str, str]:
         return {"policy": self.policy, **precision_by_part(self.model)}
