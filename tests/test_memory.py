@@ -12,7 +12,15 @@ from pathlib import Path
 
 from common.core.errors import guarded
 from common.launch.routes import torch_xla_missing
-from common.training.memory import OutOfMemory, device_out_of_memory, fitting_batch
+from common.training.memory import (
+    OutOfMemory,
+    describe_peak,
+    device_out_of_memory,
+    fitting_batch,
+    jax_peak,
+    peak_record,
+    tensorflow_peak,
+)
 
 import pytest
 import tensorflow as tf
@@ -73,6 +81,27 @@ def test_what_is_not_the_devices_memory_is_left_alone():
         assert device_out_of_memory(outer).needed == 4 * GiB
 
 
+class FakeDevice:
+    def __init__(self, stats):
+        self.stats = stats
+
+    def memory_stats(self):
+        return self.stats
+
+
+def test_peak_memory_is_read_where_the_runtime_keeps_it_and_said_nowhere_else():
+    """JAX's memory_stats as a GPU's devices give it (the busiest device's peak against its limit); the CPU's None,
+    and TensorFlow's CPU, give no record, so no line."""
+    gpu = {"bytes_in_use": 3 * GiB, "peak_bytes_in_use": 12 * GiB, "bytes_limit": 16 * GiB}
+    record = jax_peak([FakeDevice({**gpu, "peak_bytes_in_use": 9 * GiB}), FakeDevice(gpu)])
+    assert record == {"peak_bytes": 12 * GiB, "capacity_bytes": 16 * GiB,
+                      "from": "JAX memory_stats, the busiest device, since the process started"}
+    assert describe_peak(record) == ("device memory peak 12.00 GiB of 16.00 GiB (JAX memory_stats, the busiest "
+                                     "device, since the process started)")
+    assert jax_peak([FakeDevice(None), FakeDevice(None)]) is None
+    assert tensorflow_peak(["/job:localhost/replica:0/task:0/device:CPU:0"]) is None
+
+
 def raising_at_the_first_step(monkeypatch, backend_class, error, above: int):
     """backend_class.fit raising `error` where the batch per replica is above `above` (what a device would hold), as
     a device raises at the first step; smaller batches train."""
@@ -121,7 +150,7 @@ def test_a_device_out_of_memory_is_one_line_and_the_rerun_it_names_trains(route,
                      r"memory: (TF Hub tiny_backbone|Keras backbone tiny_backbone.keras) at 16 px, batch 32 per "
                      r"replica x 2 replica\(s\) = 64, float32; ", line), line
     if route == "tf_keras":
-        assert "it asked for 0.38 GiB more (OOM when allocating tensor with shape[256,112,112,32] and type float)" \
+        assert "it asked for 392.00 MiB more (OOM when allocating tensor with shape[256,112,112,32] and type float)" \
             in line, line
         fix = 16
     else:
@@ -244,3 +273,30 @@ def test_keras_jax_weighs_its_compiled_step_against_the_device_and_auto_trains_a
     assert card["complete"] is True and card["verification"]["max_abs_diff"]["float32"] < 1e-5
     epoch1 = next(x for x in log.splitlines() if x.startswith("[train] epoch 1:"))
     assert re.search(r"compile [\d.]+ s \(\d+ program\(s\), [1-9]\d* from the cache\)", epoch1), epoch1
+
+
+@pytest.mark.e2e
+def test_auto_on_tf_keras_retries_at_the_batch_the_first_steps_out_of_memory_names(demo_records, tiny_backbone,
+                                                                                 tmp_path, monkeypatch, capsys):
+    """tf_keras cannot weigh its program ahead of time: auto starts at 128 per replica, and a first step that runs
+    out (here XLA's words, as a TPU says them) is retried at the batch its line names, before training starts."""
+    from common.training.backends.tf_keras.backend import TFBackend
+
+    error = tf.errors.ResourceExhaustedError(None, None, PUBLIC["xla_tpu_compile"][0])
+    raising_at_the_first_step(monkeypatch, TFBackend, error, above=16)
+    # This CPU keeps no peak (tensorflow_peak gives None here); a GPU's figures, as get_memory_info would give them.
+    monkeypatch.setattr(TFBackend, "peak_memory", lambda self: peak_record(11 * GiB, None, "a GPU's, in this test"))
+    argv = settings(demo_records[0], tmp_path / "out", f"model.hub_handle={tiny_backbone}",
+                    "train.batch_size_per_replica=auto")
+    assert train_main(argv) == 0
+    log = capsys.readouterr().out
+    assert "[train] fold 0: device memory peak 11.00 GiB (a GPU's, in this test)" in log
+    card = json.loads((tmp_path / "out" / "export" / "fold0" / "model_card.json").read_text())
+    assert card["runtime"]["peak_memory"] == {"peak_bytes": 11 * GiB, "capacity_bytes": None,
+                                              "from": "a GPU's, in this test"}
+    assert ("[train] batch: auto starts at 128 per replica; a device's out of memory at the first step names the "
+            "batch it tries next (at most twice)") in log
+    assert ("[train] batch: auto's 128 per replica ran out of memory at the first step; trying 16 (fold0, compiling "
+            "and running the first training step: the device ran out of memory: ") in log
+    assert "global batch 32 (2 replicas)" in log
+    assert json.loads((tmp_path / "out" / "export" / "fold0" / "model_card.json").read_text())["complete"] is True

@@ -21,6 +21,7 @@ from common.export.writer import ExportContents
 from common.tasks.reports import plot_confusion, plot_history
 from common.tasks.types import Task, get_task
 from common.training.budget import cut_record
+from common.training.memory import describe_peak
 
 import numpy as np
 
@@ -91,12 +92,15 @@ def export_fold(cfg, result, records, fold: int, export_dir: Path) -> ModelCard:
     print(f"[train] fold {fold}: validation {metric} {_shown(report[metric])} (epoch {result.best_epoch} of "
           f"{result.epochs_done}); " + ", ".join(f"{k} {_shown(v)}" for k, v in report.items() if k != metric),
           flush=True)
+    peak = backend.peak_memory() if hasattr(backend, "peak_memory") else None  # None where the runtime keeps none
+    if peak:
+        print(f"[train] fold {fold}: {describe_peak(peak)}", flush=True)
     card = ModelCard.create(
         task, records.class_names, cfg.data.image_size, fold=fold, label_type=records.label_type,
         record_schema=asdict(records.schema), source_images=records.source_images,
         metric={"name": metric, "value": report[metric]}, thresholds=thresholds, target_scaling=plan.scaling,
         class_weights=plan.class_weights, precision={"trained": backend.precision()},
-        runtime={**backend.runtime(), **compile_record(result.compiles)},
+        runtime={**backend.runtime(), **compile_record(result.compiles), **({"peak_memory": peak} if peak else {})},
         # A fold the budget cut exports its best epoch (train.keep=best); inference weighs it by infer.cut_folds.
         time_budget=cut_record(result.cut, result.epochs_done, plan.epochs, result.best_epoch,
                                cfg.train.time_budget_hours),

@@ -270,3 +270,55 @@ def largest_fitting_batch(measure, capacity: int) -> BatchChoice:
     if needs[predicted] <= room:
         return BatchChoice(predicted, needs, capacity)
     return BatchChoice(predicted // 2 or None, needs, capacity)
+
+
+# -------------------------------------------------------------------------------------------- peak device memory
+def peak_record(peak: int | None, capacity: int | None, source: str) -> dict | None:
+    """The card's runtime.peak_memory, None where the runtime reported no peak (the CPU)."""
+    if not peak:
+        return None
+    return {"peak_bytes": int(peak), "capacity_bytes": int(capacity) if capacity else None, "from": source}
+
+
+def describe_peak(record: dict) -> str:
+    """'peak 11.20 GiB of 15.75 GiB (source)': the fold summary's words."""
+    of = f" of {size_text(record['capacity_bytes'])}" if record.get("capacity_bytes") else ""
+    return f"device memory peak {size_text(record['peak_bytes'])}{of} ({record['from']})"
+
+
+def jax_peak(devices) -> dict | None:
+    """The busiest device's peak and capacity from JAX's memory_stats (GPUs and TPUs; None on the CPU). JAX keeps
+    the peak since the process started: a later fold's includes the earlier ones'."""
+    stats = [s for s in (device.memory_stats() for device in devices) if s and s.get("peak_bytes_in_use")]
+    if not stats:
+        return None
+    busiest = max(stats, key=lambda s: s["peak_bytes_in_use"])
+    return peak_record(busiest["peak_bytes_in_use"], busiest.get("bytes_limit"),
+                       "JAX memory_stats, the busiest device, since the process started")
+
+
+def tensorflow_peak(devices) -> dict | None:
+    """The busiest accelerator's peak from TensorFlow's get_memory_info (GPUs and TPUs; the CPU has none; TensorFlow
+    gives no capacity). `devices`: logical device names, e.g. ['/device:GPU:0']."""
+    import tensorflow as tf
+
+    peaks = []
+    for name in devices:
+        if "GPU" in name or "TPU" in name:
+            try:
+                peaks.append(tf.config.experimental.get_memory_info(name)["peak"])
+            except (ValueError, tf.errors.OpError):  # a device kind that keeps no figures
+                continue
+    return peak_record(max(peaks, default=0), None, "TensorFlow get_memory_info, the busiest device")
+
+
+def torch_xla_peak(device) -> dict | None:
+    """The peak and capacity torch_xla's get_memory_info reports for `device` (a TPU's; the CPU client keeps none)."""
+    import torch_xla.core.xla_model as xm
+
+    try:
+        info = xm.get_memory_info(device)
+    except (RuntimeError, ValueError, TypeError):  # the CPU client keeps no figures
+        return None
+    return peak_record(info.get("peak_bytes_used") or info.get("bytes_used"), info.get("bytes_limit"),
+                       "torch_xla get_memory_info")

@@ -49,6 +49,7 @@ from common.training.backends.keras_jax.hosts import (
 )
 from common.training.backends.keras_jax.model import build_keras_model, read_weight_arrays, save_weight_arrays
 from common.training.compile_cache import CompileCache, CompileCount
+from common.training.memory import jax_peak
 from common.training.plan import describe_executions, whole_executions
 
 import jax
@@ -198,6 +199,10 @@ class JaxBackend:
 
     def precision(self) -> dict[str, str]:
         return {"policy": self.policy, **precision_by_part(self.model)}
+
+    def peak_memory(self) -> dict | None:
+        """The devices' peak memory against their capacity, where JAX reports it (GPU, TPU)."""
+        return jax_peak(self.devices)
 
     # ------------------------------------------------------------------------------------------------ checkpoints
     def restore(self, directory: Path) -> int:

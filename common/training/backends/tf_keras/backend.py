@@ -40,6 +40,7 @@ from common.training.backends.tf_keras.model import (
     compile_model,
     import_hub,
 )
+from common.training.memory import tensorflow_peak
 
 import numpy as np
 import tensorflow as tf
@@ -92,6 +93,10 @@ class TFBackend:
 
         return {"framework": self.name, "steps_per_execution": self.cfg.train.steps_per_execution,
                 "tpu_stack": answered_stack()}
+
+    def peak_memory(self) -> dict | None:
+        """The replicas' peak memory, where TensorFlow reports it (GPU, TPU)."""
+        return tensorflow_peak(self.strategy.extended.worker_devices)
 
     def optimizer_steps(self) -> int:
         """Steps the optimiser has taken, by its own count (restored with a checkpoint). tf_keras' fit and the custom

@@ -30,6 +30,7 @@ from common.training.backends.base import ONE_PROCESS, EpochLoop
 from common.training.backends.torch_xla.export import export
 from common.training.backends.torch_xla.model import build_timm_model
 from common.training.compile_cache import CompileCache, CompileCount
+from common.training.memory import torch_xla_peak
 
 import numpy as np
 import torch
@@ -45,6 +46,14 @@ warnings.filterwarnings("ignore", message="The given NumPy array is not writable
                         module=__name__)
 
 CHECKPOINT = "checkpoint.pt"  # model, optimiser, step count and moving average; replaced whole after each epoch
+
+
+def stop_loader(batches) -> None:
+    """The background threads of an MpDeviceLoader's iterator closed and joined. torch_xla keeps its ParallelLoader
+    (the one with close()) as the iterator's _loader, with no public handle."""
+    loader = getattr(batches, "_loader", None)
+    if loader is not None and hasattr(loader, "close"):
+        loader.close()
 
 
 class TorchXlaBackend:
@@ -117,6 +126,10 @@ class TorchXlaBackend:
                 "platform": self.platform, "distribution": "SPMD data parallel" if self.devices > 1 else "none",
                 "graphs_compiled": compiles(), "tensorflow": tf.__version__,
                 "compile_cache": str(self.compile_cache.folder) if self.compile_cache else "off"}
+
+    def peak_memory(self) -> dict | None:
+        """The device's peak memory against its capacity, where torch_xla reports it (TPU)."""
+        return torch_xla_peak(self.device)
 
     def compiled(self) -> CompileCount:
         """Graphs compiled so far in this process, and those taken from the compile cache (torch_xla's counters; an
@@ -196,6 +209,13 @@ class TorchXlaBackend:
 
     def fit(self, data, loop: EpochLoop) -> None:
         batches = iter(data)
+        try:
+            self._train_epochs(batches, loop)
+        finally:  # the loader's threads stopped: left running after an error, they abort the process at exit
+            stop_loader(batches)
+        self._take_average()
+
+    def _train_epochs(self, batches, loop: EpochLoop) -> None:
         for epoch in range(loop.initial_epoch, loop.epochs):
             loop.epoch_begin(epoch)
             self.model.train()
@@ -218,7 +238,6 @@ class TorchXlaBackend:
                   f"({cache_hits()} from the cache)", flush=True)
             if stop:
                 break
-        self._take_average()
 
     def _take_average(self) -> None:
         """With train.ema, the moving average becomes the model's weights once training ends, as Keras' fit does on
