@@ -178,7 +178,8 @@ def out_of_memory_line(oom: OutOfMemory, shape: RunShape, phase: str) -> str:
     what = "likely ran out of memory (a 'Bad hardware status' after a large allocation is an out of memory in " \
         "disguise)" if oom.likely else "ran out of memory"
     new = smaller if shape.batch_key.endswith("per_replica") else smaller * shape.replicas
-    fix = (f"--set {shape.batch_key}={new} (expected to fit), or a smaller data.image_size or model"
+    fix = (f"--set {shape.batch_key}={new} (expected to fit), or train.batch_size_per_replica=auto, or a smaller "
+           "data.image_size or model"
            if smaller < shape.per_replica else
            "a batch of 1 per replica does not fit: a smaller data.image_size, or a smaller model")
     return (f"{shape.fold}, {phase}: the device {what}: {shape.model} at {shape.image_size} px, batch "
