@@ -16,7 +16,6 @@ with the next epoch; the history keeps every epoch once.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import gc
 import json
@@ -27,25 +26,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.core.errors import ConfigError, DataError
+from common.core.errors import DataError
 from common.data.pipeline import InputShare, make_train_dataset, read_ids_and_labels
 from common.tasks.parts import is_better
 from common.training.backends.base import Backend, EpochLoop
+from common.training.batch import plan_with_batch, run_shape, with_batch
 from common.training.budget import cut_message, cuts_after
+from common.training.clock import EpochClock
 from common.training.compile_cache import CompileCount
-from common.training.memory import (
-    AUTO_LARGEST,
-    FIRST_STEP,
-    DeviceMemoryError,
-    OutOfMemory,
-    Phase,
-    RunShape,
-    largest_fitting_batch,
-    model_name,
-    named_out_of_memory,
-    out_of_memory_line,
-    size_text,
-)
+from common.training.history import History
+from common.training.memory import FIRST_STEP, DeviceMemoryError, Phase, named_out_of_memory
 from common.training.plan import FoldPlan, needs_train_labels, plan_fold
 
 import numpy as np
@@ -80,44 +70,6 @@ class FoldWork:
     checkpointed: Callable[[], None] = lambda: None
 
 
-class EpochClock:
-    """Where an epoch's time goes: each phase's seconds with the compiling done in it counted apart, as the backend
-    counts it (backend.compiled(); None: not counted, and each phase keeps its compiles)."""
-
-    def __init__(self, compiled: Callable[[], CompileCount | None]):
-        self.compiled = compiled
-
-    def start(self) -> None:
-        self.began = self.at = time.monotonic()
-        self.count = self.compiled()
-        self.phases: dict[str, float] = {}
-        self.notes: dict[str, str] = {}  # what the log says of a phase beside its seconds
-        self.compiles = CompileCount()
-
-    def lap(self, phase: str, note: str = "") -> float:
-        """The seconds since the last lap, less what compiled in them, recorded as `phase`'s."""
-        if note:
-            self.notes[phase] = note
-        now, count = time.monotonic(), self.compiled()
-        compiling = count - self.count if count is not None else CompileCount()
-        self.compiles = self.compiles + compiling
-        self.phases[phase] = max(0.0, now - self.at - compiling.seconds)
-        self.at, self.count = now, count
-        return self.phases[phase]
-
-    def describe(self) -> str:
-        """'T s: [first execution f s (n step(s)),] training a s, compile b s (N program(s), M from the cache),
-        validation c s, ...': the compile part only where something compiled (the first epoch, as a rule)."""
-        total = sum(self.phases.values()) + self.compiles.seconds
-        parts = [f"{phase} {seconds:.1f} s" + (f" ({self.notes[phase]})" if phase in self.notes else "")
-                 for phase, seconds in self.phases.items()]
-        if self.compiles.programs:
-            parts.insert(list(self.phases).index("training") + 1,
-                         f"compile {self.compiles.seconds:.1f} s ({self.compiles.programs} program(s), "
-                         f"{self.compiles.from_cache} from the cache)")
-        return f"{total:.1f} s: " + ", ".join(parts)
-
-
 @dataclass
 class FoldResult:
     plan: FoldPlan
@@ -142,43 +94,13 @@ def _write_json(path: Path, value: dict) -> None:
     path.with_suffix(".tmp").replace(path)
 
 
-class History:
-    """history.csv, one row per epoch (epoch, then the logs' keys sorted, as Keras' CSVLogger writes it). A resumed
-    fold drops rows of epochs its checkpoint does not hold, so every epoch appears once."""
-
-    def __init__(self, path: Path, initial_epoch: int):
-        self.path = Path(path)
-        rows = []
-        if initial_epoch and self.path.is_file():
-            with self.path.open(newline="") as f:
-                rows = [r for r in csv.DictReader(f) if int(r["epoch"]) < initial_epoch]
-        self.header = list(rows[0]) if rows else None
-        with self.path.open("w", newline="") as f:
-            if rows:
-                writer = csv.DictWriter(f, fieldnames=self.header)
-                writer.writeheader()
-                writer.writerows(rows)
-
-    def append(self, epoch: int, logs: dict) -> None:
-        row = {"epoch": epoch, **{k: logs[k] for k in sorted(logs)}}
-        first = self.header is None
-        self.header = self.header or list(row)
-        with self.path.open("a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=self.header, extrasaction="ignore")
-            if first:
-                writer.writeheader()
-            writer.writerow(row)
-
-
 class EpochMonitor:
     """The fold's one epoch-end owner (see the module docstring for the order of what it does)."""
 
-    def __init__(self, cfg, plan: FoldPlan, backend, scoring: Scoring, work: FoldWork, deadline: float,
-                 phase: Phase | None = None):
+    def __init__(self, cfg, plan: FoldPlan, backend, scoring: Scoring, work: FoldWork, deadline: float):
         import tensorflow as tf
 
-        self.phase = phase or Phase()
-
+        self.phase = Phase("training")  # where the fold is, for a device's out-of-memory line (train_fold's own)
         self.plan, self.backend, self.deadline = plan, backend, deadline
         self.validation, self.predict_val, self.work_dir = scoring.validation, scoring.predict, Path(work.folder)
         self.checkpointed = work.checkpointed
@@ -325,115 +247,50 @@ def train_fold(cfg, backend, records, work_dir: Path, deadline: float,
     work_dir = Path(work_dir)
     (work_dir / "best").mkdir(parents=True, exist_ok=True)
     labels = read_ids_and_labels(records.train_files, records.schema, True)[1] if needs_train_labels(cfg) else None
-    auto = cfg.train.batch_size_per_replica == "auto"
-    if auto:
-        cfg = choose_batch(cfg, records, backend, labels, work_dir.name)
-    plan = plan_fold(cfg, records, backend.replicas, labels)
-    if not auto and cfg.runtime.device_memory and hasattr(backend, "step_memory"):
-        check_step_fits(cfg, plan, backend, records, work_dir.name)
-    print(plan.describe(records.train_count, records.val_count, cfg.train.keep), flush=True)
-    if plan.class_weights:
-        print("[train] class weights (balanced): " + ", ".join(
-            f"{name} {w:.3f}" for name, w in zip(plan.class_names, plan.class_weights, strict=True)), flush=True)
-
-    compiled_before = backend.compiled()
+    cfg, plan = plan_with_batch(cfg, records, backend, labels, work_dir.name)  # auto's choice; a weighed step
+    describe_plan(cfg, plan, records)
+    run = FoldRun(cfg, backend, records, work_dir, deadline, checkpointed, backend.compiled())
     retries = 2 if getattr(backend, "auto_started", False) else 0  # auto on tf_keras, torch_xla: choose_batch
     while True:
         phase = Phase()
         try:
-            with named_out_of_memory(lambda cfg=cfg, plan=plan: run_shape(cfg, plan, backend, work_dir.name), phase):
-                return _train_built_fold(cfg, backend, records, work_dir, deadline, checkpointed, plan, phase,
-                                         compiled_before)
+            with named_out_of_memory(lambda run=run, plan=plan: run_shape(run.cfg, plan, backend, work_dir.name),
+                                     phase):
+                return _train_built_fold(run, plan, phase)
         except DeviceMemoryError as err:
             if not (retries and err.phase == FIRST_STEP and err.batch):
                 raise
             retries -= 1
             print(f"[train] batch: auto's {plan.global_batch // plan.replicas} per replica ran out of memory at the "
                   f"first step; trying {err.batch} ({err})", flush=True)
-            cfg = with_batch(cfg, err.batch)
-            plan = plan_fold(cfg, records, backend.replicas, labels)
-            print(plan.describe(records.train_count, records.val_count, cfg.train.keep), flush=True)
+            run = dataclasses.replace(run, cfg=with_batch(run.cfg, err.batch))
+            plan = plan_fold(run.cfg, records, backend.replicas, labels)
+            describe_plan(run.cfg, plan, records)
 
 
-def with_batch(cfg, per_replica: int):
-    """cfg with train.batch_size_per_replica set to a number."""
-    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, batch_size_per_replica=per_replica))
+@dataclass(frozen=True)
+class FoldRun:
+    """What one try at training a fold works with (auto's retries change the config's batch)."""
+
+    cfg: object
+    backend: Backend
+    records: object
+    work_dir: Path
+    deadline: float
+    checkpointed: Callable[[], None]
+    compiled_before: CompileCount | None
 
 
-def batch_spec(cfg, records, plan: FoldPlan):
-    """The training pipeline's element spec at plan's batch (built, not read): what a compiled step takes."""
-    dataset = make_train_dataset(records.train_files, cfg.data, InputShare(plan.global_batch),
-                                 lambda labels: plan.task.target(labels, len(plan.class_names), plan.scaling),
-                                 records.schema, seed=cfg.train.seed)
-    return dataset.element_spec
+def describe_plan(cfg, plan: FoldPlan, records) -> None:
+    print(plan.describe(records.train_count, records.val_count, cfg.train.keep), flush=True)
+    if plan.class_weights:
+        print("[train] class weights (balanced): " + ", ".join(
+            f"{name} {w:.3f}" for name, w in zip(plan.class_names, plan.class_weights, strict=True)), flush=True)
 
 
-def choose_batch(cfg, records, backend, labels, fold: str):
-    """train.batch_size_per_replica=auto: cfg with the batch chosen. keras_jax compiles its training step ahead of time
-    and holds its memory against the device's (common/training/memory.py, at most three compiles); the other routes
-    start at AUTO_LARGEST and take the batch a device's out of memory names (train_fold's retries)."""
-    if cfg.train.batch_size:
-        raise ConfigError(f"train.batch_size={cfg.train.batch_size} sets the global batch, and "
-                          "train.batch_size_per_replica=auto would choose it. Fix: one of them (train.batch_size=0)")
-    if not hasattr(backend, "step_memory"):
-        print(f"[train] batch: auto starts at {AUTO_LARGEST} per replica; a device's out of memory at the first step "
-              "names the batch it tries next (at most twice)", flush=True)
-        backend.auto_started = True
-        return with_batch(cfg, AUTO_LARGEST)
-    capacity, source = backend.device_memory()
-    if capacity is None:
-        raise ConfigError(f"train.batch_size_per_replica=auto plans within a device's memory, and the {source}. Fix: "
-                          "runtime.device_memory=16GB (one TPU v5e chip) or your own cap, or a number for the batch")
-
-    def measure(per_replica: int) -> int:
-        trial = with_batch(cfg, per_replica)
-        plan = plan_fold(trial, records, backend.replicas, labels)
-        try:
-            return backend.step_memory(plan, batch_spec(trial, records, plan))
-        finally:
-            backend.release()
-
-    choice = largest_fitting_batch(measure, capacity)
-    if choice.per_replica is None:
-        shape = run_shape(with_batch(cfg, 1), plan_fold(with_batch(cfg, 1), records, backend.replicas, labels),
-                          backend, fold)
-        oom = OutOfMemory(min(choice.needs.values()), capacity, None,
-                          f"the compiled training step needs {size_text(min(choice.needs.values()))}, {source}")
-        raise DeviceMemoryError(out_of_memory_line(oom, shape, "choosing a batch (train.batch_size_per_replica=auto)"))
-    print(choice.describe(source), flush=True)
-    backend.batch_memory = choice.record(source)
-    return with_batch(cfg, choice.per_replica)
-
-
-def check_step_fits(cfg, plan: FoldPlan, backend, records, fold: str) -> None:
-    """With runtime.device_memory set, keras_jax holds its compiled training step against it before training: a
-    program that does not fit ends in the out-of-memory line here, not at the first step."""
-    capacity, source = backend.device_memory()
-    try:
-        needed = backend.step_memory(plan, batch_spec(cfg, records, plan))
-    finally:
-        backend.release()
-    backend.batch_memory = {"batch_per_replica": plan.global_batch // plan.replicas, "needed_bytes": needed,
-                            "capacity_bytes": capacity, "capacity_from": source}
-    if needed > capacity:
-        oom = OutOfMemory(needed, capacity, None, f"the compiled training step needs {size_text(needed)}, {source}")
-        raise DeviceMemoryError(out_of_memory_line(oom, run_shape(cfg, plan, backend, fold),
-                                                   "checking the compiled training step's memory"))
-
-
-def run_shape(cfg, plan: FoldPlan, backend, fold: str) -> RunShape:
-    """What a device's out-of-memory line names of this fold (`fold`: its work folder's name, fold<k>)."""
-    try:
-        precision = backend.precision()["policy"]
-    except Exception:  # noqa: BLE001  (the model was never built: the policy asked for)
-        precision = cfg.train.precision
-    return RunShape(fold, model_name(cfg.model), cfg.data.image_size, plan.global_batch // plan.replicas,
-                    plan.replicas, precision,
-                    "train.batch_size" if cfg.train.batch_size > 0 else "train.batch_size_per_replica")
-
-
-def _train_built_fold(cfg, backend, records, work_dir: Path, deadline: float, checkpointed, plan: FoldPlan,
-                      phase: Phase, compiled_before) -> FoldResult:
+def _train_built_fold(run: FoldRun, plan: FoldPlan, phase: Phase) -> FoldResult:
+    """Build (and resume), fit and finish the fold on `plan`; `phase` follows where it is."""
+    cfg, backend, records, work_dir = run.cfg, run.backend, run.records, run.work_dir
     backend.build(plan)
     try:
         initial_epoch = backend.restore(work_dir / "checkpoints")
@@ -449,7 +306,8 @@ def _train_built_fold(cfg, backend, records, work_dir: Path, deadline: float, ch
             return plan.task.target(labels, len(plan.class_names), plan.scaling)
 
         monitor = EpochMonitor(cfg, plan, backend, Scoring(validation, predict_val),
-                               FoldWork(work_dir, initial_epoch, checkpointed), deadline, phase)
+                               FoldWork(work_dir, initial_epoch, run.checkpointed), run.deadline)
+        monitor.phase = phase
         if initial_epoch < plan.epochs:
             phase.now = FIRST_STEP
             data = backend.distribute(lambda ctx: make_train_dataset(
@@ -464,7 +322,7 @@ def _train_built_fold(cfg, backend, records, work_dir: Path, deadline: float, ch
         collect_garbage_aside()
     validation.predictions = plan.to_values(outputs)
     epochs_done = initial_epoch + len(monitor.seconds)
-    compiles = backend.compiled() - compiled_before if compiled_before is not None else None
+    compiles = backend.compiled() - run.compiled_before if run.compiled_before is not None else None
     if compiles is not None:
         print(f"[train] the fold compiled {compiles.describe()}", flush=True)
     return FoldResult(plan, backend, monitor.history.path, epochs_done, best_epoch or epochs_done, monitor.cut,

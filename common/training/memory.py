@@ -108,7 +108,7 @@ def device_out_of_memory(err: BaseException) -> OutOfMemory | None:
 
 
 def _read(err: BaseException) -> OutOfMemory | None:
-    if isinstance(err, MemoryError | OSError) or isinstance(err, UserError):  # the host's memory, a disk, ours
+    if isinstance(err, MemoryError | OSError | UserError):  # the host's memory, a disk, ours
         return None
     text = str(err)
     if "No space left on device" in text:  # TensorFlow's ResourceExhaustedError for a full disk

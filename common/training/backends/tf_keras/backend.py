@@ -96,7 +96,7 @@ class TFBackend:
 
     def peak_memory(self) -> dict | None:
         """The replicas' peak memory, where TensorFlow reports it (GPU, TPU)."""
-        return tensorflow_peak(self.strategy.extended.worker_devices)
+        return tensorflow_peak([d.name for d in tf.config.list_logical_devices() if d.device_type in ("GPU", "TPU")])
 
     def optimizer_steps(self) -> int:
         """Steps the optimiser has taken, by its own count (restored with a checkpoint). tf_keras' fit and the custom

@@ -22,11 +22,17 @@ import warnings
 from pathlib import Path
 
 from common.core.errors import ConfigError
-from common.core.paths import compile_cache_dir
 from common.data.pipeline import make_padded_image_batches
 from common.data.records import RecordSchema
 from common.tasks.parts import torch_ops
 from common.training.backends.base import ONE_PROCESS, EpochLoop
+from common.training.backends.torch_xla.compiles import (
+    cache_hits,
+    cache_load_seconds,
+    compiles,
+    graphs,
+    open_compile_cache,
+)
 from common.training.backends.torch_xla.export import export
 from common.training.backends.torch_xla.model import build_timm_model
 from common.training.compile_cache import CompileCache, CompileCount
@@ -311,47 +317,6 @@ def on_cpu(value):
     if isinstance(value, list | tuple):
         return type(value)(on_cpu(v) for v in value)
     return value
-
-
-def compiles() -> int:
-    """XLA graphs compiled in this process so far (torch_xla's own counter; those from the cache are not)."""
-    data = metrics.metric_data("CompileTime")
-    return int(data[0]) if data else 0
-
-
-def cache_hits() -> int:
-    """Graphs taken from the compile cache in this process so far."""
-    return metrics.counter_value("PersistentCacheHit") or 0
-
-
-def graphs() -> int:
-    """Graphs compiled or taken from the compile cache so far: what each step's count reads (two counters, no
-    timings: it runs around every training step)."""
-    return compiles() + cache_hits()
-
-
-def cache_load_seconds() -> float:
-    """Seconds spent taking graphs from the compile cache."""
-    data = metrics.metric_data("PersistentCacheLoad")
-    return data[1] / 1e9 if data else 0.0
-
-
-def open_compile_cache(cfg) -> CompileCache | None:
-    """torch_xla's persistent cache in the run's compile cache (<folder>/torch_xla), checked first
-    (common/training/compile_cache.py), before any XLA computation as torch_xla requires; on a TPU only: torch_xla's
-    CPU client cannot read an executable back (2.9: "Deserializing serialized executable not supported", each entry a
-    PersistentCacheDeserializeFailure and a compile), so there it would write entries nothing can use."""
-    folder, platform = compile_cache_dir(cfg.runtime), xla_runtime.device_type().lower()
-    if folder is not None and platform != "tpu":
-        print(f"[torch_xla] compile cache: not used on {platform} XLA devices (torch_xla's {platform} client cannot "
-              "read a compiled graph back); each graph compiles once in the run's process, every fold reusing it",
-              flush=True)
-        return None
-    versions = {"torch": torch.__version__, "torch_xla": torch_xla.__version__, "platform": platform}
-    cache = CompileCache.open(folder and folder / TorchXlaBackend.name, TorchXlaBackend.name, versions)
-    if cache:
-        xla_runtime.initialize_cache(str(cache.folder), readonly=False)
-    return cache
 
 
 def start(cfg) -> TorchXlaBackend:
