@@ -201,8 +201,9 @@ class JaxBackend:
         return {"policy": self.policy, **precision_by_part(self.model)}
 
     def peak_memory(self) -> dict | None:
-        """The devices' peak memory against their capacity, where JAX reports it (GPU, TPU)."""
-        return jax_peak(self.devices)
+        """This process's devices' peak memory against their capacity, where JAX reports it (GPU, TPU); another
+        process's devices cannot be asked."""
+        return jax_peak([device for device in jax.local_devices() if device in self.devices])
 
     # ------------------------------------------------------------------------------------------------ checkpoints
     def restore(self, directory: Path) -> int:
