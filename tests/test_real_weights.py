@@ -120,9 +120,12 @@ def test_a_linear_probe_on_real_weights_exports_verified_and_the_tf_only_kernel_
 
     competition = tmp_path / "competition"
     answers = write_photo_competition(competition, per_class=48, n_test=96)
-    settings = [*ROUTES[route](real_weights), "model.trainable=false", "data.image_size=64", "data.convert_size=64",
-                "data.folds=3", "train.fold=0", "train.epochs=10", "train.batch_size_per_replica=16",
-                "train.learning_rate=0.05", "train.lr_reference_batch=16", "train.warmup_epochs=0",
+    # A linear probe's settings: held-out macro-F1 0.958-0.969 on each route here (at a rate of 0.05 with dropout
+    # it swung between 0.83 and 1.0 from run to run).
+    settings = [*ROUTES[route](real_weights), "model.trainable=false", "model.dropout=0", "data.image_size=64",
+                "data.convert_size=64", "data.folds=3", "train.fold=0", "train.epochs=6",
+                "train.batch_size_per_replica=16", "train.learning_rate=0.01", "train.lr_reference_batch=16",
+                "train.warmup_epochs=0",
                 "train.steps_per_execution=4", f"runtime.tfrecords={tmp_path / 'records'}",
                 f"runtime.output_dir={tmp_path / 'train'}"]
     flags = [a for s in settings for a in ("--set", s)]
@@ -147,7 +150,7 @@ def test_a_linear_probe_on_real_weights_exports_verified_and_the_tf_only_kernel_
         if difference < 1e-2:
             assert float16.startswith("exported: its graph runs 100% of the compute ops in float16"), float16
             assert card["precisions"] == {"float32": "serving_default", "float16": "serving_float16"}
-        else:  # seen with the keras_jax probe: 4.4e-2 (ImageNet's own head at 64 px: 4.7e-3)
+        else:  # seen with probes: 1.0e-2 to 4.4e-2 (ImageNet's own head at 64 px: 4.7e-3)
             assert float16.startswith(f"not exported: on the verify images it differs by {difference:.1e}"), float16
             assert card["precisions"] == {"float32": "serving_default"}
 
