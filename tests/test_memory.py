@@ -215,11 +215,11 @@ def test_keras_jax_weighs_its_compiled_step_against_the_device_and_auto_trains_a
     assert needed > 1.91 and fix < 128 and fix & (fix - 1) == 0, (needed, fix)
     assert not (tmp_path / "out" / "export").exists() and not (tmp_path / "out" / "work" / "fold0" / "checkpoints"
                                                                 / "progress.json").exists()
-    assert train_main([*argv, "--set", f"train.batch_size_per_replica={fix}"]) == 0  # the rerun the line names
+    assert train_main([*argv, "--set", f"train.batch_size_per_replica={fix}", "--set", "train.epochs=1"]) == 0  # rerun
     assert json.loads((tmp_path / "out" / "export" / "fold0" / "model_card.json").read_text())["complete"] is True
     capsys.readouterr()
 
-    auto = settings(demo_records[0], tmp_path / "auto", *model, "train.batch_size_per_replica=auto")
+    auto = settings(demo_records[0], tmp_path / "auto", *model, "train.batch_size_per_replica=auto", "train.epochs=1")
     assert train_main(auto) == 0
     log = capsys.readouterr().out
     card = json.loads((tmp_path / "auto" / "export" / "fold0" / "model_card.json").read_text())

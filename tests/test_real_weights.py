@@ -164,7 +164,7 @@ def test_a_linear_probe_on_real_weights_on_every_route_exports_verified_and_the_
     from tpu2gpu.cli import main as cli_main
 
     competition, records = tmp_path / "competition", tmp_path / "records"
-    answers = write_photo_competition(competition, per_class=48, n_test=96)
+    answers = write_photo_competition(competition, per_class=48, n_test=64)
     assert cli_main(["tfrecords", "--competition", str(competition), "--out", str(records), *flags(*PROBE)]) == 0
     cards = {route: train_route(route, real_weights, records, tmp_path / route) for route in ROUTES}
     for route, card in cards.items():
