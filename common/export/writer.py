@@ -98,7 +98,6 @@ def float16_copy(build_copy, contents: ExportContents) -> tuple[tf.keras.Model |
         note = (f"not exported: its graph would run {share:.0%} of the compute ops in float16 (the backbone computes "
                 f"in {precision_by_part(copy)['backbone']}). On a tensor-core GPU, infer.precision=amp lets "
                 "TensorFlow's automatic mixed precision rewrite the float32 graph")
-        print(f"[train] float16 signature {note}", flush=True)
         return None, note, {}
     outputs = _values(tensor_core_outputs(copy, contents.verify_images), contents.output_scaling)
     difference = scaled_difference(outputs, _values(contents.expected, contents.output_scaling))
@@ -107,11 +106,9 @@ def float16_copy(build_copy, contents: ExportContents) -> tuple[tf.keras.Model |
     if difference < FLOAT16_TOLERANCE:
         note = (f"exported: its graph runs {share:.0%} of the compute ops in float16, {difference:.1e} from the "
                 f"float32 outputs on the verify images ({TENSOR_CORES})")
-        print(f"[train] float16 signature {note}", flush=True)
         return copy, note, check
     note = (f"not exported: on the verify images it differs by {difference:.1e} from the float32 outputs "
             f"({TENSOR_CORES}; tolerance {FLOAT16_TOLERANCE:.0e}). The float32 signature serves")
-    print(f"[train] float16 signature {note}", flush=True)
     return None, note, check
 
 
@@ -224,8 +221,11 @@ def export_models(export_dir: str | Path, build_copy, contents: ExportContents, 
     model = build_copy("float32")
     if contents.expected is None:
         contents = dataclasses.replace(contents, expected=host_reference(model, contents.verify_images))
-    float16, note, check = (float16_copy(build_copy, contents) if export_float16 else
-                            (None, "not exported: train.export_float16=false", {}))
+    if export_float16:
+        float16, note, check = float16_copy(build_copy, contents)
+        print(f"[train] float16 signature {note}", flush=True)
+    else:
+        float16, note, check = None, "not exported: train.export_float16=false", {}
     card = contents.card
     card = dataclasses.replace(card, precision={**card.precision, "float16_signature": note,
                                                 **({"float16_check": check} if check else {})})

@@ -62,7 +62,6 @@ def choose_batch(cfg, records, backend, labels, fold: str):
     if not hasattr(backend, "step_memory"):
         print(f"[train] batch: auto starts at {AUTO_LARGEST} per replica; a device's out of memory at the first step "
               "names the batch it tries next (at most twice)", flush=True)
-        backend.auto_started = True
         return with_batch(cfg, AUTO_LARGEST)
     capacity, source = backend.device_memory()
     if capacity is None:

@@ -247,10 +247,11 @@ def train_fold(cfg, backend, records, work_dir: Path, deadline: float,
     work_dir = Path(work_dir)
     (work_dir / "best").mkdir(parents=True, exist_ok=True)
     labels = read_ids_and_labels(records.train_files, records.schema, True)[1] if needs_train_labels(cfg) else None
+    # auto on a route that cannot weigh its step ahead of time (tf_keras, torch_xla): retried at a first step's OOM
+    retries = 2 if cfg.train.batch_size_per_replica == "auto" and not hasattr(backend, "step_memory") else 0
     cfg, plan = plan_with_batch(cfg, records, backend, labels, work_dir.name)  # auto's choice; a weighed step
     describe_plan(cfg, plan, records)
     run = FoldRun(cfg, backend, records, work_dir, deadline, checkpointed, backend.compiled())
-    retries = 2 if getattr(backend, "auto_started", False) else 0  # auto on tf_keras, torch_xla: choose_batch
     while True:
         phase = Phase()
         try:

@@ -71,6 +71,7 @@ class TimmClassifier(nn.Module):
     def __init__(self, backbone: nn.Module, outputs: int, activation: str, dropout: float, autocast: bool = False):
         super().__init__()
         self.backbone, self.autocast, self.activation = backbone, autocast, activation
+        self.frozen = False  # freeze_backbone
         config = backbone.pretrained_cfg
         self.register_buffer("mean", torch.tensor(config["mean"]).view(1, 3, 1, 1) * 255.0, persistent=False)
         self.register_buffer("std", torch.tensor(config["std"]).view(1, 3, 1, 1) * 255.0, persistent=False)
@@ -86,7 +87,7 @@ class TimmClassifier(nn.Module):
 
     def train(self, mode: bool = True):
         super().train(mode)
-        if getattr(self, "frozen", False):
+        if self.frozen:
             self.backbone.eval()
         return self
 
