@@ -74,7 +74,7 @@ def measure(args: argparse.Namespace, tmp: Path) -> None:
     from common.export.card import ModelCard
     from common.export.loader import load_export
     from common.export.writer import ExportContents, write_export
-    from common.inference.ensemble import ensemble_probabilities
+    from common.inference.predict import ensemble_probabilities
     from common.tasks.types import TASKS
     from common.training.backends.tf_keras.model import build_model
 

@@ -12,7 +12,9 @@ submission.csv (validated: every test id once, no NaN, every label a class; writ
 probabilities.csv and, where a test image could not be read, bad_test_images.csv into runtime.output_dir
 (/kaggle/working on Kaggle, ./runs/infer locally). Every row of the template is written: an image TensorFlow cannot
 decode is read with Pillow, and one nothing can read gets the mean prediction of the readable test images
-(infer.on_bad_image=error stops instead).
+(infer.on_bad_image=error stops instead). Within infer.time_limit (default 9h, from the kernel's start): each export's
+TTA views are timed, and where the rows would end past the limit views, then exports, are shed, said in a line and
+in inference_time.json beside submission.csv (common/inference/time_plan.py).
 """
 
 from __future__ import annotations
@@ -28,19 +30,15 @@ from common.core.paths import output_dir, resolve_data_path
 from common.core.platform import environment_report
 from common.core.strategy import get_strategy, split_cpu
 from common.data.sources import open_source
-from common.inference.ensemble import (
-    confirm_float16,
-    ensemble_predict,
-    ensemble_thresholds,
-    load_members,
-    tta_view_names,
-)
+from common.inference.ensemble import confirm_float16, ensemble_thresholds, load_members
+from common.inference.predict import ensemble_predict, ensemble_units, time_units
 from common.inference.submission import (
     check_template_classes,
     read_template,
     submission_rows,
     write_csv_atomically,
 )
+from common.inference.time_plan import TIME_RECORD, clock_text, time_plan, write_time_record
 from common.inference.unread import BAD_TEST_IMAGES, predict_unread, write_bad_test_images
 from common.tasks.parts import decimal_text
 from common.tasks.types import get_task
@@ -67,6 +65,22 @@ def write_probabilities(path: Path, template, ids, predictions, names) -> None:
     position = {i: k for k, i in enumerate(ids)}
     write_csv_atomically(path, [template.id_column, *names],
                          [[i, *map(decimal_text, predictions[position[i]])] for i in template.ids])
+
+
+def write_time(plan, infer_cfg, strategy, path: Path) -> None:
+    """The save run's look ahead (infer.expected_test_images), then inference_time.json: what ran, what was shed, the
+    projection and the time. No plan (infer.time_limit=none): an earlier run's record is removed."""
+    if plan is None:
+        path.unlink(missing_ok=True)
+        return
+    expected = plan.expected(infer_cfg.expected_test_images, lambda untimed, samples: time_units(
+        untimed, samples, infer_cfg.batch_size, strategy, plan)) if infer_cfg.expected_test_images else None
+    record = plan.record(expected)
+    write_time_record(path, record)
+    shed = [what for step in plan.shed for what in step["what"]]
+    print(f"[infer] time: finished at {clock_text(record['finished_at_seconds'])} of the kernel"
+          + ("" if plan.limit is None else f" ({infer_cfg.time_limit} limit)")
+          + (f"; shed {', '.join(shed)}" if shed else "; nothing shed") + f"; wrote {path}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,18 +114,23 @@ def main(argv: list[str] | None = None) -> int:
         return datasets[card.image_size]
 
     members, precision = confirm_float16(members, precision, batches_for)  # on this GPU, before it counts
-    ids, predictions = ensemble_predict(members, batches_for, cfg.infer.tta, strategy, cfg.infer.xla)
+    units = ensemble_units(members, cfg.infer.tta, cfg.infer.xla)  # a member's view each: timed, shed by the plan
+    plan = time_plan(cfg.infer, units, rows=len(template.ids))  # infer.time_limit (common/inference/time_plan.py)
+    ids, predictions = ensemble_predict(units, batches_for, strategy, plan)
     # what TensorFlow could not decode: read with Pillow, or named and given the fallback (common/inference/unread.py)
-    ids, predictions, bad = predict_unread(members, source, template, (ids, predictions), cfg.infer, strategy)
+    ids, predictions, bad = predict_unread(card, source, template, (ids, predictions), cfg.infer,
+                                           lambda batches: ensemble_predict(units, batches, strategy, plan))
     rows = submission_rows(template, ids, predictions, task, card.class_names, thresholds)
     out = output_dir(cfg.runtime.output_dir, "runs/infer")
     write_csv_atomically(out / cfg.infer.submission, template.header, rows)
     write_bad_test_images(out / BAD_TEST_IMAGES, bad)
     if cfg.infer.save_probabilities:
         write_probabilities(out / "probabilities.csv", template, ids, predictions, task.output_names(card.class_names))
-    print(f"[infer] {len(rows)} predictions, {len(members)} export(s) x {len(tta_view_names(cfg.infer.tta))} view(s),"
+    shed = " (before the time plan shed some)" if plan is not None and plan.shed else ""
+    print(f"[infer] {len(rows)} predictions, {len(members)} export(s) x {len(units) // len(members)} view(s){shed},"
           f" {len(rows) / (time.perf_counter() - start):.0f} images/s overall; wrote {out / cfg.infer.submission}",
           flush=True)
+    write_time(plan, cfg.infer, strategy, out / TIME_RECORD)
     return 0
 
 

@@ -10,7 +10,7 @@ from common.data.pipeline import make_image_file_dataset
 from common.data.samples import CompetitionFolder
 from common.export.card import ExportError, read_card
 from common.export.loader import load_export
-from common.inference.ensemble import ensemble_probabilities
+from common.inference.predict import ensemble_probabilities
 from common.inference.submission import read_template
 
 import numpy as np
@@ -183,7 +183,8 @@ def test_the_inference_kernel_and_its_config_load_with_every_training_dependency
         "common.core.errors", "common.core.fields", "common.core.gcs", "common.core.paths", "common.core.platform",
         "common.core.strategy", "common.data", "common.data.pipeline", "common.data.records", "common.data.samples",
         "common.data.sources", "common.export", "common.export.card", "common.export.loader", "common.inference",
-        "common.inference.ensemble", "common.inference.submission", "common.inference.unread", "common.tasks",
+        "common.inference.ensemble", "common.inference.predict", "common.inference.submission",
+        "common.inference.time_plan", "common.inference.unread", "common.tasks",
         "common.tasks.parts", "common.tasks.types"]
 
 

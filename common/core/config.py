@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from common.core.candidates import TPU_PACKAGES
 from common.core.errors import ConfigError
-from common.core.fields import field_value, memory_size, one_of, supplied, supplied_checks, within
+from common.core.fields import duration, field_value, memory_size, one_of, supplied, supplied_checks, within
 
 TTA_NAMES = ("identity", "flip_left_right", "flip_up_down", "rotate90", "rotate180", "rotate270", "transpose")
 
@@ -147,6 +147,9 @@ class InferConfig:
     on_bad_image: Literal["fallback", "error"] = "fallback"  # noqa: E501  # a test image nothing can read: the mean prediction of the readable ones, named in bad_test_images.csv; or stop naming them all (local runs)
     save_probabilities: bool = True  # probabilities.csv beside submission.csv, for blending
     submission: str = "submission.csv"  # file name in the output folder
+    time_limit: str = duration("9h")  # noqa: E501  # the competition's run-time limit (9h, 2h30m, 45m, 90s), from the kernel's start: the ensemble sheds TTA views, then members, where its measured pace would pass it; none = no plan (docs/training.md, "The time limit")
+    time_margin: float = within(0.1, "[0, 0.9]")  # noqa: E501  # share of infer.time_limit left unplanned: the container's start before Python, the files written at the end, a pace that falls after the last look
+    expected_test_images: int = within(0, "[0, inf)")  # noqa: E501  # the hidden test set's size where the competition states it: the run projects its time against infer.time_limit; 0 = unknown
 
 
 @dataclass

@@ -59,6 +59,27 @@ def memory_size(default: str = "") -> Any:
     return field(default=default, metadata={"size": True})
 
 
+DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?")
+
+
+def duration_seconds(text: str) -> float | None:
+    """'9h' -> 32400, '2h30m' -> 9000, '45m', '90s', '1h0m30s'; 'none' -> None (no limit). Raises ValueError for
+    anything else (a bare number included: its unit would be a guess)."""
+    text = text.strip().lower().replace(" ", "")
+    if text == "none":
+        return None
+    match = DURATION.fullmatch(text)
+    if not text or not match:
+        raise ValueError(text)
+    hours, minutes, seconds = (float(g or 0) for g in match.groups())
+    return hours * 3600 + minutes * 60 + seconds
+
+
+def duration(default: str) -> Any:
+    """A str field holding a length of time ('9h', '2h30m', '45m', '90s') or 'none'."""
+    return field(default=default, metadata={"duration": True})
+
+
 def one_of(default: Any, choices: Any, items: str = "values") -> Any:
     """A str field, or a tuple of str (its `items`), whose values must be among `choices`."""
     return field(default=default, metadata={"choices": choices, "items": items})
@@ -119,6 +140,14 @@ def field_value(key: str, value: Any, f: dataclasses.Field, annotation: Any) -> 
         except ValueError:
             raise ConfigError(f"config key '{key}' is {value!r}, not an amount of memory. Fix: a number and a unit, "
                               "e.g. 16GB, 15.75GiB or 512MB, or '' to leave it to the device") from None
+        return str(value)
+    if f.metadata.get("duration"):
+        try:
+            if duration_seconds(str(value)) == 0:
+                raise ValueError(value)
+        except ValueError:
+            raise ConfigError(f"config key '{key}' is {value!r}, not a length of time. Fix: hours, minutes and "
+                              "seconds such as 9h, 2h30m, 45m or 90s, or none for no limit") from None
         return str(value)
     choices = choices_of(f, annotation)
     if choices and typing.get_origin(annotation) is not tuple:

@@ -1,14 +1,13 @@
-"""Inference: find exports, load them once as an ensemble of members, predict with TTA and weights. TensorFlow only:
+"""Inference: find exports and load them once as an ensemble of members, each with its weight. TensorFlow only:
 no tf_keras, no tensorflow_hub, no training config, no scikit-learn.
 
     members, precision = load_members(cfg.infer, strategy)      # every export/fold<k>, its card, predict and weight
     members, precision = confirm_float16(members, precision, batches_for)  # float16 held to float32 on a test batch
-    ids, predictions = ensemble_predict(members, batches_for, cfg.infer.tta, strategy)   # batches_for(card)
+    units = ensemble_units(members, cfg.infer.tta, cfg.infer.xla)          # common/inference/predict.py
     rows = submission_rows(template, ids, predictions, task, class_names, thresholds)   # common/inference/submission.py
 
 A member's weight is 1, or less for a fold the training time budget cut (infer.cut_folds). Predictions are averaged
-over members (weighted) and TTA views before any threshold or argmax; members of one image size share one pass over
-the test data.
+over members (weighted) and TTA views before any threshold or argmax (common/inference/predict.py).
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.core.config import TTA_NAMES
 from common.core.gcs import is_gcs
 from common.core.paths import kaggle_input_dir, local_copy, local_folder, resolve_data_path
 from common.export.card import CARD_NAME, FLOAT16_TOLERANCE, ExportError, ModelCard, read_card, scaled_difference
@@ -28,19 +26,6 @@ import numpy as np
 import tensorflow as tf
 
 _MAX_SEARCH_DEPTH = 6
-
-# Test-time views of a uint8 batch [N, H, W, 3]. Each keeps the image square and the labels unchanged.
-TTA_TRANSFORMS = {
-    "identity": lambda x: x,
-    "flip_left_right": lambda x: tf.reverse(x, [2]),
-    "flip_up_down": lambda x: tf.reverse(x, [1]),
-    "rotate90": lambda x: tf.image.rot90(x, 1),
-    "rotate180": lambda x: tf.image.rot90(x, 2),
-    "rotate270": lambda x: tf.image.rot90(x, 3),
-    "transpose": lambda x: tf.transpose(x, [0, 2, 1, 3]),
-}
-assert tuple(TTA_TRANSFORMS) == TTA_NAMES  # the config checks names against TTA_NAMES without importing TensorFlow
-
 
 
 # ------------------------------------------------------------------------------------------------------------ exports
@@ -193,59 +178,3 @@ def enable_amp() -> None:
     list (convolutions, matmuls) in float16 where a GPU has tensor cores, keeping numerically sensitive ones (softmax,
     reductions) in float32. It acts on NVIDIA GPUs of compute capability >= 7.0 only; elsewhere it changes nothing."""
     tf.config.optimizer.set_experimental_options({"auto_mixed_precision": True})
-
-
-# ------------------------------------------------------------------------------------------------------- prediction
-def tta_view_names(tta) -> list[str]:
-    """The original image plus each configured view (identity is always there, once); names checked by the config."""
-    return ["identity", *dict.fromkeys(n for n in tta if n != "identity")]
-
-
-def make_predict_step(predicts, tta, xla: bool = False, weights=None):
-    """One function from a uint8 batch to the mean, over models (weighted) and TTA views, of their predictions."""
-    views = [TTA_TRANSFORMS[name] for name in tta_view_names(tta)]
-    weights = [float(w) for w in weights] if weights is not None else [1.0] * len(predicts)
-
-    def step(images):
-        total = None
-        for predict, weight in zip(predicts, weights, strict=True):
-            for view in views:
-                outputs = predict(view(images)) * weight
-                total = outputs if total is None else total + outputs
-        return total / (sum(weights) * len(views))
-
-    return tf.function(step, jit_compile=xla)
-
-
-def ensemble_probabilities(predicts, batches, tta=(), strategy: tf.distribute.Strategy | None = None,
-                           xla: bool = False, weights=None) -> tuple[list[str], np.ndarray]:
-    """(ids, predictions) over every batch of dicts {'image', 'id'}, averaged over `predicts` (weighted) and TTA
-    views, in the batches' order. With a multi-replica strategy each global batch is split over the replicas."""
-    step = make_predict_step(predicts, tta, xla, weights)
-    ids, outputs = [], []
-    if strategy is None or strategy.num_replicas_in_sync == 1:
-        for batch in batches:
-            outputs.append(step(batch["image"]).numpy())
-            ids += [i.decode() for i in batch["id"].numpy()]
-    else:
-        for batch in strategy.experimental_distribute_dataset(batches):
-            per_replica = strategy.run(step, args=(batch["image"],))
-            outputs += [t.numpy() for t in strategy.experimental_local_results(per_replica)]
-            ids += [i.decode() for t in strategy.experimental_local_results(batch["id"]) for i in t.numpy()]
-    return ids, (np.concatenate(outputs) if outputs else np.zeros((0, 0), np.float32))  # none decoded: unread.py
-
-
-def ensemble_predict(members: list[Member], batches_for, tta=(), strategy: tf.distribute.Strategy | None = None,
-                     xla: bool = False) -> tuple[list[str], np.ndarray]:
-    """(ids, predictions) of the whole ensemble: members grouped by image size, each group's test batches
-    (batches_for(card)) read once for all its members and views, and the groups averaged by their total weight.
-    Every group yields the ids in the same (the test data's) order."""
-    total, weight, ids = None, 0.0, []
-    for size in sorted({m.card.image_size for m in members}):
-        group = [m for m in members if m.card.image_size == size]
-        ids, outputs = ensemble_probabilities([m.predict for m in group], batches_for(group[0].card), tta, strategy,
-                                              xla, [m.weight for m in group])
-        group_weight = sum(m.weight for m in group)
-        total = outputs * group_weight if total is None else total + outputs * group_weight
-        weight += group_weight
-    return ids, total / weight

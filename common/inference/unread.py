@@ -1,7 +1,7 @@
 """The test images the pipeline could not decode: read with Pillow where it can, the rest named and given the fallback
 prediction, so that one odd image in a hidden test set never fails a submission.
 
-    ids, predictions, bad = predict_unread(members, source, template, (ids, predictions), cfg.infer, strategy)
+    ids, predictions, bad = predict_unread(card, source, template, (ids, predictions), cfg.infer, predict)
     write_bad_test_images(out / BAD_TEST_IMAGES, bad)
 
 The test pipeline leaves out what TensorFlow refuses (common/data/pipeline.py, at no cost while every image decodes);
@@ -22,7 +22,6 @@ from pathlib import Path
 from common.core.errors import DataError
 from common.data.pipeline import decode_image
 from common.data.sources import TestImage
-from common.inference.ensemble import ensemble_predict
 
 import numpy as np
 import tensorflow as tf
@@ -92,17 +91,18 @@ def image_bytes_batches(images: list[bytes], ids: list[str], image_size: int, ba
         batch_size)
 
 
-def predict_unread(members, source, template, predicted: tuple[list[str], np.ndarray], infer_cfg,
-                   strategy=None) -> tuple[list[str], np.ndarray, list[BadTestImage]]:
+def predict_unread(card, source, template, predicted: tuple[list[str], np.ndarray], infer_cfg,
+                   predict) -> tuple[list[str], np.ndarray, list[BadTestImage]]:
     """The template ids the test pipeline did not return (predicted: its ids and predictions), predicted from what
     Pillow reads, the rest given the mean prediction of the readable test images (or, infer.on_bad_image=error, one
-    error naming every one)."""
+    error naming every one). predict(batches_for) is the ensemble's (common/inference/predict.py: ensemble_predict,
+    with the units the time plan has left)."""
     ids, predictions = predicted
     returned = set(ids)
     left_out = [i for i in template.ids if i not in returned]
     if not left_out:
         return ids, predictions, []
-    read, bad = read_with_pillow(source.unread_test_images(left_out, members[0].card))
+    read, bad = read_with_pillow(source.unread_test_images(left_out, card))
     if bad and (infer_cfg.on_bad_image == "error" or len(bad) == len(template.ids)):
         nothing = len(bad) == len(template.ids)
         raise DataError(f"{len(bad)} of {len(template.ids)} test images cannot be read by TensorFlow or Pillow"
@@ -113,10 +113,8 @@ def predict_unread(members, source, template, predicted: tuple[list[str], np.nda
     if read:
         print(f"[infer] {len(read)} test image(s) TensorFlow could not decode were read with Pillow: "
               f"{', '.join(i for i, _ in read[:5])}" + (" ..." if len(read) > 5 else ""), flush=True)
-        more_ids, more = ensemble_predict(
-            members, lambda card: image_bytes_batches([b for _, b in read], [i for i, _ in read], card.image_size,
-                                                      infer_cfg.batch_size),
-            infer_cfg.tta, strategy, infer_cfg.xla)
+        more_ids, more = predict(lambda card: image_bytes_batches([b for _, b in read], [i for i, _ in read],
+                                                                  card.image_size, infer_cfg.batch_size))
         predictions = np.concatenate([predictions, more]) if ids else more
         ids = ids + more_ids
     if bad:
