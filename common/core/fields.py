@@ -146,7 +146,7 @@ def field_value(key: str, value: Any, f: dataclasses.Field, annotation: Any) -> 
             if duration_seconds(str(value)) == 0:
                 raise ValueError(value)
         except ValueError:
-            raise ConfigError(f"config key '{key}' is {value!r}, not a length of time. Fix: hours, minutes and "
+            raise ConfigError(f"config key '{key}' is {str(value)!r}, not a length of time. Fix: hours, minutes and "
                               "seconds such as 9h, 2h30m, 45m or 90s, or none for no limit") from None
         return str(value)
     choices = choices_of(f, annotation)

@@ -1,0 +1,163 @@
+"""infer.time_limit: the inference kernel times each member's views, projects the rows against the limit and sheds
+views, then members, to end within it (common/inference/time_plan.py)."""
+
+import csv
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+from common.core.config import load_config
+from common.core.errors import guarded
+from common.core.fields import duration_seconds
+from common.inference.predict import Unit
+from common.inference.time_plan import shed_steps
+
+import pytest
+
+from infer_gpu.infer import main as infer_main
+from tpu2gpu.backbones import save_tiny_backbone
+from tpu2gpu.build import build
+from train_tpu.train import main as train_main
+
+from builders import read_csv
+from fake_kaggle import offline
+from test_kaggle import PROJECT
+
+HIDDEN_COPIES = 40  # the hidden test set: the public one 40 times over (14,400 images)
+
+
+def test_a_time_limit_is_read_in_hours_minutes_and_seconds_and_anything_else_is_one_line(tmp_path, capsys):
+    assert [duration_seconds(t) for t in ("9h", "2h30m", "45m", "90s", "1h0m30s", "1.5h", "none")] == [
+        32400, 9000, 2700, 90, 3630, 5400, None]
+    for wrong in ("9 hours", "540", "0s", ""):
+        assert guarded("infer", infer_main, ["--set", f"infer.time_limit={wrong}"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"infer: error: config key 'infer.time_limit' is '{wrong}', not a length of time. Fix: hours, "
+                       "minutes and seconds such as 9h, 2h30m, 45m or 90s, or none for no limit"], err
+
+
+def test_views_are_shed_first_then_the_members_of_least_weight_then_the_worst_validation_score():
+    def unit(member, view, weight, metric):
+        card = SimpleNamespace(metric={"name": "log_loss", "value": metric}, image_size=16)
+        return Unit(member, view, weight, card, step=None)
+
+    # fold1 was cut by the training budget (weight 0.5); fold2's log loss is the worst of the full folds.
+    folds = {"fold0": (1.0, 0.30), "fold1": (0.5, 0.20), "fold2": (1.0, 0.40), "fold3": (1.0, 0.35)}
+    units = [unit(m, v, w, s) for m, (w, s) in folds.items() for v in ("identity", "flip_left_right", "rotate90")]
+    steps = shed_steps(units)
+    assert [what for what, _ in steps] == ["view rotate90", "view flip_left_right", "fold1", "fold2", "fold3",
+                                           "fold0"]
+    assert [u.name for u in steps[0][1]] == ["fold0/rotate90", "fold1/rotate90", "fold2/rotate90", "fold3/rotate90"]
+    assert [u.name for u in steps[2][1]] == ["fold1/identity", "fold1/flip_left_right", "fold1/rotate90"]
+
+
+def kaggle_layout(tmp_path: Path, export: Path) -> tuple[Path, dict]:
+    """/kaggle with three folds of the model dataset attached (`export` three times over) and the kernel's env."""
+    kaggle = tmp_path / "kaggle"
+    for fold in range(3):
+        shutil.copytree(export, kaggle / "input" / "datasets" / "tester" / "tpu2gpu-model" / f"fold{fold}")
+    (tmp_path / "tmp").mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TF_USE_LEGACY_KERAS")}
+    env.update(TPU2GPU_KAGGLE_ROOT=str(kaggle), KAGGLE_KERNEL_RUN_TYPE="Batch", PYTHONDONTWRITEBYTECODE="1",
+               TMPDIR=str(tmp_path / "tmp"))
+    return kaggle, env
+
+
+def write_test_set(competition: Path, public: Path, copies: int) -> list[str]:
+    """sample_submission.csv and test/ of `copies` times the public test set, under new ids."""
+    shutil.rmtree(competition, ignore_errors=True)
+    (competition / "test").mkdir(parents=True)
+    rows = read_csv(public / "sample_submission.csv")
+    ids = []
+    for copy in range(copies):
+        for row in rows:
+            ids.append(f"{row['id']}-{copy}" if copies > 1 else row["id"])
+            source = next((public / "test").glob(f"{row['id']}.*"))
+            shutil.copyfile(source, competition / "test" / f"{ids[-1]}{source.suffix}")
+    with (competition / "sample_submission.csv").open("w", newline="") as f:
+        csv.writer(f).writerows([["id", "label"], *([i, rows[0]["label"]] for i in ids)])
+    return ids
+
+
+def run_kernel(kaggle: Path, env: dict, script: Path) -> tuple[subprocess.CompletedProcess, float]:
+    """The built inference kernel as Kaggle runs it: its script alone, from a fresh /kaggle/working, no network."""
+    shutil.rmtree(kaggle / "working", ignore_errors=True)
+    (kaggle / "working").mkdir()
+    shutil.copyfile(script, kaggle / "working" / "__script__.py")
+    started = time.monotonic()
+    run = subprocess.run(offline([sys.executable, "__script__.py"]), cwd=kaggle / "working", env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return run, time.monotonic() - started
+
+
+def time_lines(run) -> list[str]:
+    return [line for line in run.stdout.splitlines() if line.startswith(("[infer] time", "[infer] warning: time"))]
+
+
+@pytest.mark.e2e
+def test_a_code_competition_rerun_sheds_views_to_end_within_the_limit_and_a_limit_that_fits_changes_nothing(
+        tmp_path, demo_records, demo_dir):
+    """One kernel, built with a 10 s limit, 3 folds x 4 views and the hidden set's size: on the public test it fits
+    (nothing shed, the submission byte-identical to infer.time_limit=none's) and projects the rerun; on a hidden test
+    40 times larger, where the whole ensemble's measured pace cannot end in time, it sheds views, writes every row
+    within the limit and names what it shed in inference_time.json. The model: the tiny backbone 32 wide at 32 px,
+    whose 12 views x folds take about 1 ms an image here and one of them a tenth of that."""
+    backbone = save_tiny_backbone(tmp_path / "backbone", width=32)
+    settings = [f"runtime.tfrecords={demo_records[0]}", f"model.hub_handle={backbone}", "data.image_size=32",
+                "train.fold=0", "train.epochs=1", "train.steps_per_epoch=2", "train.batch_size_per_replica=16",
+                "train.export_float16=false", f"runtime.output_dir={tmp_path / 'trained'}"]
+    assert train_main([a for s in settings for a in ("--set", s)]) == 0
+    kaggle, env = kaggle_layout(tmp_path, tmp_path / "trained" / "export" / "fold0")
+    competition = kaggle / "input" / "competitions" / "digit-comp"
+    public = write_test_set(competition, demo_dir, 1)
+    hidden_size = len(public) * HIDDEN_COPIES
+    views = "infer.tta=[flip_left_right,flip_up_down,rotate90]"
+    kernel = build(load_config(None, [*PROJECT, views, "infer.time_limit=10s",
+                                      f"infer.expected_test_images={hidden_size}"]), tmp_path / "build")["infer"]
+
+    # The save run on the public test: within the limit, nothing shed, the same submission as without a limit; the
+    # rerun's size projected.
+    run, _ = run_kernel(kaggle, env, kernel / "infer.py")
+    lines = time_lines(run)
+    record = json.loads((kaggle / "working" / "inference_time.json").read_text())
+    assert record["shed"] == [] and record["within_limit"] and record["rows"] == len(public), record
+    assert [(u["member"], u["view"], u["images"], u["shed"]) for u in record["units"]] == [
+        (f"fold{k}", view, len(public), False) for k in range(3)
+        for view in ("identity", "flip_left_right", "flip_up_down", "rotate90")]
+    assert re.fullmatch(rf"\[infer\] time: 3 member\(s\) x 4 view\(s\) at \d+ images/s: the {len(public)} rows "
+                        r"would end at [\d.]+s of the 9.0s planned \(10s limit less infer.time_margin=0.1\): nothing "
+                        r"to shed", lines[0]), lines
+    expected = record["expected"]
+    assert expected["images"] == hidden_size and expected["ends_at_seconds"] > 9, expected
+    assert expected["would_shed"][:3] == ["view rotate90", "view flip_up_down", "view flip_left_right"], expected
+    assert lines[1].startswith(f"[infer] time: for {hidden_size} test images (infer.expected_test_images), "
+                               "3 member(s) x 4 view(s) at "), lines
+    assert f"a rerun would shed {', '.join(expected['would_shed'])} and end at " in lines[1], lines
+    unlimited = ["--set", f"infer.exports=[{kaggle / 'input' / 'datasets'}]", "--set", views, "--set",
+                 f"runtime.competition_dir={competition}", "--set", f"runtime.output_dir={tmp_path / 'none'}",
+                 "--set", "infer.time_limit=none"]
+    assert infer_main(unlimited) == 0 and not (tmp_path / "none" / "inference_time.json").exists()
+    assert (kaggle / "working" / "submission.csv").read_bytes() == (tmp_path / "none" / "submission.csv").read_bytes()
+
+    # The rerun on the hidden test set: every row, within the limit, the shedding named.
+    hidden = write_test_set(competition, demo_dir, HIDDEN_COPIES)
+    run, wall = run_kernel(kaggle, env, kernel / "infer.py")
+    submission = read_csv(kaggle / "working" / "submission.csv")
+    assert [r["id"] for r in submission] == hidden and all(r["label"] for r in submission)
+    record = json.loads((kaggle / "working" / "inference_time.json").read_text())
+    report = "\n".join(time_lines(run)) + "\n" + json.dumps(record, indent=1)[:3000]
+    assert record["within_limit"] and record["finished_at_seconds"] <= 10 and wall < 10.5, (wall, report)
+    assert record["projection"]["ends_at_seconds"] > 9, report  # the whole ensemble would not have ended in time
+    shed = [what for step in record["shed"] for what in step["what"]]
+    assert shed[:3] == ["view rotate90", "view flip_up_down", "view flip_left_right"][:len(shed)] and shed, report
+    ran = {(u["member"], u["view"]): u for u in record["units"]}
+    assert not ran[("fold0", "identity")]["shed"] and ran[("fold0", "identity")]["images"] == len(hidden), report
+    assert all(u["images"] < len(hidden) for u in record["units"] if u["shed"]), report
+    assert f"; shed {', '.join(shed)}; wrote " in run.stdout, report
