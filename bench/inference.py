@@ -7,11 +7,12 @@ preprocessing and head, 10 classes. Data: JPEGs cut from scikit-learn's two samp
 1.25 x image size, in a Kaggle-style test folder. About 3 minutes on 2 CPU cores with the defaults (the export's
 fresh-process verification included).
   kernel        load_export (SavedModel, TensorFlow only) -> make_image_file_dataset (parallel decode + resize)
-                -> ensemble_probabilities (one tf.function per batch)
+                -> ensemble_probabilities (one tf.function per view and batch)
   kernel+XLA    the same with infer.xla=true (jit_compile); by default only where a GPU is present
   naive         the notebook habit: a Python loop of PIL open / resize / np.stack, then keras_model.predict
-Each is timed over all images after one warm-up pass, best of 3. Where a GPU is present the same command measures it
-(float32; see bench/README.md for what a lent GPU measured).
+Each is timed over all images after one warm-up pass, best of 3. Then the kernel's own time plan times each TTA
+view of the model as the unit infer.time_limit projects with: images per second per member and view. Where a GPU is
+present the same command measures it (float32; see bench/README.md for what a lent GPU measured).
 
     .venv/bin/python bench/inference.py --smoke
 
@@ -129,6 +130,30 @@ def measure(args: argparse.Namespace, tmp: Path) -> None:
         print("RESULT " + json.dumps({"bench": f"inference {name}, {MODELS[args.model]} {size}px", "value": rows[name],
                                       "baseline": base, "ratio": rows[name] / base, "unit": "img/s",
                                       "baseline_name": "keras_model.predict"}))
+    per_view_rates(predict, card, paths, ids, args.batch)
+
+
+def per_view_rates(predict, card, paths, ids, batch: int) -> None:
+    """The inference kernel's own time plan (common/inference/time_plan.py) over the model's every TTA view, one
+    unit each: the images per second a projection for infer.time_limit adds up (docs/training.md, "The time
+    limit"). A member's units cost the same on any export of the same architecture and image size."""
+    from common.core.config import TTA_NAMES
+    from common.data.pipeline import make_image_file_dataset
+    from common.inference.ensemble import Member
+    from common.inference.predict import ensemble_predict, ensemble_units
+    from common.inference.time_plan import TimePlan
+
+    units = ensemble_units([Member(Path("fold0"), card, predict, 1.0)], TTA_NAMES)
+    plan = TimePlan(units, len(paths), "none", 0.0)
+    ensemble_predict(units, lambda _: make_image_file_dataset(paths, ids, card.image_size, batch), plan=plan)
+    record = plan.record()
+    loop = sum(n for n, _ in plan.loop) / max(sum(s for _, s in plan.loop), 1e-9)
+    print(f"per member and view (the time plan's units, last {len(plan.loop)} batch(es) of {batch}; the loop's own "
+          f"reading and averaging {loop:.0f} images/s):")
+    for unit in record["units"]:
+        rate = unit["images_per_second"]
+        print(f"  {unit['member']}/{unit['view']:<16} {rate or float('nan'):10.1f} images/s   "
+              f"warm-up {unit['warmup_seconds']:.2f} s")
 
 
 def main() -> None:

@@ -15,10 +15,11 @@ from types import SimpleNamespace
 from common.core.config import load_config
 from common.core.errors import guarded
 from common.core.fields import duration_seconds
-from common.inference.predict import Unit
-from common.inference.time_plan import shed_steps
+from common.inference.predict import Unit, predict_rows
+from common.inference.time_plan import TimePlan, shed_steps
 
 import pytest
+from test_kaggle import PROJECT
 
 from infer_gpu.infer import main as infer_main
 from tpu2gpu.backbones import save_tiny_backbone
@@ -27,7 +28,6 @@ from train_tpu.train import main as train_main
 
 from builders import read_csv
 from fake_kaggle import offline
-from test_kaggle import PROJECT
 
 HIDDEN_COPIES = 40  # the hidden test set: the public one 40 times over (14,400 images)
 
@@ -55,6 +55,48 @@ def test_views_are_shed_first_then_the_members_of_least_weight_then_the_worst_va
                                            "fold0"]
     assert [u.name for u in steps[0][1]] == ["fold0/rotate90", "fold1/rotate90", "fold2/rotate90", "fold3/rotate90"]
     assert [u.name for u in steps[2][1]] == ["fold1/identity", "fold1/flip_left_right", "fold1/rotate90"]
+
+
+def test_a_pace_that_falls_midway_sheds_more_and_each_row_averages_the_views_that_ran_on_it(capsys):
+    """Two members x two views whose steps (real waits, measured by the plan like any model's) take 4 ms a batch of 8
+    until a busy neighbour makes them 40 ms from the 11th batch: the first projection fits, the fallen pace sheds the
+    views, and each row's prediction is the weighted mean of the units that ran on its batch."""
+    import numpy as np
+    import tensorflow as tf
+
+    batches = {"n": 0}
+
+    def unit(member, view, value, weight):
+        def step(images):
+            if (member, view) == ("fold0", "identity"):
+                batches["n"] += 1
+            time.sleep(0.004 if batches["n"] <= 10 else 0.040)
+            return tf.fill([int(images.shape[0]), 1], value)
+        return Unit(member, view, weight, SimpleNamespace(image_size=8, metric={}), step)
+
+    units = [unit("fold0", "identity", 1.0, 1.0), unit("fold0", "flip_left_right", 3.0, 1.0),
+             unit("fold1", "identity", 5.0, 0.5), unit("fold1", "flip_left_right", 7.0, 0.5)]
+    rows = 40 * 8
+    data = tf.data.Dataset.from_tensor_slices({"image": tf.zeros([rows, 8, 8, 3], tf.uint8),
+                                               "id": tf.constant([f"r{i}" for i in range(rows)])}).batch(8)
+    plan = TimePlan(units, rows, "4s", 0.1)
+    plan.origin = time.monotonic()  # a kernel that starts now: this process started long before
+    ids, predictions = predict_rows(units, {8: data}, plan=plan)
+    out = capsys.readouterr().out
+    record = plan.record()
+    assert ids == [f"r{i}" for i in range(rows)] and record["within_limit"], (out, record)
+    assert record["projection"]["at_row"] == 16 and record["projection"]["ends_at_seconds"] < 3.6, record
+    assert "nothing to shed" in out and "the pace fell: the rows would end at" in out, out
+    assert record["shed"][0]["what"][0] == "view flip_left_right" and record["shed"][0]["at_row"] > 80, record
+    # Each row: the weighted mean of the units not yet shed when its batch ran (fold1, of least weight, would go next).
+    values = {u: float(u.step(tf.zeros([1, 8, 8, 3]))[0, 0]) for u in units}
+    gone = {"view flip_left_right": {units[1], units[3]}, "fold1": {units[2], units[3]}}
+    for row in range(0, rows, 8):
+        shed = [what for step in record["shed"] if step["at_row"] <= row for what in step["what"]]
+        ran = set(units) - {u for what in shed for u in gone[what]}
+        mean = sum(values[u] * u.weight for u in ran) / sum(u.weight for u in ran)
+        assert np.allclose(predictions[row:row + 8, 0], mean), (row, predictions[row:row + 8, 0], mean, record)
+    assert np.allclose(predictions[0, 0], (1 + 3 + 5 * 0.5 + 7 * 0.5) / 3)
 
 
 def kaggle_layout(tmp_path: Path, export: Path) -> tuple[Path, dict]:
