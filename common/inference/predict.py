@@ -106,6 +106,8 @@ def next_batches(iterators: dict, sizes, strategy):
         batch = next(iterators[size], None)
         if batch is None:
             return None, []
+        if strategy is None or strategy.num_replicas_in_sync == 1:  # onto a GPU once for all its units, not per call
+            batch = {**batch, "image": tf.identity(batch["image"])}
         batches[size] = batch
     ids = [[i.decode() for t in _local(b["id"], strategy) for i in t.numpy()] for b in batches.values()]
     if any(other != ids[0] for other in ids[1:]):
