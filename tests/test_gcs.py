@@ -37,26 +37,21 @@ py -c "$CONVERT" > convert.log 2>&1; echo "CONVERT $?"
 killed_after_epoch_1 killed.log "$TRAIN" 'grep -q "work/fold0: .* pushed" killed.log'
 rm -rf runs/gcs  # a new machine: only the bucket holds the checkpoint
 py -m train_tpu.train $TRAIN > resumed.log 2>&1; echo "RESUMED $?"
-py -c "$INFER" --set "infer.exports=[$RUN/export]" --set runtime.output_dir=infer-gcs > infer-gcs.log 2>&1
-echo "INFER_GCS $?"
-py -c "$INFER" --set "infer.exports=[runs/gcs/output/bars-bucket/run/export]" --set runtime.output_dir=infer-local \
-    > infer-local.log 2>&1; echo "INFER_LOCAL $?"
 py -m tpu2gpu.cli tfrecords --competition comp --out tfr --set data.folds=2 > local-convert.log 2>&1
 killed_after_epoch_1 local-killed.log "$LOCAL_TRAIN" '[ -f local/work/fold0/checkpoints/progress.json ]'
 py -m train_tpu.train $LOCAL_TRAIN > local-resumed.log 2>&1; echo "LOCAL_RESUMED $?"
-py -c "$INFER" --set "infer.exports=[local/export]" --set runtime.output_dir=infer-local-run > infer-local-run.log \
-    2>&1; echo "INFER_LOCAL_RUN $?"
+# The bucket's export, its local copy and the same run on local paths, scored by one inference process in turn.
+py -c "$INFER" "$RUN/export" infer-gcs runs/gcs/output/bars-bucket/run/export infer-local local/export \
+    infer-local-run > infer.log 2>&1; echo "INFER_THREE $?"
 py -c "$AFTER" > after.log 2>&1; echo "AFTER $?"
 py -m train_tpu.train $TRAIN > repaired.log 2>&1; echo "REPAIRED $?"  # the fix the refusal gives, followed
-py -c "$INFER" --set "infer.exports=[$RUN/export]" --set runtime.output_dir=infer-repaired > infer-repaired.log 2>&1
-echo "INFER_REPAIRED $?"
+py -c "$INFER" "$RUN/export" infer-repaired > infer-repaired.log 2>&1; echo "INFER_REPAIRED $?"
 py -c "import tensorflow as tf; tf.io.gfile.rmtree('$RUN')"; echo "EMPTIED $?"  # the bucket's folder emptied by hand
 echo 3 > "$FAKE_GCS_WRITES_LEFT"  # then the bucket takes 3 more objects and refuses the rest: a push cut short
 py -m train_tpu.train $TRAIN > cut.log 2>&1; echo "CUT $?"
 rm "$FAKE_GCS_WRITES_LEFT"
 py -m train_tpu.train $TRAIN > refilled.log 2>&1; echo "REFILLED $?"  # the fix the cut push gives, followed
-py -c "$INFER" --set "infer.exports=[$RUN/export]" --set runtime.output_dir=infer-refilled > infer-refilled.log 2>&1
-echo "INFER_REFILLED $?"
+py -c "$INFER" "$RUN/export" infer-refilled > infer-refilled.log 2>&1; echo "INFER_REFILLED $?"
 py -c "$NO_MANIFEST" > no-manifest.log 2>&1; echo "NO_MANIFEST $?"
 """
 
@@ -119,8 +114,11 @@ def test_a_run_in_a_bucket_converts_trains_is_killed_resumes_from_the_bucket_and
     the bucket is the truth: an export that lost its card, a folder emptied by hand, and a push refused half-way are
     each repaired by the next run from the complete local copy, nothing trained again, and scored from the bucket."""
     write_competition(tmp_path / "comp", ["a", "b"] * 20, size=16, n_test=4)
-    infer = TENSORFLOW_ALONE + ("from infer_gpu.infer import main; sys.exit(main(sys.argv[1:] + ['--set', "
-                                   "'runtime.competition_dir=comp', '--set', 'runtime.tfrecords=']))")
+    # The inference kernel, TensorFlow alone, for each (exports, output folder) pair of its arguments in turn.
+    infer = TENSORFLOW_ALONE + (
+        "from infer_gpu.infer import main; pairs = list(zip(sys.argv[1::2], sys.argv[2::2])); "
+        "sys.exit(next(filter(None, (main(['--set', f'infer.exports=[{e}]', '--set', f'runtime.output_dir={o}', "
+        "'--set', 'runtime.competition_dir=comp', '--set', 'runtime.tfrecords=']) for e, o in pairs)), 0))")
     env = {"PYTHON": sys.executable, "CONVERT": CONVERT, "AFTER": AFTER, "NO_MANIFEST": NO_MANIFEST, "INFER": infer,
            "RUN": BUCKET_RUN,
            "TRAIN": training_settings(tiny_backbone, "gs://bars-bucket/tfr", BUCKET_RUN),
@@ -128,7 +126,7 @@ def test_a_run_in_a_bucket_converts_trains_is_killed_resumes_from_the_bucket_and
     run = run_with_gcs(["bash", "-c", f"cd {tmp_path} && {JOURNEY}"], tmp_path / "gcs", ["bars-bucket"], env)
     logs = {p.stem: p.read_text() for p in tmp_path.glob("*.log")}
     report = run.stdout + run.stderr + "".join(f"\n--- {k}\n{v[-2500:]}" for k, v in logs.items())
-    for step in ("CONVERT", "RESUMED", "INFER_GCS", "INFER_LOCAL", "LOCAL_RESUMED", "INFER_LOCAL_RUN", "AFTER",
+    for step in ("CONVERT", "RESUMED", "LOCAL_RESUMED", "INFER_THREE", "AFTER",
                  "REPAIRED", "INFER_REPAIRED", "EMPTIED", "REFILLED", "INFER_REFILLED", "NO_MANIFEST"):
         assert f"{step} 0" in run.stdout, report
     assert "CUT 2" in run.stdout, report
@@ -164,7 +162,7 @@ def test_a_run_in_a_bucket_converts_trains_is_killed_resumes_from_the_bucket_and
 
     # The inference kernel (TensorFlow alone) scores the export from the bucket as from its local copy, and as the
     # same run on local paths: the same probabilities to the last printed digit.
-    assert "[gcs] gs://bars-bucket/run/export: 1 export(s)" in logs["infer-gcs"]
+    assert "[gcs] gs://bars-bucket/run/export: 1 export(s)" in logs["infer"]
     assert "[train] resuming from the checkpoint after epoch 1" in logs["local-resumed"]
     from_bucket = (tmp_path / "infer-gcs" / "probabilities.csv").read_text()
     assert len(from_bucket.splitlines()) == 5
