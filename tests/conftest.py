@@ -67,21 +67,39 @@ def plain_backbone(tmp_path_factory):
     return save_tiny_backbone(tmp_path_factory.mktemp("hub") / "plain_backbone", width=8, batch_norm=False)
 
 
+def made_once(tmp_path_factory, name: str, make) -> Path:
+    """A folder that make(folder) fills, made by the first xdist worker to ask (the other waits on a lock) and then
+    read by both: for the costlier read-only fixtures. Each run of the suite makes its own."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # xdist: pytest-N/popen-gwK -> pytest-N
+    folder = root / f"made-once-{name}"
+    with open(root / f".made-once-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / ".complete").is_file():
+            shutil.rmtree(folder, ignore_errors=True)  # a worker's attempt that failed
+            folder.mkdir()
+            make(folder)
+            (folder / ".complete").touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def tiny_keras_backbone(tmp_path_factory):
     """The same small network under Keras 3 as a .keras file: the keras_jax route's backbone (model.backbone=keras)."""
     from tpu2gpu.backbones import save_tiny_keras_backbone
 
-    return save_tiny_keras_backbone(tmp_path_factory.mktemp("keras") / "tiny_backbone.keras", width=8)
+    return made_once(tmp_path_factory, "keras", lambda folder: save_tiny_keras_backbone(
+        folder / "tiny_backbone.keras", width=8)) / "tiny_backbone.keras"
 
 
 @pytest.fixture(scope="session")
 def tiny_timm_backbone(tmp_path_factory):
     """A timm MobileNetV3 (random weights) as save_for_hf writes it: the torch_xla route's backbone
-    (model.backbone=timm). Imports torch and timm in this process, never torch_xla (TensorFlow is loaded here)."""
+    (model.backbone=timm). Made in a worker that imports torch and timm, never torch_xla (TensorFlow is loaded)."""
     from tpu2gpu.backbones import save_tiny_timm_backbone
 
-    return save_tiny_timm_backbone(tmp_path_factory.mktemp("timm") / "tiny_timm")
+    return made_once(tmp_path_factory, "timm", lambda folder: save_tiny_timm_backbone(folder / "tiny_timm")
+                     ) / "tiny_timm"
 
 
 @pytest.fixture(scope="session")
@@ -129,13 +147,13 @@ def trained_export(demo_records, tiny_backbone, tmp_path_factory):
     """The export root of a tiny model trained through the real training entry point (2 short epochs, fold 0)."""
     from train_tpu.train import main as train_main
 
-    records_dir, _ = demo_records
-    out = tmp_path_factory.mktemp("trained")
-    settings = [f"runtime.tfrecords={records_dir}", f"model.hub_handle={tiny_backbone}", "data.image_size=16",
-                "train.fold=0", "train.epochs=2", "train.steps_per_epoch=4", "train.batch_size_per_replica=16",
-                "train.learning_rate=0.05", f"runtime.output_dir={out}"]
-    assert train_main([a for s in settings for a in ("--set", s)]) == 0
-    return out / "export"
+    def train(out: Path) -> None:
+        settings = [f"runtime.tfrecords={demo_records[0]}", f"model.hub_handle={tiny_backbone}", "data.image_size=16",
+                    "train.fold=0", "train.epochs=2", "train.steps_per_epoch=4", "train.batch_size_per_replica=16",
+                    "train.learning_rate=0.05", f"runtime.output_dir={out}"]
+        assert train_main([a for s in settings for a in ("--set", s)]) == 0
+
+    return made_once(tmp_path_factory, "trained", train) / "export"  # read-only: copy it before changing anything
 
 
 @pytest.fixture(scope="session")
