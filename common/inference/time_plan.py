@@ -8,7 +8,8 @@ common/inference/predict.py) is measured at on this machine, and the units shed 
 
 The clock starts with the kernel's process (imports and export loading count, as Kaggle's does), and plans
 infer.time_limit less infer.time_margin. A unit's first batch of each shape is its warm-up (tracing, compiling),
-kept apart; its pace is its last WINDOW batches', so a slower GPU or a busy neighbour shows within a few batches.
+kept apart; its pace is its last WINDOW batches', or its last RECENT batches' where those were slower, so a slower
+GPU or a busy neighbour shows within a few batches.
 Once every active unit has a pace, each batch projects the end: now + rows left x (each active unit's seconds an
 image + the loop's own). Past the plan, units are shed in SHED ORDER (docs/training.md, "The time limit"): the TTA
 views, the last configured first, every member's at once; then members, the least weight first (folds the training
@@ -30,7 +31,8 @@ from common.core.fields import duration_seconds
 from common.tasks.parts import LOWER_IS_BETTER
 
 TIME_RECORD = "inference_time.json"
-WINDOW = 8  # a unit's pace: the seconds an image of its last 8 timed batches
+WINDOW = 8  # a unit's pace: the seconds an image of its last 8 timed batches,
+RECENT = 3  # or of its last 3 where those were slower
 
 
 def process_age() -> float:
@@ -65,8 +67,12 @@ class Pace:
     images: int = 0  # every image it predicted, warm-ups included
 
     def seconds_an_image(self) -> float | None:
-        images = sum(n for n, _ in self.recent)
-        return sum(s for _, s in self.recent) / images if images else None
+        """The window's mean, or its last RECENT batches' where those are slower: a pace that falls shows at once
+        (a shed unit never comes back, so the plan errs on the side of ending in time)."""
+        if not self.recent:
+            return None
+        return max(sum(s for _, s in batches) / sum(n for n, _ in batches)
+                   for batches in (self.recent, list(self.recent)[-RECENT:]))
 
 
 def shed_steps(units) -> list[tuple[str, list]]:
