@@ -189,10 +189,10 @@ LONGEST_FIRST = (
     "test_torch_route.py::test_one_and_two_xla_devices_train_the_planned_steps_at_the_planned_rate_to_the_same_weights",
     "test_torch_tasks.py::test_each_task_types_torch_model_exports_the_same_contract_and_the_tf_only_kernel_predicts_"
     "what_it_does",
-    "test_bench.py::test_run_all_smoke_prints_a_row_of_real_figures_per_benchmark",
-    "test_memory.py::test_torch_xlas_out_of_memory_at_its_first_step_is_one_line_and_the_batch_it_names_trains",
     "test_time_limit.py::test_a_code_competition_rerun_sheds_views_to_end_within_the_limit_and_a_limit_that_fits_"
     "changes_nothing",
+    "test_bench.py::test_run_all_smoke_prints_a_row_of_real_figures_per_benchmark",
+    "test_memory.py::test_torch_xlas_out_of_memory_at_its_first_step_is_one_line_and_the_batch_it_names_trains",
     "test_tasks.py::test_regression_submission_is_the_value_with_the_scaling_in_the_export",
     "test_damaged_data.py::test_a_corrupt_record_ends_the_fold_naming_its_shard_and_the_repaired_run_resumes",
     "test_training.py::test_a_killed_run_resumes_at_the_next_epoch",
