@@ -15,7 +15,7 @@ from types import SimpleNamespace
 from common.core.config import load_config
 from common.core.errors import guarded
 from common.core.fields import duration_seconds
-from common.inference.predict import Unit, predict_rows
+from common.inference.predict import Unit, predict_rows, time_units
 from common.inference.time_plan import TimePlan, shed_steps
 
 import pytest
@@ -99,6 +99,34 @@ def test_a_pace_that_falls_midway_sheds_more_and_each_row_averages_the_views_tha
         mean = sum(values[u] * u.weight for u in ran) / sum(u.weight for u in ran)
         assert np.allclose(predictions[row:row + 8, 0], mean), (row, predictions[row:row + 8, 0], mean, record)
     assert np.allclose(predictions[0, 0], (1 + 3 + 5 * 0.5 + 7 * 0.5) / 3)
+
+
+def test_a_public_test_of_one_batch_still_projects_the_hidden_set_from_a_full_batch_of_each_unit(capsys):
+    """One batch of 8 public images times no unit (a batch shape's first call is its warm-up): the save run's look
+    ahead repeats that batch to a full one of infer.batch_size and times each unit on it, then projects."""
+    import tensorflow as tf
+
+    def unit(view, seconds_a_batch):
+        def step(images):
+            time.sleep(seconds_a_batch)
+            return tf.zeros([int(images.shape[0]), 1])
+        return Unit("fold0", view, 1.0, SimpleNamespace(image_size=8, metric={}), step)
+
+    units = [unit("identity", 0.004), unit("flip_left_right", 0.004)]
+    data = tf.data.Dataset.from_tensor_slices({"image": tf.zeros([8, 8, 8, 3], tf.uint8),
+                                               "id": tf.constant([f"r{i}" for i in range(8)])}).batch(32)
+    plan = TimePlan(units, 8, "1h", 0.1)
+    plan.origin = time.monotonic()
+    predict_rows(units, {8: data}, plan=plan)
+    assert all(plan.pace[u].seconds_an_image() is None for u in units)  # warm-ups only
+    expected = plan.expected(100_000, lambda untimed, samples: time_units(untimed, samples, 32, None, plan))
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    # Each unit: a sleep of 4 ms a batch of 32, 0.125 ms an image at least: 100,000 images take 25 s or more.
+    assert [plan.pace[u].recent[-1][0] for u in units] == [32, 32]
+    assert 25 <= expected["ends_at_seconds"] < 3240 and expected["would_shed"] == [], expected
+    assert line.startswith("[infer] time: for 100000 test images (infer.expected_test_images), 1 member(s) x 2 view(s) "
+                           "at ") and "(the models' time alone: one public batch measures no reading): nothing to " \
+        "shed" in line, line
 
 
 def kaggle_layout(tmp_path: Path, export: Path) -> tuple[Path, dict]:
