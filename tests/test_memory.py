@@ -220,13 +220,19 @@ def test_torch_xlas_out_of_memory_at_its_first_step_is_one_line_and_the_batch_it
     assert json.loads(progress.read_text()) == {"epochs_done": 1}
 
 
+class Checkpointed(BaseException):
+    """A run stopped once its first epoch is checkpointed (BaseException, as a kill is no error the run handles)."""
+
+
 @pytest.mark.e2e
 def test_keras_jax_weighs_its_compiled_step_against_the_device_and_auto_trains_at_the_largest_batch_that_fits(
-        demo_records, tiny_keras_backbone, tmp_path, capsys):
+        demo_records, tiny_keras_backbone, tmp_path, capsys, monkeypatch):
     """runtime.device_memory=2MB, below what the tiny backbone's step needs at 128 per replica (about 5 MiB on this
     CPU; 2 MiB is a v5e chip's 16 GB scaled to a 16 px model): the compiled step, weighed before training, ends the
-    run in the line; the batch it names trains; and auto finds the largest power of two that fits in at most three
-    compiles, the chosen step then taken from the compile cache by fit."""
+    run in the line; the batch it names trains (stopped once its epoch is checkpointed, as a kill would: auto's run
+    exports); and auto finds the largest power of two that fits in at most three compiles, the chosen step then taken
+    from the compile cache by fit."""
+    import common.training.fold as fold
     model = ["train.framework=keras_jax", "model.backbone=keras", f"model.keras_backbone={tiny_keras_backbone}",
              "runtime.device_memory=2MB", f"runtime.compile_cache={tmp_path / 'cache'}"]
     argv = settings(demo_records[0], tmp_path / "out", *model, "train.batch_size_per_replica=128")
@@ -242,9 +248,20 @@ def test_keras_jax_weighs_its_compiled_step_against_the_device_and_auto_trains_a
     assert needed > 1.91 and fix < 128 and fix & (fix - 1) == 0, (needed, fix)
     assert not (tmp_path / "out" / "export").exists() and not (tmp_path / "out" / "work" / "fold0" / "checkpoints"
                                                                 / "progress.json").exists()
-    assert train_main([*argv, "--set", f"train.batch_size_per_replica={fix}", "--set", "train.epochs=1"]) == 0  # rerun
-    assert json.loads((tmp_path / "out" / "export" / "fold0" / "model_card.json").read_text())["complete"] is True
-    capsys.readouterr()
+    write_json = fold._write_json
+
+    def write_then_stop(path, data):
+        write_json(path, data)
+        if path.name == fold.PROGRESS_NAME:
+            raise Checkpointed(data)
+
+    monkeypatch.setattr(fold, "_write_json", write_then_stop)
+    with pytest.raises(Checkpointed):  # the rerun, as the line says
+        train_main([*argv, "--set", f"train.batch_size_per_replica={fix}", "--set", "train.epochs=1"])
+    monkeypatch.undo()
+    assert f"global batch {2 * fix} (2 replicas)" in capsys.readouterr().out
+    progress = tmp_path / "out" / "work" / "fold0" / "checkpoints" / "progress.json"
+    assert json.loads(progress.read_text()) == {"epochs_done": 1}
 
     auto = settings(demo_records[0], tmp_path / "auto", *model, "train.batch_size_per_replica=auto", "train.epochs=1")
     assert train_main(auto) == 0
