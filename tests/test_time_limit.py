@@ -154,6 +154,7 @@ def write_test_set(competition: Path, public: Path, copies: int) -> list[str]:
             shutil.copyfile(source, competition / "test" / f"{ids[-1]}{source.suffix}")
     with (competition / "sample_submission.csv").open("w", newline="") as f:
         csv.writer(f).writerows([["id", "label"], *([i, rows[0]["label"]] for i in ids)])
+    os.sync()  # the copies written back now, not while the timed kernel reads them
     return ids
 
 
@@ -181,8 +182,10 @@ def test_a_code_competition_rerun_sheds_views_to_end_within_the_limit_and_a_limi
     20 times larger, where the whole ensemble's measured pace cannot end in time, it sheds views, writes every row
     within the limit and names what it shed in inference_time.json. The model: the tiny backbone 32 wide at 32 px,
     whose 21 views x folds take about 2 ms an image here (15-20 s for the hidden set, idle), one of them about a tenth
-    of a millisecond, about half a millisecond with the reading under a loaded suite: the 10.8 s planned leave room
-    for a start-up twice an idle machine's 2.5 s and the last fold's one view."""
+    of a millisecond, about half a millisecond with the reading under a loaded suite. infer.time_margin=0.25 keeps
+    3 s of the 12 for what follows the last batch (7,200 rows validated and written: 2.5 s in a loaded suite, where
+    the default 0.1 of a 9 h limit is 54 minutes), and the 9 s planned leave room for a start-up twice an idle
+    machine's 2.5 s and the last fold's one view."""
     backbone = save_tiny_backbone(tmp_path / "backbone", width=32)
     settings = [f"runtime.tfrecords={demo_records[0]}", f"model.hub_handle={backbone}", "data.image_size=32",
                 "train.fold=0", "train.epochs=1", "train.steps_per_epoch=2", "train.batch_size_per_replica=16",
@@ -193,7 +196,7 @@ def test_a_code_competition_rerun_sheds_views_to_end_within_the_limit_and_a_limi
     public = write_test_set(competition, demo_dir, 1)
     hidden_size = len(public) * HIDDEN_COPIES
     views = f"infer.tta=[{','.join(VIEWS)}]"
-    kernel = build(load_config(None, [*PROJECT, views, "infer.time_limit=12s",
+    kernel = build(load_config(None, [*PROJECT, views, "infer.time_limit=12s", "infer.time_margin=0.25",
                                       f"infer.expected_test_images={hidden_size}"]), tmp_path / "build")["infer"]
 
     # The save run on the public test: within the limit, nothing shed, the same submission as without a limit; the
@@ -206,10 +209,10 @@ def test_a_code_competition_rerun_sheds_views_to_end_within_the_limit_and_a_limi
         (f"fold{k}", view, len(public), False) for k in range(3)
         for view in ("identity", *VIEWS)]
     assert re.fullmatch(rf"\[infer\] time: 3 member\(s\) x 7 view\(s\) at \d+ images/s: the {len(public)} rows "
-                        r"would end at [\d.]+s of the 10.8s planned \(12s limit less infer.time_margin=0.1\): nothing "
+                        r"would end at [\d.]+s of the 9.0s planned \(12s limit less infer.time_margin=0.25\): nothing "
                         r"to shed", lines[0]), lines
     expected = record["expected"]
-    assert expected["images"] == hidden_size and expected["ends_at_seconds"] > 10.8, expected
+    assert expected["images"] == hidden_size and expected["ends_at_seconds"] > 9, expected
     assert expected["would_shed"] == SHED_VIEWS[:len(expected["would_shed"])] and expected["would_shed"], expected
     assert lines[1].startswith(f"[infer] time: for {hidden_size} test images (infer.expected_test_images), "
                                "3 member(s) x 7 view(s) at "), lines
@@ -228,7 +231,7 @@ def test_a_code_competition_rerun_sheds_views_to_end_within_the_limit_and_a_limi
     record = json.loads((kaggle / "working" / "inference_time.json").read_text())
     report = "\n".join(time_lines(run)) + "\n" + json.dumps(record, indent=1)[:3000]
     assert record["within_limit"] and record["finished_at_seconds"] <= 12 and wall < 12.5, (wall, report)
-    assert record["projection"]["ends_at_seconds"] > 10.8, report  # the whole ensemble would not have ended in time
+    assert record["projection"]["ends_at_seconds"] > 9, report  # the whole ensemble would not have ended in time
     shed = [what for step in record["shed"] for what in step["what"]]
     assert shed[:6] == SHED_VIEWS[:len(shed)] and shed, report  # views first, the last configured first
     ran = {(u["member"], u["view"]): u for u in record["units"]}
