@@ -177,15 +177,15 @@ def time_lines(run) -> list[str]:
 @pytest.mark.e2e
 def test_a_code_competition_rerun_sheds_views_to_end_within_the_limit_and_a_limit_that_fits_changes_nothing(
         tmp_path, demo_records, demo_dir):
-    """One kernel, built with a 12 s limit, 3 folds x 7 views and the hidden set's size: on the public test it fits
+    """One kernel, built with a 20 s limit, 3 folds x 7 views and the hidden set's size: on the public test it fits
     (nothing shed, the submission byte-identical to infer.time_limit=none's) and projects the rerun; on a hidden test
     20 times larger, where the whole ensemble's measured pace cannot end in time, it sheds views, writes every row
     within the limit and names what it shed in inference_time.json. The model: the tiny backbone 32 wide at 32 px,
     whose 21 views x folds take about 2 ms an image here (15-20 s for the hidden set, idle), one of them about a tenth
-    of a millisecond, about half a millisecond with the reading under a loaded suite. infer.time_margin=0.25 keeps
-    3 s of the 12 for what follows the last batch (7,200 rows validated and written: 2.5 s in a loaded suite, where
-    the default 0.1 of a 9 h limit is 54 minutes), and the 9 s planned leave room for a start-up twice an idle
-    machine's 2.5 s and the last fold's one view."""
+    of a millisecond, about half a millisecond with the reading under a loaded suite. infer.time_margin=0.5 plans
+    10 s of the 20: in a loaded suite runs have ended up to 4.8 s past their last projection (not seen outside
+    pytest; on Kaggle the default 0.1 of a 9 h limit is 54 minutes), and the 10 s leave room for a start-up twice an
+    idle machine's 2.5 s and the last fold's one view."""
     backbone = save_tiny_backbone(tmp_path / "backbone", width=32)
     settings = [f"runtime.tfrecords={demo_records[0]}", f"model.hub_handle={backbone}", "data.image_size=32",
                 "train.fold=0", "train.epochs=1", "train.steps_per_epoch=2", "train.batch_size_per_replica=16",
@@ -196,7 +196,7 @@ def test_a_code_competition_rerun_sheds_views_to_end_within_the_limit_and_a_limi
     public = write_test_set(competition, demo_dir, 1)
     hidden_size = len(public) * HIDDEN_COPIES
     views = f"infer.tta=[{','.join(VIEWS)}]"
-    kernel = build(load_config(None, [*PROJECT, views, "infer.time_limit=12s", "infer.time_margin=0.25",
+    kernel = build(load_config(None, [*PROJECT, views, "infer.time_limit=20s", "infer.time_margin=0.5",
                                       f"infer.expected_test_images={hidden_size}"]), tmp_path / "build")["infer"]
 
     # The save run on the public test: within the limit, nothing shed, the same submission as without a limit; the
@@ -209,10 +209,10 @@ def test_a_code_competition_rerun_sheds_views_to_end_within_the_limit_and_a_limi
         (f"fold{k}", view, len(public), False) for k in range(3)
         for view in ("identity", *VIEWS)]
     assert re.fullmatch(rf"\[infer\] time: 3 member\(s\) x 7 view\(s\) at \d+ images/s: the {len(public)} rows "
-                        r"would end at [\d.]+s of the 9.0s planned \(12s limit less infer.time_margin=0.25\): nothing "
+                        r"would end at [\d.]+s of the 10.0s planned \(20s limit less infer.time_margin=0.5\): nothing "
                         r"to shed", lines[0]), lines
     expected = record["expected"]
-    assert expected["images"] == hidden_size and expected["ends_at_seconds"] > 9, expected
+    assert expected["images"] == hidden_size and expected["ends_at_seconds"] > 10, expected
     assert expected["would_shed"] == SHED_VIEWS[:len(expected["would_shed"])] and expected["would_shed"], expected
     assert lines[1].startswith(f"[infer] time: for {hidden_size} test images (infer.expected_test_images), "
                                "3 member(s) x 7 view(s) at "), lines
@@ -230,8 +230,8 @@ def test_a_code_competition_rerun_sheds_views_to_end_within_the_limit_and_a_limi
     assert [r["id"] for r in submission] == hidden and all(r["label"] for r in submission)
     record = json.loads((kaggle / "working" / "inference_time.json").read_text())
     report = "\n".join(time_lines(run)) + "\n" + json.dumps(record, indent=1)[:3000]
-    assert record["within_limit"] and record["finished_at_seconds"] <= 12 and wall < 12.5, (wall, report)
-    assert record["projection"]["ends_at_seconds"] > 9, report  # the whole ensemble would not have ended in time
+    assert record["within_limit"] and record["finished_at_seconds"] <= 20 and wall < 20.5, (wall, report)
+    assert record["projection"]["ends_at_seconds"] > 10, report  # the whole ensemble would not have ended in time
     shed = [what for step in record["shed"] for what in step["what"]]
     assert shed[:6] == SHED_VIEWS[:len(shed)] and shed, report  # views first, the last configured first
     ran = {(u["member"], u["view"]): u for u in record["units"]}
