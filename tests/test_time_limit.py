@@ -59,6 +59,7 @@ def test_views_are_shed_first_then_the_members_of_least_weight_then_the_worst_va
     assert [u.name for u in steps[2][1]] == ["fold1/identity", "fold1/flip_left_right", "fold1/rotate90"]
 
 
+@pytest.mark.timing
 def test_a_pace_that_falls_midway_sheds_more_and_each_row_averages_the_views_that_ran_on_it(capsys):
     """Two members x two views whose steps (real waits, measured by the plan like any model's) take 4 ms a batch of 8
     until a busy neighbour makes them 40 ms from the 11th batch: the first projection fits, the fallen pace sheds the
@@ -175,6 +176,7 @@ def time_lines(run) -> list[str]:
 
 
 @pytest.mark.e2e
+@pytest.mark.timing
 def test_a_code_competition_rerun_sheds_views_to_end_within_the_limit_and_a_limit_that_fits_changes_nothing(
         tmp_path, demo_records, demo_dir):
     """One kernel, built with a 20 s limit, 3 folds x 7 views and the hidden set's size: on the public test it fits
