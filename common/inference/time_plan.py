@@ -161,11 +161,12 @@ class TimePlan:
 
     def check(self) -> None:
         """The end projected from the active units' pace; past the plan, the next steps of shed_steps taken."""
-        if self.seconds_an_image(self.active(self.units)) is None:
+        per_image = self.seconds_an_image(self.active(self.units))
+        if per_image is None:
             return
         rows_done = self.rows_done
         rows_left, now = max(0, self.rows - rows_done), self.now()
-        ends = now + rows_left * self.seconds_an_image(self.active(self.units))
+        ends = now + rows_left * per_image
         first = self.projection is None
         if first:
             self.projection = {"at_row": rows_done, "at_seconds": round(now, 3), "ends_at_seconds": round(ends, 3),
@@ -230,9 +231,9 @@ class TimePlan:
     def record(self, expected: dict | None = None) -> dict:
         """What ran, what was shed, the projection and the time at the end: inference_time.json."""
         now = self.now()
+        paces = {u: self.pace[u].seconds_an_image() for u in self.units}
         units = [{"member": u.member, "view": u.view, "weight": u.weight, "images": self.pace[u].images,
-                  "images_per_second": (round(1 / self.pace[u].seconds_an_image(), 3)
-                                        if self.pace[u].seconds_an_image() else None),
+                  "images_per_second": round(1 / paces[u], 3) if paces[u] else None,
                   "warmup_seconds": round(self.pace[u].warmup_seconds, 3), "shed": u not in self.live}
                  for u in self.units]
         return {"time_limit": self.limit_text, "limit_seconds": self.limit, "time_margin": self.margin,
