@@ -182,10 +182,10 @@ def test_the_inference_kernel_and_its_config_load_with_every_training_dependency
         "common", "common.core", "common.core.atomic", "common.core.candidates", "common.core.config",
         "common.core.errors", "common.core.fields", "common.core.gcs", "common.core.paths", "common.core.platform",
         "common.core.strategy", "common.data", "common.data.pipeline", "common.data.records", "common.data.samples",
-        "common.data.sources", "common.export", "common.export.card", "common.export.loader", "common.inference",
-        "common.inference.ensemble", "common.inference.predict", "common.inference.submission",
-        "common.inference.time_plan", "common.inference.unread", "common.tasks",
-        "common.tasks.parts", "common.tasks.types"]
+        "common.data.sources", "common.data.teardown", "common.export", "common.export.card", "common.export.loader",
+        "common.inference", "common.inference.ensemble", "common.inference.predict", "common.inference.submission",
+        "common.inference.time_plan", "common.inference.unread", "common.tasks", "common.tasks.parts",
+        "common.tasks.types"]
 
 
 @pytest.mark.slow

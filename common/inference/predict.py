@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 
 from common.core.config import TTA_NAMES
+from common.data.teardown import let_go, without_autotune
 
 import numpy as np
 import tensorflow as tf
@@ -80,6 +81,7 @@ def ensemble_units(members, tta, xla: bool = False) -> list[Unit]:
 
 
 def _distributed(dataset: tf.data.Dataset, strategy):
+    dataset = without_autotune(dataset)  # read once: nothing to tune, and no tuning thread to wait on at the end
     return iter(dataset if strategy is None or strategy.num_replicas_in_sync == 1
                 else strategy.experimental_distribute_dataset(dataset))
 
@@ -120,24 +122,28 @@ def predict_rows(units: list[Unit], datasets: dict, strategy=None, plan=None) ->
     weighted mean of the units active when its batch ran (all of them without a plan)."""
     iterators = {size: _distributed(dataset, strategy) for size, dataset in datasets.items()}
     ids, outputs = [], []
+    clock = plan.clock if plan is not None else time.perf_counter  # the plan's clock: a test can give its own
     while True:
-        started = time.perf_counter()
+        started = clock()
         active = plan.active(units) if plan is not None else units
         batches, batch_ids = next_batches(iterators, sorted({u.image_size for u in active}), strategy)
         if batches is None:
             break
         total, weight = None, 0.0
         for unit in active:
-            unit_started = time.perf_counter()
+            unit_started = clock()
             predictions = run_unit(unit, batches[unit.image_size]["image"], strategy) * np.float32(unit.weight)
             if plan is not None:
-                plan.timed(unit, len(batch_ids), time.perf_counter() - unit_started)
+                plan.timed(unit, len(batch_ids), clock() - unit_started)
             total = predictions if total is None else total + predictions
             weight += unit.weight
         outputs.append(total / np.float32(weight))
         ids += batch_ids
         if plan is not None:
-            plan.batch_done(len(batch_ids), time.perf_counter() - started, batches)
+            plan.batch_done(len(batch_ids), clock() - started, batches)
+    holder = list(iterators.values())  # the only references, handed over: their teardown waits on no row
+    iterators.clear()
+    let_go(holder)
     return ids, (np.concatenate(outputs) if outputs else np.zeros((0, 0), np.float32))  # none decoded: unread.py
 
 
@@ -160,9 +166,9 @@ def time_units(units: list[Unit], samples: dict, batch_size: int, strategy, plan
         batch = next(_distributed(full, strategy))
         for unit in (u for u in units if u.image_size == size):
             for _ in range(2):
-                started = time.perf_counter()
+                started = plan.clock()
                 run_unit(unit, batch, strategy)
-                plan.timed(unit, batch_size, time.perf_counter() - started)
+                plan.timed(unit, batch_size, plan.clock() - started)
 
 
 def ensemble_probabilities(predicts, batches, tta=(), strategy=None, xla: bool = False,

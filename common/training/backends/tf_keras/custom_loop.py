@@ -5,8 +5,8 @@ equals the single-device one. It drives the same epoch hooks as Keras fit
 
 from __future__ import annotations
 
+from common.data.teardown import let_go
 from common.training.backends.base import EpochLoop
-from common.training.backends.tf_keras.iterators import let_go
 
 import tensorflow as tf
 

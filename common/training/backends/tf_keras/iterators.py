@@ -1,24 +1,12 @@
-"""Distributed iterators the tf_keras route keeps for a fold, and how it lets them go.
-
-Taking down a MirroredStrategy or TPUStrategy iterator (a MultiDeviceIterator inside) waits for the tf.data autotune
-thread of each device's pipeline. In TensorFlow 2.21 that thread is not always woken by the teardown: it is found in a
-timed wait (gdb), and the stall ends when that wait does, at its next optimisation, which comes up to 60 s apart once
-the iterator has lived a minute or two. Measured here on two logical CPUs, eight iterators that each lived 90 s: three
-took 50-60 s to delete, the other five 0.2 s; plain (single-device) iterators 0.15 s every time. So an iterator that
-lived long is dropped on a thread of its own, and the fold goes on at once (let_go)."""
+"""Distributed iterators the tf_keras route keeps for a fold, and how it lets them go: an iterator that lived long is
+dropped on a thread of its own, and the fold goes on at once (common/data/teardown.py says why)."""
 
 from __future__ import annotations
 
-import threading
+from common.data.teardown import let_go
 
 import numpy as np
 import tensorflow as tf
-
-
-def let_go(holder: list) -> None:
-    """Drop what `holder` holds on a daemon thread: the caller passes the only references in a list and keeps none, so
-    any wait in their teardown is that thread's (the wait releases the GIL: the rest of the process runs on)."""
-    threading.Thread(target=holder.clear, name="tpu2gpu-let-go", daemon=True).start()
 
 
 class RepeatedPasses:
