@@ -34,7 +34,9 @@ from common.training.backends.torch_xla.compiles import (
     open_compile_cache,
 )
 from common.training.backends.torch_xla.export import export
+from common.training.backends.torch_xla.host import DeviceShare, HostBatches, on_cpu, stop_loader
 from common.training.backends.torch_xla.model import build_timm_model
+from common.training.backends.torch_xla.step import CompiledStep
 from common.training.compile_cache import CompileCache, CompileCount
 from common.training.memory import torch_xla_peak
 
@@ -52,14 +54,6 @@ warnings.filterwarnings("ignore", message="The given NumPy array is not writable
                         module=__name__)
 
 CHECKPOINT = "checkpoint.pt"  # model, optimiser, step count and moving average; replaced whole after each epoch
-
-
-def stop_loader(batches) -> None:
-    """The background threads of an MpDeviceLoader's iterator closed and joined. torch_xla keeps its ParallelLoader
-    (the one with close()) as the iterator's _loader, with no public handle."""
-    loader = getattr(batches, "_loader", None)
-    if loader is not None and hasattr(loader, "close"):
-        loader.close()
 
 
 class TorchXlaBackend:
@@ -112,6 +106,13 @@ class TorchXlaBackend:
                 self.optimizer.state[parameter] = {"step": torch.tensor(0.0), "exp_avg": zeros.to(self.device),
                                                    "exp_avg_sq": zeros.to(self.device)}
         self._replicate()
+        compiled = self.cfg.train.torch_step == "compiled"
+        self.compiled_step = CompiledStep(self.model, self.optimizer, self.loss, ema, self.average) if compiled \
+            else None
+        print("[torch_xla] training step: " + (
+            "compiled (train.torch_step=compiled): forward, gradients and Adam as one function under torch.compile("
+            "backend='openxla'), traced once per shape, then run from its cached graph" if compiled else
+            "lazy (train.torch_step=lazy): the module, backward and torch.optim.Adam re-traced every step"), flush=True)
 
     def _replicate(self) -> None:
         """Every weight, buffer, optimiser slot and average marked as replicated on the mesh. A step's outputs carry
@@ -226,7 +227,7 @@ class TorchXlaBackend:
             loop.epoch_begin(epoch)
             self.model.train()
             # total: a fresh zero each epoch would compile each epoch. Graphs taken from the compile cache count too.
-            total, before, in_steps = None, graphs(), 0
+            total, before, in_steps, share = None, graphs(), 0, DeviceShare()
             for _ in range(loop.steps_per_epoch):
                 batch = next(batches)
                 step_before = graphs()
@@ -235,13 +236,18 @@ class TorchXlaBackend:
                 if epoch == loop.initial_epoch and total is None:
                     loss.item()  # waits for the first step's graph to run
                     loop.first_executed(1)
+                if total is None:
+                    share.start()  # from the end of the epoch's first step: its compile is not the pace
                 total = loss if total is None else total + loss
-            stop = loop.epoch_end(epoch, {"loss": float(total.item()) / loop.steps_per_epoch})
+            loss_value = float(total.item()) / loop.steps_per_epoch  # waits for the last step: the share's end
+            host = share.text(loop.steps_per_epoch - 1)
+            stop = loop.epoch_end(epoch, {"loss": loss_value})
             # After the first epoch: none, or every step pays a compile. In the first: one training step graph.
             now = graphs()
             print(f"[torch_xla] epoch {epoch + 1}: {now - before} graph(s) compiled (training and "
                   f"validation; from the cache or not), {in_steps} by the training step, {now} in all "
-                  f"({cache_hits()} from the cache)", flush=True)
+                  f"({cache_hits()} from the cache)" + (f"; {self.cfg.train.torch_step} step: {host}" if host else ""),
+                  flush=True)
             if stop:
                 break
 
@@ -258,6 +264,10 @@ class TorchXlaBackend:
     def _step(self, images, targets) -> torch.Tensor:
         for group in self.optimizer.param_groups:
             group["lr"] = self.plan.learning_rate(self.steps)  # the schedule at this update, as on the other routes
+        if self.compiled_step is not None:  # traced once (step.py); the rate a tensor, so no value recompiles
+            loss = self.compiled_step(images, targets, self.optimizer.param_groups[0]["lr"])
+            self.steps += 1
+            return loss
         loss = self.loss(targets, self.model(images)).mean()
         loss.backward()
         self.optimizer.step()
@@ -295,28 +305,6 @@ class TorchXlaBackend:
         if self.compile_cache:  # the graphs of the device's own outputs for the card too: the next run takes them
             self.compile_cache.vouch()
         return card
-
-
-class HostBatches:
-    """The tf.data pipeline's (images, targets) batches as CPU tensors, for MpDeviceLoader."""
-
-    def __init__(self, dataset):
-        self.dataset = dataset
-
-    def __iter__(self):
-        for images, targets in self.dataset.as_numpy_iterator():
-            yield {"images": torch.from_numpy(images), "targets": torch.from_numpy(targets)}
-
-
-def on_cpu(value):
-    """Tensors (in dicts and lists) copied to the CPU, for torch.save."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
-    if isinstance(value, dict):
-        return {k: on_cpu(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(on_cpu(v) for v in value)
-    return value
 
 
 def start(cfg) -> TorchXlaBackend:

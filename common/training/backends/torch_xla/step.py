@@ -1,0 +1,90 @@
+"""The torch_xla route's training step, traced once (train.torch_step=compiled) or every step (lazy).
+
+    step = CompiledStep(model, optimizer, loss, ema)   # optimizer: torch.optim.Adam, its slots made (backend.build)
+    loss = step(images, targets, learning_rate)       # the model's weights, buffers and Adam's slots updated
+
+PyTorch/XLA is lazy: run as plain PyTorch (the module, loss.backward(), torch.optim.Adam), every op of the forward,
+the backward and the update is recorded again as IR on the host each step before the cached XLA program runs, and
+on a TPU that tracing can take longer than the step computes. CompiledStep is one pure function of the trainable
+weights, the frozen ones, the buffers, Adam's slots, the moving average, the rate and the batch, returning their new
+values and the loss: the forward (torch.func.functional_call), the gradients (torch.func.grad_and_value) and Adam's
+update in torch.optim.Adam's own arithmetic, so that nothing outside is written in place. torch.compile with the
+openxla backend (dynamo) captures it once per input shape; each later call checks dynamo's guards and runs the cached
+XLA graph, and its outputs are swapped into the model and the optimiser without a traced op (Tensor.data).
+Batch-norm's running statistics are returned, not written in place: a grad transform cannot write a tensor made
+outside it. torch.optim.adam.adam (the functional form) does not serve: on the inputs themselves it failed in the
+openxla bridge (torch_xla 2.9: "Trying to access XLA data ... while an async operation is in flight"), and its
+capturable branch (the one that keeps the step count on the device) divides by the rate: NaN at the warm-up's first
+step, whose rate is 0. So the update is Adam's arithmetic written out, its bias corrections from the host. Dropout
+draws a new seed each call (the bridge advances torch_xla's RNG per execution, pytorch/xla#5444).
+docs/training.md, "The PyTorch step", has the figures.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+class CompiledStep:
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Adam, loss, ema: float = 0.0,
+                 average: list | None = None):
+        self.model, self.optimizer, self.loss, self.ema, self.average = model, optimizer, loss, ema, average
+        self.names = [name for name, p in model.named_parameters() if p.requires_grad]
+        self.frozen = [name for name, p in model.named_parameters() if not p.requires_grad]
+        self.order = [name for name, _ in model.named_parameters()]  # the moving average's, as the backend keeps it
+        self.buffer_names = [name for name, _ in model.named_buffers()]
+        group = optimizer.param_groups[0]
+        self.betas, self.eps = group["betas"], group["eps"]
+        self.compiled = torch.compile(self._pure, backend="openxla", fullgraph=True, dynamic=False)
+
+    def _pure(self, weights, frozen, buffers, first, second, average, step_size, bias2_root, images, targets):
+        """(new weights, buffers, Adam's first and second moments, average, loss): no input written."""
+        def loss_of(trainable):
+            statistics = {name: b.clone() for name, b in buffers.items()}  # batch-norm moves these copies
+            outputs = torch.func.functional_call(self.model, ({**trainable, **frozen}, statistics), (images,))
+            return self.loss(targets, outputs).mean(), statistics
+
+        gradients, (loss, buffers) = torch.func.grad_and_value(loss_of, has_aux=True)(weights)
+        names = list(weights)
+        new, first, second = [], list(first), list(second)
+        beta1, beta2 = self.betas
+        with torch.no_grad():
+            for k, name in enumerate(names):  # torch.optim.Adam's own arithmetic (its non-capturable branch)
+                gradient = gradients[name]
+                first[k] = torch.lerp(first[k], gradient, 1 - beta1)
+                second[k] = second[k] * beta2 + gradient * gradient * (1 - beta2)
+                new.append(weights[name] - step_size * first[k] / (second[k].sqrt() / bias2_root + self.eps))
+            if average:  # over every parameter, the frozen ones too (unchanged)
+                updated = {**frozen, **dict(zip(names, new, strict=True))}
+                average = [a * self.ema + updated[n] * (1 - self.ema) for a, n in zip(average, self.order, strict=True)]
+        return new, buffers, first, second, average, loss.detach()
+
+    def __call__(self, images: torch.Tensor, targets: torch.Tensor, rate: float) -> torch.Tensor:
+        parameters = dict(self.model.named_parameters())
+        trainable = [parameters[n] for n in self.names]
+        slots = [self.optimizer.state[p] for p in trainable]
+        buffers = dict(self.model.named_buffers())
+        # Adam's bias corrections on the host, in float64 as torch.optim.Adam computes them, handed in as tensors (a
+        # number would be a constant of the graph: a recompile each step). On the device they would be bfloat16 under
+        # XLA_USE_BF16, where 0.999 ** t rounds to 1 and the second correction to 0.
+        count = float(slots[0]["step"]) + 1 if slots else 1.0
+        beta1, beta2 = self.betas
+        scalars = [torch.tensor(v, dtype=torch.float32, device=images.device)
+                   for v in (rate / (1 - beta1 ** count), math.sqrt(1 - beta2 ** count))]
+        new, statistics, first, second, average, loss = self.compiled(
+            {n: p.detach() for n, p in zip(self.names, trainable, strict=True)},
+            {n: parameters[n].detach() for n in self.frozen}, buffers,
+            [s["exp_avg"] for s in slots], [s["exp_avg_sq"] for s in slots], self.average or [], *scalars, images,
+            targets)
+        for parameter, value in zip(trainable, new, strict=True):
+            parameter.data = value
+        for name, value in statistics.items():
+            buffers[name].data = value
+        for slot, m, v in zip(slots, first, second, strict=True):
+            slot["exp_avg"], slot["exp_avg_sq"] = m, v
+            slot["step"].fill_(count)  # on the host, as torch.optim.Adam keeps it: checkpoints as the lazy step's
+        for kept, value in zip(self.average or [], average, strict=True):
+            kept.data = value
+        return loss
