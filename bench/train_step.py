@@ -13,10 +13,12 @@ decoding or tf.data, so kernel / in-memory is what the input pipeline and the lo
 count is printed against the plan's (epochs x steps per epoch): 1,149 training records at batch 32 make 35 steps an
 epoch, which 32 does not divide, the case where Keras 3's JAX trainer used to train extra steps.
 torch_xla (where installed): the same, in a child interpreter (torch_xla must be imported before TensorFlow), on one
-XLA CPU device, with timm's MobileNetV3 (tpu2gpu.backbones.save_tiny_timm_backbone; --width does not apply); its
-in-memory run is the backend's own loop over the same batches held as arrays (tf.data from memory, no records), and
-the row counts the XLA graphs compiled: in the timed epochs, none.
-About 100 s on 2 cores with the defaults (35 s without torch_xla).
+XLA CPU device (--torch-devices 2: SPMD over two), with timm's MobileNetV3 (tpu2gpu.backbones.save_tiny_timm_backbone;
+--width does not apply), once for each training step (train.torch_step=compiled, then lazy: a row each, with its ms a
+step and the host's share of it from the route's own epoch line); its in-memory run is the backend's own loop over the
+same batches held as arrays (tf.data from memory, no records), and the row counts the XLA graphs compiled: in the
+timed epochs, none.
+About 150 s on 2 cores with the defaults (35 s without torch_xla).
 
     .venv/bin/python bench/train_step.py --model b0 [--batch 256] [--steps-per-epoch 32]
 
@@ -39,6 +41,7 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -68,13 +71,14 @@ def settings(framework: str, args: argparse.Namespace, tmp: Path) -> list[str]:
     if args.model == "b0":
         backbone = {"tf_keras": ["model.backbone=efficientnet", "model.efficientnet_weights=none"],
                     "keras_jax": ["model.backbone=efficientnet", "model.efficientnet_weights=none"],
-                    "torch_xla": ["model.backbone=timm", "model.timm_model=efficientnet_b0", "model.timm_weights=none",
-                                  "runtime.cpu_devices=1"]}[framework]
+                    "torch_xla": ["model.backbone=timm", "model.timm_model=efficientnet_b0", "model.timm_weights=none"]
+                    }[framework]
     else:
         backbone = {"tf_keras": [f"model.hub_handle={tmp / 'backbone'}"],
                     "keras_jax": ["model.backbone=keras", f"model.keras_backbone={tmp / 'backbone.keras'}"],
-                    "torch_xla": ["model.backbone=timm", f"model.timm_model={tmp / 'timm_backbone'}",
-                                  "runtime.cpu_devices=1"]}[framework]
+                    "torch_xla": ["model.backbone=timm", f"model.timm_model={tmp / 'timm_backbone'}"]}[framework]
+    if framework == "torch_xla":
+        backbone += [f"runtime.cpu_devices={args.torch_devices}", f"train.torch_step={args.torch_step}"]
     return [f"train.framework={framework}", *backbone, f"data.image_size={args.image_size}", "runtime.strategy=default",
             f"train.batch_size={args.batch}", f"train.epochs={args.epochs + 1}", "train.export_float16=false",
             f"train.steps_per_epoch={args.steps_per_epoch}", f"runtime.output_dir={tmp / 'out'}"]  # its compile cache
@@ -173,8 +177,9 @@ def steps_on_device(backend, arrays, plan, steps: int = 5) -> float | None:
     return statistics.median(seconds[1:])
 
 
-def torch_xla_in_child(args: argparse.Namespace, tmp: Path) -> dict | None:
-    """measure() for torch_xla in a child interpreter, or None where torch_xla is not installed."""
+def torch_xla_in_child(args: argparse.Namespace, tmp: Path, step: str) -> dict | None:
+    """measure() for torch_xla's `step` (train.torch_step) in a child interpreter, with the last epoch's host share
+    as the route's own log gives it; None where torch_xla is not installed."""
     if importlib.util.find_spec("torch_xla") is None:
         print("torch_xla is not installed: no torch_xla row (`pip install -e '.[torch]'`, or ./dev test, installs it)")
         return None
@@ -182,11 +187,15 @@ def torch_xla_in_child(args: argparse.Namespace, tmp: Path) -> dict | None:
 
     save_tiny_timm_backbone(tmp / "timm_backbone")
     sizes = [f"--image-size={args.image_size}", f"--batch={args.batch}", f"--epochs={args.epochs}",
-             f"--steps-per-epoch={args.steps_per_epoch}", f"--model={args.model}"]
+             f"--steps-per-epoch={args.steps_per_epoch}", f"--model={args.model}", f"--torch-step={step}",
+             f"--torch-devices={args.torch_devices}"]
     run = subprocess.run([sys.executable, __file__, *sizes, CHILD_FLAG, str(tmp)], capture_output=True, text=True)
     if run.returncode:
         sys.exit(f"the torch_xla measurement failed:\n{run.stdout[-2000:]}{run.stderr[-3000:]}")
-    return json.loads(run.stdout.split("FIGURES ")[1].splitlines()[0])
+    figures = json.loads(run.stdout.split("FIGURES ")[1].splitlines()[0])
+    shares = re.findall(r"\[torch_xla\] epoch \d+: .*; \w+ step: (host \d+% of \d+ ms a step \(the devices computed "
+                        r"\d+ ms\))", run.stdout)
+    return {**figures, "host": shares[-1] if shares else None}
 
 
 def report(args: argparse.Namespace, figures: dict[str, dict]) -> None:
@@ -195,7 +204,7 @@ def report(args: argparse.Namespace, figures: dict[str, dict]) -> None:
              f"tiny backbone (width {args.width}; torch_xla: timm MobileNetV3)")
     print(f"{model} at {args.image_size}x{args.image_size}, global batch {args.batch}, one device each; {args.epochs} "
           "timed epochs, medians")
-    print(f"{'framework':10} {'kernel path':>12} {'in memory':>12} {'ratio':>6} {'on device':>12}  optimiser steps")
+    print(f"{'framework':18} {'kernel path':>12} {'in memory':>12} {'ratio':>6} {'on device':>12}  optimiser steps")
     for framework, f in figures.items():
         if f["compiled_first_epoch"] is not None:
             detail = f"XLA graphs compiled: {f['compiled_first_epoch']} in epoch 1, {f['compiled_after']} after"
@@ -203,12 +212,21 @@ def report(args: argparse.Namespace, figures: dict[str, dict]) -> None:
             detail = (f"steps_per_execution {f['steps_per_execution']}" +
                       (f" (train.steps_per_execution={f['asked']})" if f["steps_per_execution"] != f["asked"] else ""))
         on_device = f"{f['on_device']:6.0f} img/s" if f.get("on_device") else f"{'-':>12}"
-        print(f"{framework:10} {f['kernel']:8.0f} img/s {f['in_memory']:6.0f} img/s {f['kernel'] / f['in_memory']:6.2f}"
+        if f.get("host"):
+            detail += f"; {1000 * args.batch / f['kernel']:.0f} ms a step, {f['host']}"
+        print(f"{framework:18} {f['kernel']:8.0f} img/s {f['in_memory']:6.0f} img/s {f['kernel'] / f['in_memory']:6.2f}"
               f" {on_device}  {f['optimizer_steps']} of {f['planned']} planned ({f['epochs']} x "
               f"{f['steps_per_epoch']}){skipped(f)}; {detail}")
         print("RESULT " + json.dumps({"bench": f"training kernel path, {framework} {size}", "value": f["kernel"],
                                       "baseline": f["in_memory"], "ratio": f["kernel"] / f["in_memory"],
                                       "unit": "img/s", "baseline_name": "the same model on in-memory batches"}))
+    if "torch_xla/compiled" in figures and "torch_xla/lazy" in figures:
+        compiled, lazy = (1000 * args.batch / figures[f"torch_xla/{step}"]["kernel"] for step in ("compiled", "lazy"))
+        print(f"torch_xla compiled / lazy step on the kernel path: {compiled / lazy:.2f} ({compiled:.0f} against "
+              f"{lazy:.0f} ms a step, {args.torch_devices} XLA device(s))")
+        print("RESULT " + json.dumps({"bench": f"training, torch_xla compiled vs lazy step {size}", "value": compiled,
+                                      "baseline": lazy, "ratio": compiled / lazy, "unit": "ms/step",
+                                      "baseline_name": "train.torch_step=lazy"}))
     if "tf_keras" in figures and "keras_jax" in figures:
         tf_keras, keras_jax = figures["tf_keras"], figures["keras_jax"]
         print(f"keras_jax / tf_keras on the kernel path: {keras_jax['kernel'] / tf_keras['kernel']:.2f}")
@@ -241,6 +259,8 @@ def main() -> None:
     parser.add_argument("--frameworks", nargs="+", choices=(*FRAMEWORKS, "torch_xla"), default=None,
                         help="the routes to measure (default: all; on a GPU machine with tensorflow-cpu, keras_jax: "
                              "tf_keras would train on its CPU)")
+    parser.add_argument("--torch-devices", type=int, default=1, help="torch_xla: XLA CPU devices (SPMD over them)")
+    parser.add_argument("--torch-step", choices=("compiled", "lazy"), default="compiled", help=argparse.SUPPRESS)
     parser.add_argument(CHILD_FLAG, type=Path, help=argparse.SUPPRESS)
     if parser.parse_known_args()[0].smoke:
         parser.set_defaults(**SMOKE)
@@ -269,8 +289,11 @@ def main() -> None:
             if framework in chosen:
                 cfg = load_config(None, settings(framework, args, tmp))
                 figures[framework] = measure(cfg, start_backend(cfg), args, tmp)
-        torch_xla = torch_xla_in_child(args, tmp) if "torch_xla" in chosen else None
-        report(args, {**figures, **({"torch_xla": torch_xla} if torch_xla else {})})
+        for step in ("compiled", "lazy") if "torch_xla" in chosen else ():  # train.torch_step, one child each
+            measured = torch_xla_in_child(args, tmp, step)
+            if measured:
+                figures[f"torch_xla/{step}"] = measured
+        report(args, figures)
 
 
 if __name__ == "__main__":

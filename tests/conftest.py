@@ -186,7 +186,8 @@ LONGEST_FIRST = (
     "test_multihost.py::test_two_processes_train_as_one_process_with_two_devices",
     "test_real_weights.py::test_a_linear_probe_on_real_weights_on_every_route_exports_verified_and_the_tf_only_"
     "kernel_scores_it",
-    "test_torch_route.py::test_one_and_two_xla_devices_train_the_planned_steps_at_the_planned_rate_to_the_same_weights",
+    "test_torch_route.py::test_one_and_two_xla_devices_compiled_and_lazy_train_the_planned_steps_at_the_planned_rate_"
+    "to_the_same_weights",
     "test_torch_tasks.py::test_each_task_types_torch_model_exports_the_same_contract_and_the_tf_only_kernel_predicts_"
     "what_it_does",
     "test_time_limit.py::test_a_code_competition_rerun_sheds_views_to_end_within_the_limit_and_a_limit_that_fits_"

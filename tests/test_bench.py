@@ -26,7 +26,9 @@ EXPECTED = {
     "training, tf_keras": r"training kernel path, tf_keras \(\d+px, batch \d+\)",
     "training, keras_jax": r"training kernel path, keras_jax \(\d+px, batch \d+\)",
     "training, keras_jax vs tf_keras": r"training, keras_jax vs tf_keras kernel path \(\d+px, batch \d+\)",
-    "training, torch_xla": r"training kernel path, torch_xla \(\d+px, batch \d+\)",  # ./dev test installs torch_xla
+    "training, torch_xla": r"training kernel path, torch_xla/compiled \(\d+px, batch \d+\)",  # ./dev test installs it
+    "training, torch_xla lazy": r"training kernel path, torch_xla/lazy \(\d+px, batch \d+\)",
+    "training, torch_xla compiled vs lazy": r"training, torch_xla compiled vs lazy step \(\d+px, batch \d+\)",
     "multihost": r"training, 2 processes x 1 device vs 1 process x 2 devices \(\d+px, batch \d+\)",
     "inference": r"inference kernel, (EfficientNet-B0|tiny backbone) \d+px",
     "records check": r"full record check, [\d.]+ GB from the page cache",
@@ -39,6 +41,7 @@ GCS = {"gs:// upload": r"gs:// upload of records, \d+ MB \(fake bucket on loopba
 if not unavailable():
     EXPECTED.update(GCS)
 IN_MB_PER_S = ("records check", *GCS)
+IN_MS_PER_STEP = ("training, torch_xla compiled vs lazy",)
 FIGURE = re.compile(r"(?P<value>\S+) (?P<unit>\S+)")
 BASELINE = re.compile(r"(?P<value>\S+) (?P<unit>\S+) \((?P<name>.+)\)")
 
@@ -62,7 +65,7 @@ HEAVY = ["train_step.py", "multihost.py"]
 ROWS = {"input_pipeline.py": ["input pipeline"], "inference.py": ["inference"], "verify_records.py": ["records check"],
         "gcs.py": list(GCS), "multihost.py": ["multihost"],
         "train_step.py": ["training, tf_keras", "training, keras_jax", "training, keras_jax vs tf_keras",
-                          "training, torch_xla"]}
+                          "training, torch_xla", "training, torch_xla lazy", "training, torch_xla compiled vs lazy"]}
 
 
 def test_run_all_smoke_prints_a_row_of_real_figures_per_benchmark():
@@ -90,8 +93,8 @@ def smoke_rows(scripts: list[str]) -> None:
         value = FIGURE.fullmatch(figure)
         base = BASELINE.fullmatch(baseline)
         assert value and base, (figure, baseline)
-        assert value["unit"] == base["unit"] == ("MB/s" if matches[0] in IN_MB_PER_S else "img/s"), (figure,
-                                                                                                        baseline)
+        unit = "MB/s" if matches[0] in IN_MB_PER_S else "ms/step" if matches[0] in IN_MS_PER_STEP else "img/s"
+        assert value["unit"] == base["unit"] == unit, (figure, baseline)
         value, base, ratio = positive(value["value"]), positive(base["value"]), positive(ratio)
         # One round each in smoke mode, so the ratio is the figure over its baseline (as printed: 3 significant digits).
         assert ratio == pytest.approx(value / base, rel=0.01, abs=0.006), (bench, figure, baseline, ratio)

@@ -69,6 +69,7 @@ def test_the_built_kernels_train_on_torch_xla_in_the_tpu_image_and_score_with_te
     assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
     assert "framework     torch 2.8.0" in train.stdout and "torch_xla 2.8.0" in train.stdout
     assert "devices       2 x cpu XLA device(s); SPMD data parallel" in train.stdout
+    assert "[torch_xla] training step: compiled (train.torch_step=compiled)" in train.stdout  # torch 2.8's dynamo
     export = shutil.copytree(kaggle / "working" / "export", tmp_path / "torch-export")  # /kaggle/working is replaced
     card = json.loads((export / "fold0" / "model_card.json").read_text())
     runtime, metrics = card["runtime"], card["metrics"]

@@ -9,9 +9,8 @@ number declares its range and each name its choices on its own field (common/cor
 a rule of two keys is checked where they meet (mixup_prob + cutmix_prob <= 1: common.data.pipeline.check_mixing).
 What a floor above means by a key (data.task's tasks, train.framework's routes and the backbones each trains) its
 owner supplies when it is imported (common/core/fields.py): this module imports nothing above common.core.
-Sections follow the Model Garden split: what to learn (data, model, train, infer) apart from where it runs (runtime).
-Model and data code never read `runtime`.
-"""
+Sections follow the Model Garden split: what to learn (data, model, train, infer) apart from where it runs (runtime):
+model and data code never read `runtime`."""
 
 from __future__ import annotations
 

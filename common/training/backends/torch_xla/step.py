@@ -11,13 +11,13 @@ values and the loss: the forward (torch.func.functional_call), the gradients (to
 update in torch.optim.Adam's own arithmetic, so that nothing outside is written in place. torch.compile with the
 openxla backend (dynamo) captures it once per input shape; each later call checks dynamo's guards and runs the cached
 XLA graph, and its outputs are swapped into the model and the optimiser without a traced op (Tensor.data).
-Batch-norm's running statistics are returned, not written in place: a grad transform cannot write a tensor made
-outside it. torch.optim.adam.adam (the functional form) does not serve: on the inputs themselves it failed in the
-openxla bridge (torch_xla 2.9: "Trying to access XLA data ... while an async operation is in flight"), and its
-capturable branch (the one that keeps the step count on the device) divides by the rate: NaN at the warm-up's first
-step, whose rate is 0. So the update is Adam's arithmetic written out, its bias corrections from the host. Dropout
-draws a new seed each call (the bridge advances torch_xla's RNG per execution, pytorch/xla#5444).
-docs/training.md, "The PyTorch step", has the figures.
+Batch-norm's running statistics are returned, not written in place: batch-norm moves copies made inside the
+function, as does the rest of its state. torch.optim.adam.adam (the functional form) does not serve: on the inputs
+themselves it failed in the openxla bridge (torch_xla 2.9: "Trying to access XLA data ... while an async operation
+is in flight"), and its capturable branch (the one that keeps the step count on the device) divides by the rate: NaN
+at the warm-up's first step, whose rate is 0. So the update is Adam's arithmetic written out, its bias corrections
+from the host. Dropout draws a new seed each call (the bridge advances torch_xla's RNG per execution,
+pytorch/xla#5444). docs/training.md, "The PyTorch step", has the figures.
 """
 
 from __future__ import annotations
@@ -34,13 +34,15 @@ class CompiledStep:
         self.names = [name for name, p in model.named_parameters() if p.requires_grad]
         self.frozen = [name for name, p in model.named_parameters() if not p.requires_grad]
         self.order = [name for name, _ in model.named_parameters()]  # the moving average's, as the backend keeps it
-        self.buffer_names = [name for name, _ in model.named_buffers()]
         group = optimizer.param_groups[0]
         self.betas, self.eps = group["betas"], group["eps"]
         self.compiled = torch.compile(self._pure, backend="openxla", fullgraph=True, dynamic=False)
 
-    def _pure(self, weights, frozen, buffers, first, second, average, step_size, bias2_root, images, targets):
-        """(new weights, buffers, Adam's first and second moments, average, loss): no input written."""
+    def _pure(self, state: dict, step_size, bias2_root, images, targets):
+        """The step on `state` (weights, frozen, buffers, first, second, average): its new weights (in the order of
+        `weights`), buffers, Adam's first and second moments and average, and the loss; nothing given is written."""
+        weights, frozen, buffers = state["weights"], state["frozen"], state["buffers"]
+
         def loss_of(trainable):
             statistics = {name: b.clone() for name, b in buffers.items()}  # batch-norm moves these copies
             outputs = torch.func.functional_call(self.model, ({**trainable, **frozen}, statistics), (images,))
@@ -48,7 +50,7 @@ class CompiledStep:
 
         gradients, (loss, buffers) = torch.func.grad_and_value(loss_of, has_aux=True)(weights)
         names = list(weights)
-        new, first, second = [], list(first), list(second)
+        new, first, second, average = [], list(state["first"]), list(state["second"]), state["average"]
         beta1, beta2 = self.betas
         with torch.no_grad():
             for k, name in enumerate(names):  # torch.optim.Adam's own arithmetic (its non-capturable branch)
@@ -59,7 +61,8 @@ class CompiledStep:
             if average:  # over every parameter, the frozen ones too (unchanged)
                 updated = {**frozen, **dict(zip(names, new, strict=True))}
                 average = [a * self.ema + updated[n] * (1 - self.ema) for a, n in zip(average, self.order, strict=True)]
-        return new, buffers, first, second, average, loss.detach()
+        return {"weights": new, "buffers": buffers, "first": first, "second": second, "average": average}, \
+            loss.detach()
 
     def __call__(self, images: torch.Tensor, targets: torch.Tensor, rate: float) -> torch.Tensor:
         parameters = dict(self.model.named_parameters())
@@ -73,18 +76,18 @@ class CompiledStep:
         beta1, beta2 = self.betas
         scalars = [torch.tensor(v, dtype=torch.float32, device=images.device)
                    for v in (rate / (1 - beta1 ** count), math.sqrt(1 - beta2 ** count))]
-        new, statistics, first, second, average, loss = self.compiled(
-            {n: p.detach() for n, p in zip(self.names, trainable, strict=True)},
-            {n: parameters[n].detach() for n in self.frozen}, buffers,
-            [s["exp_avg"] for s in slots], [s["exp_avg_sq"] for s in slots], self.average or [], *scalars, images,
-            targets)
-        for parameter, value in zip(trainable, new, strict=True):
+        state = {"weights": {n: p.detach() for n, p in zip(self.names, trainable, strict=True)},
+                 "frozen": {n: parameters[n].detach() for n in self.frozen}, "buffers": buffers,
+                 "first": [s["exp_avg"] for s in slots], "second": [s["exp_avg_sq"] for s in slots],
+                 "average": self.average or []}
+        new, loss = self.compiled(state, *scalars, images, targets)
+        for parameter, value in zip(trainable, new["weights"], strict=True):
             parameter.data = value
-        for name, value in statistics.items():
+        for name, value in new["buffers"].items():
             buffers[name].data = value
-        for slot, m, v in zip(slots, first, second, strict=True):
-            slot["exp_avg"], slot["exp_avg_sq"] = m, v
+        for slot, first, second in zip(slots, new["first"], new["second"], strict=True):
+            slot["exp_avg"], slot["exp_avg_sq"] = first, second
             slot["step"].fill_(count)  # on the host, as torch.optim.Adam keeps it: checkpoints as the lazy step's
-        for kept, value in zip(self.average or [], average, strict=True):
+        for kept, value in zip(self.average or [], new["average"], strict=True):
             kept.data = value
         return loss
