@@ -10,8 +10,9 @@ The same interface as the other routes, so the fold (plan, data, tasks, budget, 
 differs: one process drives all the host's devices (torch_xla's SPMD: a 1-D mesh, each global batch sharded along it,
 the weights replicated), the shared tf.data pipeline's batches move to the devices while the step before runs
 (MpDeviceLoader); every step has the same shapes, so its graph compiles once, and the log counts the compiles after
-each epoch; the learning rate is the plan's schedule at each optimiser step; checkpoints are torch.save files; the
-export is rebuilt under Keras' TensorFlow backend in a child (export.py).
+each epoch; the step is traced once (train.torch_step=compiled: step.py) or re-traced every step (lazy), and each
+epoch's line gives the host's share of a step (host.py); the learning rate is the plan's schedule at each optimiser
+step; checkpoints are torch.save files; the export is rebuilt under Keras' TensorFlow backend in a child (export.py).
 """
 
 from __future__ import annotations
