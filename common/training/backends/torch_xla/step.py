@@ -31,9 +31,13 @@ class CompiledStep:
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Adam, loss, ema: float = 0.0,
                  average: list | None = None):
         self.model, self.optimizer, self.loss, self.ema, self.average = model, optimizer, loss, ema, average
-        self.names = [name for name, p in model.named_parameters() if p.requires_grad]
-        self.frozen = [name for name, p in model.named_parameters() if not p.requires_grad]
-        self.order = [name for name, _ in model.named_parameters()]  # the moving average's, as the backend keeps it
+        # The module's own tensors, looked up once: each step swaps their .data, so they stay the same objects.
+        parameters = dict(model.named_parameters())
+        self.names = [name for name, p in parameters.items() if p.requires_grad]
+        self.trainable = [parameters[name] for name in self.names]
+        self.frozen = {name: p for name, p in parameters.items() if not p.requires_grad}
+        self.order = list(parameters)  # the moving average's, as the backend keeps it
+        self.buffers = dict(model.named_buffers())
         group = optimizer.param_groups[0]
         self.betas, self.eps = group["betas"], group["eps"]
         self.compiled = torch.compile(self._pure, backend="openxla", fullgraph=True, dynamic=False)
@@ -65,10 +69,7 @@ class CompiledStep:
             loss.detach()
 
     def __call__(self, images: torch.Tensor, targets: torch.Tensor, rate: float) -> torch.Tensor:
-        parameters = dict(self.model.named_parameters())
-        trainable = [parameters[n] for n in self.names]
-        slots = [self.optimizer.state[p] for p in trainable]
-        buffers = dict(self.model.named_buffers())
+        slots = [self.optimizer.state[p] for p in self.trainable]  # a restore replaces the optimiser's state
         # Adam's bias corrections on the host, in float64 as torch.optim.Adam computes them, handed in as tensors (a
         # number would be a constant of the graph: a recompile each step). On the device they would be bfloat16 under
         # XLA_USE_BF16, where 0.999 ** t rounds to 1 and the second correction to 0.
@@ -76,15 +77,15 @@ class CompiledStep:
         beta1, beta2 = self.betas
         scalars = [torch.tensor(v, dtype=torch.float32, device=images.device)
                    for v in (rate / (1 - beta1 ** count), math.sqrt(1 - beta2 ** count))]
-        state = {"weights": {n: p.detach() for n, p in zip(self.names, trainable, strict=True)},
-                 "frozen": {n: parameters[n].detach() for n in self.frozen}, "buffers": buffers,
+        state = {"weights": {n: p.detach() for n, p in zip(self.names, self.trainable, strict=True)},
+                 "frozen": {n: p.detach() for n, p in self.frozen.items()}, "buffers": self.buffers,
                  "first": [s["exp_avg"] for s in slots], "second": [s["exp_avg_sq"] for s in slots],
                  "average": self.average or []}
         new, loss = self.compiled(state, *scalars, images, targets)
-        for parameter, value in zip(trainable, new["weights"], strict=True):
+        for parameter, value in zip(self.trainable, new["weights"], strict=True):
             parameter.data = value
         for name, value in new["buffers"].items():
-            buffers[name].data = value
+            self.buffers[name].data = value
         for slot, first, second in zip(slots, new["first"], new["second"], strict=True):
             slot["exp_avg"], slot["exp_avg_sq"] = first, second
             slot["step"].fill_(count)  # on the host, as torch.optim.Adam keeps it: checkpoints as the lazy step's
