@@ -26,11 +26,13 @@ class DeviceShare:
     for the host (tracing a lazy step, a compiled step's guard checks, the next batch). On a TPU that share is what
     train.torch_step changes; on XLA CPU devices the computation itself is most of a step."""
 
+    started: float | None = None  # until start(): no stretch, no text
+
     def start(self) -> None:
         self.started, self.executed = time.perf_counter(), execution_seconds()
 
     def text(self, steps: int) -> str:
-        if steps < 1 or not hasattr(self, "started"):
+        if steps < 1 or self.started is None:
             return ""
         wall = (time.perf_counter() - self.started) / steps
         device = min(wall, (execution_seconds() - self.executed) / steps)
@@ -66,5 +68,3 @@ def on_cpu(value):
     if isinstance(value, list | tuple):
         return type(value)(on_cpu(v) for v in value)
     return value
-
-
