@@ -38,6 +38,10 @@ class CompiledStep:
         self.frozen = {name: p for name, p in parameters.items() if not p.requires_grad}
         self.order = list(parameters)  # the moving average's, as the backend keeps it
         self.buffers = dict(model.named_buffers())
+        # A module whose parameters or buffers are shared under two names needs functional_call to tie them; without
+        # ties, leaving that check out of the trace saves a second or more of dynamo's first trace.
+        self.tied = (len(list(model.named_parameters(remove_duplicate=False))) != len(parameters)
+                     or len(list(model.named_buffers(remove_duplicate=False))) != len(self.buffers))
         group = optimizer.param_groups[0]
         self.betas, self.eps = group["betas"], group["eps"]
         self.compiled = torch.compile(self._pure, backend="openxla", fullgraph=True, dynamic=False)
@@ -49,22 +53,27 @@ class CompiledStep:
 
         def loss_of(trainable):
             statistics = {name: b.clone() for name, b in buffers.items()}  # batch-norm moves these copies
-            outputs = torch.func.functional_call(self.model, ({**trainable, **frozen}, statistics), (images,))
+            outputs = torch.func.functional_call(self.model, ({**trainable, **frozen}, statistics), (images,),
+                                                 tie_weights=self.tied)
             return self.loss(targets, outputs).mean(), statistics
 
         gradients, (loss, buffers) = torch.func.grad_and_value(loss_of, has_aux=True)(weights)
         names = list(weights)
-        new, first, second, average = [], list(state["first"]), list(state["second"]), state["average"]
+        old, grads = [weights[n] for n in names], [gradients[n] for n in names]
         beta1, beta2 = self.betas
+        # torch.optim.Adam's own arithmetic (its non-capturable branch), op for op, as foreach ops: one traced op for
+        # all the tensors, where a loop traced each op once per parameter (the same numbers, checked bit for bit).
         with torch.no_grad():
-            for k, name in enumerate(names):  # torch.optim.Adam's own arithmetic (its non-capturable branch)
-                gradient = gradients[name]
-                first[k] = torch.lerp(first[k], gradient, 1 - beta1)
-                second[k] = second[k] * beta2 + gradient * gradient * (1 - beta2)
-                new.append(weights[name] - step_size * first[k] / (second[k].sqrt() / bias2_root + self.eps))
+            first = torch._foreach_lerp(state["first"], grads, 1 - beta1)
+            second = torch._foreach_add(torch._foreach_mul(state["second"], beta2),
+                                        torch._foreach_mul(torch._foreach_mul(grads, grads), 1 - beta2))
+            denominator = torch._foreach_add(torch._foreach_div(torch._foreach_sqrt(second), bias2_root), self.eps)
+            new = torch._foreach_sub(old, torch._foreach_div(torch._foreach_mul(first, step_size), denominator))
+            average = state["average"]
             if average:  # over every parameter, the frozen ones too (unchanged)
                 updated = {**frozen, **dict(zip(names, new, strict=True))}
-                average = [a * self.ema + updated[n] * (1 - self.ema) for a, n in zip(average, self.order, strict=True)]
+                average = torch._foreach_add(torch._foreach_mul(average, self.ema),
+                                             torch._foreach_mul([updated[n] for n in self.order], 1 - self.ema))
         return {"weights": new, "buffers": buffers, "first": first, "second": second, "average": average}, \
             loss.detach()
 
