@@ -120,6 +120,43 @@ def test_the_head_takes_what_forward_features_gives_for_each_family(architecture
     assert model.head.in_features == width
 
 
+@needs_torch_xla
+def test_a_model_dynamo_cannot_capture_as_one_graph_is_one_line_naming_the_lazy_step():
+    """train.torch_step=compiled on a model whose forward breaks dynamo's graph: the first step is one ConfigError
+    naming train.torch_step=lazy, not dynamo's traceback, and the weights and Adam's slots are untouched. Plain torch
+    on the CPU: the capture fails in dynamo's trace, before the openxla backend is asked for anything."""
+    from common.core.errors import ConfigError
+    from common.training.backends.torch_xla.step import CompiledStep
+
+    import torch
+
+    class Breaks(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 2)
+
+        def forward(self, images):
+            torch._dynamo.graph_break()  # as a data-dependent branch or an unsupported call would
+            return self.linear(images)
+
+    torch.manual_seed(0)
+    model = Breaks()
+    optimizer = torch.optim.Adam(model.parameters())
+    for p in model.parameters():  # as backend.build makes them
+        optimizer.state[p] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p),
+                              "exp_avg_sq": torch.zeros_like(p)}
+    before = [p.detach().clone() for p in model.parameters()]
+    step = CompiledStep(model, optimizer, lambda targets, outputs: (outputs - targets).square().sum(-1))
+    with pytest.raises(ConfigError) as refused:
+        step(torch.ones(3, 4), torch.ones(3, 2), 1e-3)
+    assert re.fullmatch(r"train.torch_step=compiled: torch.compile \(dynamo\) could not capture this model's training "
+                        r"step as one graph \(Unsupported: Graph break[^\n]*\)\. Fix: --set "
+                        r"train.torch_step=lazy \(the same training, its step traced lazily each step\)",
+                        str(refused.value)), str(refused.value)
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True))
+    assert all(float(s["step"]) == 0 and not s["exp_avg"].any() for s in optimizer.state.values())
+
+
 def test_where_the_route_cannot_run_it_is_one_line_naming_the_routes_that_can(monkeypatch):
     missing = route_refusal(monkeypatch, missing=["torch_xla"])  # one process: KERAS_DISTRIBUTION_NUM_PROCESSES=1
     assert missing.startswith("train.framework=torch_xla needs torch, torch_xla and timm, and this environment lacks "

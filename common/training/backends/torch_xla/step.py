@@ -24,7 +24,10 @@ from __future__ import annotations
 
 import math
 
+from common.core.errors import ConfigError
+
 import torch
+import torch._dynamo
 
 
 class CompiledStep:
@@ -90,7 +93,10 @@ class CompiledStep:
                  "frozen": {n: p.detach() for n, p in self.frozen.items()}, "buffers": self.buffers,
                  "first": [s["exp_avg"] for s in slots], "second": [s["exp_avg_sq"] for s in slots],
                  "average": self.average or []}
-        new, loss = self.compiled(state, *scalars, images, targets)
+        try:
+            new, loss = self.compiled(state, *scalars, images, targets)
+        except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.TorchRuntimeError) as err:  # in dynamo's trace:
+            raise ConfigError(_uncapturable(err)) from err  # nothing ran, nothing was written; an OOM is neither
         for parameter, value in zip(self.trainable, new["weights"], strict=True):
             parameter.data = value
         for name, value in new["buffers"].items():
@@ -101,3 +107,11 @@ class CompiledStep:
         for kept, value in zip(self.average or [], new["average"], strict=True):
             kept.data = value
         return loss
+
+
+def _uncapturable(err: Exception) -> str:
+    """One line for a model dynamo cannot capture as one graph: its own first words, and the setting that trains it."""
+    words = next((line.strip() for line in str(err).splitlines() if line.strip()), "")[:300]
+    return (f"train.torch_step=compiled: torch.compile (dynamo) could not capture this model's training step as one "
+            f"graph ({type(err).__name__}: {words}). Fix: --set train.torch_step=lazy (the same training, its step "
+            f"traced lazily each step)")
