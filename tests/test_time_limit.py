@@ -222,7 +222,10 @@ def test_a_code_competition_rerun_sheds_views_to_end_within_the_limit_and_a_limi
                         r"to shed", lines[0]), lines
     expected = record["expected"]
     assert expected["images"] == hidden_size and expected["ends_at_seconds"] > 10, expected
-    assert expected["would_shed"] == SHED_VIEWS[:len(expected["would_shed"])] and expected["would_shed"], expected
+    # Views first, the last configured first; on a slower machine (seen with 3 busy workers on 2 cores) members too.
+    would_shed = expected["would_shed"]
+    assert would_shed[:6] == SHED_VIEWS[:len(would_shed)] and would_shed, expected
+    assert all(member.startswith("fold") for member in would_shed[6:]), expected
     assert lines[1].startswith(f"[infer] time: for {hidden_size} test images (infer.expected_test_images), "
                                "3 member(s) x 7 view(s) at "), lines
     assert f"a rerun would shed {', '.join(expected['would_shed'])} and end at " in lines[1], lines
