@@ -27,7 +27,6 @@ import math
 from common.core.errors import ConfigError
 
 import torch
-import torch._dynamo
 
 
 class CompiledStep:
@@ -95,7 +94,7 @@ class CompiledStep:
                  "average": self.average or []}
         try:
             new, loss = self.compiled(state, *scalars, images, targets)
-        except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.TorchRuntimeError) as err:  # in dynamo's trace:
+        except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.TorchRuntimeError) as err:  # torch.compile loaded it
             raise ConfigError(_uncapturable(err)) from err  # nothing ran, nothing was written; an OOM is neither
         for parameter, value in zip(self.trainable, new["weights"], strict=True):
             parameter.data = value
