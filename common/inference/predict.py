@@ -13,6 +13,7 @@ step, batch k of each size holding the same ids, so that every unit's pace is kn
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 
@@ -59,8 +60,15 @@ class Unit:
         return self.card.image_size if self.card is not None else 0
 
 
+def _predict_view(predict, view: str, images):
+    return predict(TTA_TRANSFORMS[view](images))
+
+
 def view_step(predict, view: str, xla: bool):
-    return tf.function(lambda images: predict(TTA_TRANSFORMS[view](images)), jit_compile=xla)
+    # A partial, not a lambda: TensorFlow counts traces per code object, and every unit is its own function traced
+    # once per batch shape; under one lambda's code, 3 members x 7 views read as one function retracing, and TF
+    # warned "Tracing is expensive" in every such kernel log.
+    return tf.function(functools.partial(_predict_view, predict, view), jit_compile=xla)
 
 
 def member_names(exports) -> list[str]:
