@@ -13,6 +13,7 @@ from pathlib import Path
 from common.core.errors import guarded
 from common.launch.routes import torch_xla_missing
 from common.training.memory import (
+    FIRST_STEP,
     OutOfMemory,
     describe_peak,
     device_out_of_memory,
@@ -44,6 +45,9 @@ PUBLIC = {
         "Resource exhausted: Attempting to allocate 180.59M. That was not possible. There are 142.58M free.; "
         "(0x3x0_HBM1)", (180.59 / 1024, None, 142.58 / 1024), 16),
     "jax_gpu": ("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 4294967296 bytes.", (4.0, None, None), 16),
+    "jax_0_11_gpu": (  # not public: JAX 0.11.2 on the lent H200 (keras_jax, B0 at 224 px, 512 per replica)
+        "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 15.67GiB with allocator GPU_0_bfc on device 0. "
+        "[executable_name='jit_train_step'] [tf-allocator-allocation-error='']", (15.67, None, None), 16),
     "tensorflow_gpu": (
         "OOM when allocating tensor with shape[256,112,112,32] and type float on "
         "/job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc", (256 * 112 * 112 * 32 * 4 / GiB, None,
@@ -62,6 +66,27 @@ def test_each_runtimes_out_of_memory_is_read_with_its_figures(runtime):
     read = tuple(None if v is None else round(v / GiB, 2) for v in (oom.needed, oom.capacity, oom.free))
     assert read == tuple(None if v is None else round(v, 2) for v in figures), read
     assert fitting_batch(32, oom) == batch
+
+
+def test_an_allocation_the_runtime_names_alone_is_weighed_against_the_devices_own_report():
+    """Seen on the lent H200: JAX names the allocation it could not make, not the device's size, and the line then
+    halved the batch: 512 to 256, about 7.6 GiB by the line through auto's compiles, where the device had 4.2. The
+    route's report of the device (keras_jax: JAX's memory_stats) gives the size: 512 x 0.85 x 4.20 / 15.67 is 116,
+    so 64, the batch auto chose there (its compiled step: 2.87 GiB)."""
+    from common.training.memory import DeviceMemoryError, Phase, RunShape, named_out_of_memory
+
+    shape = RunShape("fold0", "EfficientNet B0", 224, 512, 1, "mixed_float16", "train.batch_size_per_replica")
+    with pytest.raises(DeviceMemoryError) as raised:
+        with named_out_of_memory(lambda: shape, Phase(FIRST_STEP), lambda: int(4.20 * GiB)):
+            raise RuntimeError(PUBLIC["jax_0_11_gpu"][0])
+    assert raised.value.batch == 64 and raised.value.phase == FIRST_STEP
+    assert ("it needed 15.67 GiB where the chip has 4.20 GiB (Out of memory while trying to allocate 15.67GiB with "
+            "allocator GPU_0_bfc on device 0. [executable_name='jit_train_step'] [tf-allocator-allocation-error=''])"
+            ". Fix: --set train.batch_size_per_replica=64 (expected to fit)") in str(raised.value)
+    with pytest.raises(DeviceMemoryError) as raised:  # a route that cannot say: half, as before
+        with named_out_of_memory(lambda: shape, Phase(FIRST_STEP)):
+            raise RuntimeError(PUBLIC["jax_0_11_gpu"][0])
+    assert raised.value.batch == 256 and "it asked for 15.67 GiB more" in str(raised.value)
 
 
 def test_what_is_not_the_devices_memory_is_left_alone():

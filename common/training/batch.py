@@ -104,6 +104,12 @@ def check_step_fits(cfg, plan: FoldPlan, backend, records, fold: str) -> None:
                                                    "checking the compiled training step's memory"))
 
 
+def device_capacity(backend) -> int | None:
+    """The bytes one device holds where the route can say (keras_jax: runtime.device_memory, else JAX's
+    memory_stats), else None."""
+    return backend.device_memory()[0] if hasattr(backend, "device_memory") else None
+
+
 def run_shape(cfg, plan: FoldPlan, backend, fold: str) -> RunShape:
     """What a device's out-of-memory line names of this fold (`fold`: its work folder's name, fold<k>)."""
     try:

@@ -30,7 +30,7 @@ from common.core.errors import DataError
 from common.data.pipeline import InputShare, make_train_dataset, read_ids_and_labels
 from common.tasks.parts import is_better
 from common.training.backends.base import Backend, EpochLoop
-from common.training.batch import plan_with_batch, run_shape, with_batch
+from common.training.batch import device_capacity, plan_with_batch, run_shape, with_batch
 from common.training.budget import cut_message, cuts_after
 from common.training.clock import EpochClock
 from common.training.compile_cache import CompileCount
@@ -256,7 +256,7 @@ def train_fold(cfg, backend, records, work_dir: Path, deadline: float,
         phase = Phase()
         try:
             with named_out_of_memory(lambda run=run, plan=plan: run_shape(run.cfg, plan, backend, work_dir.name),
-                                     phase):
+                                     phase, lambda: device_capacity(backend)):
                 return _train_built_fold(run, plan, phase)
         except DeviceMemoryError as err:
             if not (retries and err.phase == FIRST_STEP and err.batch):

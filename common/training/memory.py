@@ -10,7 +10,9 @@ Each runtime says it its own way (the public reports in the comments); what they
 - XLA on a TPU, at run time (torch_xla, TF): "Attempting to reserve 3.95G at the bottom of memory. That was not
   possible. There are 1.92G free ...; HBM capacity 8.00G" (pytorch/xla#1735), or "Attempting to allocate 180.59M.
   That was not possible. There are 142.58M free" (pytorch/xla#2569).
-- JAX on a GPU: "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 4294967296 bytes".
+- JAX on a GPU: "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 4294967296 bytes", and (JAX 0.11 on an
+  H200, seen here) "Out of memory while trying to allocate 15.67GiB with allocator GPU_0_bfc": the one allocation,
+  not the device's size, which the route's own report (JAX's memory_stats) then gives.
 - TensorFlow on a GPU: "OOM when allocating tensor with shape[256,112,112,32] and type float on ... GPU:0".
 - PyTorch on a GPU: "CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 15.78 GiB total capacity; ...)".
 - "Bad hardware status" on a TPU after a large allocation was out of memory in disguise (tensorflow/tpu#403).
@@ -21,6 +23,7 @@ A full disk (TensorFlow's ResourceExhaustedError saying "No space left on device
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -121,9 +124,9 @@ def _read(err: BaseException) -> OutOfMemory | None:
     if reserve is not None:
         capacity = _find(rf"HBM capacity {_SIZE}", text)
         return OutOfMemory(reserve, capacity, _find(rf"There are {_SIZE} free", text), _runtime_words(text))
-    allocate = re.search(r"Out of memory while trying to allocate (\d+) bytes", text)
-    if allocate:
-        return OutOfMemory(int(allocate.group(1)), None, None, _runtime_words(text))
+    allocate = _find(rf"Out of memory while trying to allocate {_SIZE}", text)
+    if allocate is not None:
+        return OutOfMemory(allocate, None, None, _runtime_words(text))
     if "OOM when allocating tensor" in text:
         return OutOfMemory(_tensor_bytes(text), None, None, _runtime_words(text))
     if "CUDA out of memory" in text or kind == "OutOfMemoryError":
@@ -208,15 +211,18 @@ class Phase:
 
 
 @contextlib.contextmanager
-def named_out_of_memory(shape, phase: Phase):
+def named_out_of_memory(shape, phase: Phase, capacity=lambda: None):
     """A device's out of memory inside the block ends the run as a DeviceMemoryError naming shape() (a RunShape, made
-    when it is needed) and the phase it met; anything else passes through untouched."""
+    when it is needed) and the phase it met; anything else passes through untouched. capacity(): the device's size
+    where the route can report it, for a runtime that names only the allocation it could not make."""
     try:
         yield
     except Exception as err:
         oom = device_out_of_memory(err)
         if oom is None:
             raise
+        if oom.needed and oom.capacity is None and oom.free is None:
+            oom = dataclasses.replace(oom, capacity=capacity())
         run = shape()
         smaller = fitting_batch(run.per_replica, oom)
         raise DeviceMemoryError(out_of_memory_line(oom, run, phase.now), phase.now,
