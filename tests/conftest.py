@@ -196,7 +196,6 @@ LONGEST_FIRST = (
     "test_memory.py::test_torch_xlas_out_of_memory_at_its_first_step_is_one_line_and_the_batch_it_names_trains",
     "test_tasks.py::test_regression_submission_is_the_value_with_the_scaling_in_the_export",
     "test_damaged_data.py::test_a_corrupt_record_ends_the_fold_naming_its_shard_and_the_repaired_run_resumes",
-    "test_training.py::test_a_killed_run_resumes_at_the_next_epoch",
     "test_tasks.py::test_multilabel_submission_is_known_labels_over_fold_thresholds",
     "test_backends.py::test_a_third_backend_defined_in_the_tests_trains_and_its_export_feeds_the_inference_kernel",
     "test_tasks.py::test_binary_submission_is_a_probability_per_row_with_patients_kept_whole",

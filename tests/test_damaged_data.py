@@ -14,6 +14,7 @@ from common.core.config import load_config
 from common.core.errors import DataError, UserError
 from common.data.conversion import convert_competition
 from common.data.records import RecordSchema, scan_records
+from common.export.card import read_card
 from common.launch.kernel import guarded
 
 import pytest
@@ -80,9 +81,15 @@ def test_a_corrupt_record_ends_the_fold_naming_its_shard_and_the_repaired_run_re
     assert err.endswith(f"{FIX}; its checkpoint after epoch {kept} is kept, and the same command resumes from it\n")
     assert "Traceback" not in err and json.loads(progress.read_text())["epochs_done"] == kept
 
-    damaged.write_bytes(original)  # the shard restored: the same command resumes
+    damaged.write_bytes(original)  # the shard restored: the same command resumes, at the next epoch
     assert guarded("train_tpu", train_main, argv) == 0
-    assert f"[train] resuming from the checkpoint after epoch {kept}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"[train] resuming from the checkpoint after epoch {kept}" in out
+    assert f"Epoch {kept + 1}/4" in out and f"Epoch {kept}/4" not in out
+    export = tmp_path / "out" / "export" / "fold0"
+    history = [row["epoch"] for row in read_csv(export / "history.csv")]
+    assert history == [str(epoch) for epoch in range(4)]  # every epoch once, none repeated, none lost
+    assert read_card(export).metrics["epochs"] == 4
 
 
 @pytest.mark.e2e
