@@ -15,7 +15,7 @@ from common.launch.routes import torch_xla_missing
 
 import pytest
 
-from builders import kill_after_epochs, run_inference_kernel
+from builders import kill_after_epochs
 from inexact_float32 import TORCH_XLA_BFLOAT16
 
 REPO = Path(__file__).resolve().parents[1]
@@ -178,13 +178,13 @@ def test_where_the_route_cannot_run_it_is_one_line_naming_the_routes_that_can(mo
 
 @needs_torch_xla
 @pytest.mark.e2e
-def test_a_timm_model_trains_resumes_after_a_kill_exports_the_same_contract_and_the_tf_only_kernel_scores_it(
-        demo_records, demo_dir, tiny_timm_backbone, tmp_path):
+def test_a_timm_model_trains_resumes_after_a_kill_and_exports_the_same_contract_verified_without_torch(
+        demo_records, tiny_timm_backbone, tmp_path):
     """Two XLA CPU devices, 3 epochs of 4 steps, the weights' moving average on: SIGKILLed once epoch 1 is
     checkpointed, the same command resumes at epoch 2 (the optimiser at step 4) and finishes; every graph is compiled
     in the process's first epoch, none after (the average's swaps for scoring included); on XLA CPU devices the compile
-    cache is not used, and the log says why. The export is rebuilt under TensorFlow and scored by the inference kernel
-    without torch."""
+    cache is not used, and the log says why. The export is rebuilt under TensorFlow and verified in a process without
+    torch (the TF-only inference kernel scores torch_xla exports in test_torch_tasks.py and test_real_weights.py)."""
     records_dir, _ = demo_records
     out = tmp_path / "train"
     settings = ["train.framework=torch_xla", "model.backbone=timm", f"model.timm_model={tiny_timm_backbone}",
@@ -227,13 +227,6 @@ def test_a_timm_model_trains_resumes_after_a_kill_exports_the_same_contract_and_
           f"devices' float32 {device:.1e} from it")
     assert difference <= 1e-4 < device
     assert verification["device"] == "2 x cpu XLA device(s) with XLA_USE_BF16=1 (bfloat16 storage)"
-
-    infer = run_inference_kernel(["--set", f"infer.exports=[{out / 'export'}]", "--set",
-                                  f"runtime.competition_dir={demo_dir}", "--set",
-                                  f"runtime.output_dir={tmp_path / 'infer'}"])
-    assert infer.returncode == 0, infer.stderr[-3000:]
-    rows = (tmp_path / "infer" / "submission.csv").read_text().splitlines()
-    assert rows[0] == "id,label" and len(rows) == 361
 
 
 # One fold trained by the route in a child (torch_xla before TensorFlow), as test_steps.py's CountingBackend reads the
