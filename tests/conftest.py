@@ -3,6 +3,7 @@ has two replicas here exactly as it has two T4s on Kaggle; and JAX sees two host
 the keras_jax route's DataParallel splits every batch over two devices as it does over eight TPU cores."""
 
 import fcntl
+import json
 import os
 import shutil
 import subprocess
@@ -44,27 +45,32 @@ def compile_cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def demo_dir(tmp_path_factory):
-    """The embedded demo competition (read-only for tests: copy it before changing anything)."""
-    return make_demo_competition(tmp_path_factory.mktemp("demo") / "competition")
+    """The embedded demo competition, made once for both workers (read-only for tests: copy it before changing
+    anything)."""
+    return made_once(tmp_path_factory, "demo", lambda folder: make_demo_competition(folder / "competition")
+                     ) / "competition"
 
 
 @pytest.fixture(scope="session")
 def demo_records(demo_dir, tmp_path_factory):
-    """(tfrecord dir, manifest) of the demo converted with 5 folds."""
-    out = tmp_path_factory.mktemp("records") / "tfrec"
-    return out, convert_competition(demo_dir, out, Config().data)
+    """(tfrecord dir, manifest) of the demo converted with 5 folds (read-only, as demo_dir)."""
+    out = made_once(tmp_path_factory, "records", lambda folder: convert_competition(demo_dir, folder / "tfrec",
+                                                                                    Config().data)) / "tfrec"
+    return out, json.loads((out / "manifest.json").read_text())
 
 
 @pytest.fixture(scope="session")
 def tiny_backbone(tmp_path_factory):
     """A small SavedModel with the TF Hub feature-vector contract, loaded through hub.KerasLayer like EfficientNet."""
-    return save_tiny_backbone(tmp_path_factory.mktemp("hub") / "tiny_backbone", width=8)
+    return made_once(tmp_path_factory, "hub", lambda folder: save_tiny_backbone(folder / "tiny_backbone", width=8)
+                     ) / "tiny_backbone"
 
 
 @pytest.fixture(scope="session")
 def plain_backbone(tmp_path_factory):
     """The same without batch normalisation: its gradient does not depend on how a batch is split over replicas."""
-    return save_tiny_backbone(tmp_path_factory.mktemp("hub") / "plain_backbone", width=8, batch_norm=False)
+    return made_once(tmp_path_factory, "plain-hub", lambda folder: save_tiny_backbone(
+        folder / "plain_backbone", width=8, batch_norm=False)) / "plain_backbone"
 
 
 def made_once(tmp_path_factory, name: str, make) -> Path:
