@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 def settings(records: Path | str, backbone: Path, out: Path | str, *extra: str) -> list[str]:
     """Tiny keras_jax training on fold 0, reading and batching in a fixed order, no augmentation."""
     items = ["train.framework=keras_jax", "model.backbone=keras", f"model.keras_backbone={backbone}",
-             "data.image_size=16", "data.augment=false", "data.deterministic=true", "train.fold=0", "train.epochs=6",
+             "data.image_size=16", "data.augment=false", "data.deterministic=true", "train.fold=0", "train.epochs=3",
              "train.steps_per_execution=1", "train.batch_size_per_replica=32",
              "train.learning_rate=0.2", "train.export_float16=false", f"runtime.tfrecords={records}",
              f"runtime.output_dir={out}", *extra]
@@ -184,7 +184,7 @@ def test_a_lost_process_ends_the_job_and_the_same_command_resumes(one_process, d
                                                                   tiny_keras_backbone, tmp_path):
     """Slow (about 2 minutes on 2 cores), and the one check of a multi-process resume (process 0's checkpoint sent to
     every process): opt in with -m slow. The launcher's first-failure line is also
-    test_the_launcher_names_the_first_process_to_fail's, a one-process resume test_training.py's."""
+    test_the_launcher_names_the_first_process_to_fail's, a one-process resume test_damaged_data.py's."""
     from tpu2gpu.demo import score
 
     argv = settings(demo_records[0], tiny_keras_backbone, tmp_path / "train")
