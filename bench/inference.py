@@ -7,7 +7,7 @@ preprocessing and head, 10 classes. Data: JPEGs cut from scikit-learn's two samp
 1.25 x image size, in a Kaggle-style test folder. About 3 minutes on 2 CPU cores with the defaults (the export's
 fresh-process verification included).
   kernel        load_export (SavedModel, TensorFlow only) -> make_image_file_dataset (parallel decode + resize)
-                -> ensemble_probabilities (one tf.function per view and batch)
+                -> predict_rows over the member's unit (its tf.function traced once, in the warm-up, as naive's)
   kernel+XLA    the same with infer.xla=true (jit_compile); by default only where a GPU is present
   naive         the notebook habit: a Python loop of PIL open / resize / np.stack, then keras_model.predict
 Each is timed over all images after one warm-up pass, best of 3. Then the kernel's own time plan times each TTA
@@ -75,7 +75,7 @@ def measure(args: argparse.Namespace, tmp: Path) -> None:
     from common.export.card import ModelCard
     from common.export.loader import load_export
     from common.export.writer import ExportContents, write_export
-    from common.inference.predict import ensemble_probabilities
+    from common.inference.predict import Unit, predict_rows, view_step
     from common.tasks.types import TASKS
     from common.training.backends.tf_keras.model import build_model
 
@@ -104,9 +104,12 @@ def measure(args: argparse.Namespace, tmp: Path) -> None:
     assert card.image_size == size, card
 
     def kernel(xla: bool):
+        # The unit made once, as a kernel run makes it: its tracing is the warm-up's, as predict's is for naive.
+        units = [Unit("fold0", "identity", 1.0, card, view_step(predict, "identity", xla))]
+
         def run():
             batches = make_image_file_dataset(paths, ids, size, args.batch)
-            return ensemble_probabilities([predict], batches, xla=xla)[1]
+            return predict_rows(units, {size: batches})[1]
         return run
 
     def naive():
