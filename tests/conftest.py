@@ -186,8 +186,7 @@ def efficientnet_export(demo_records, tmp_path_factory):
 # (34% idle in the last 20 s).
 LONGEST_FIRST = (
     "test_gcs.py::test_a_run_in_a_bucket_converts_trains_is_killed_resumes_from_the_bucket_and_scores",
-    "test_torch_route.py::test_a_timm_model_trains_resumes_after_a_kill_and_exports_the_same_contract_verified_"
-    "without_torch",
+    "test_torch_route.py::test_a_timm_model_trains_resumes_after_a_kill_and_exports_the_same_contract_verified",
     "test_readme.py::test_every_readme_command_runs_as_written",
     "test_multihost.py::test_two_processes_train_as_one_process_with_two_devices",
     "test_real_weights.py::test_a_linear_probe_on_real_weights_on_every_route_exports_verified_and_the_tf_only_"

@@ -164,7 +164,6 @@ def test_a_fifth_task_defined_in_a_test_alone_trains_and_predicts_end_to_end(tmp
                                                                             monkeypatch):
     from common.tasks.types import TASKS as tasks
 
-
     monkeypatch.setitem(tasks, "ordinal", ordinal_task())  # the one line that adds it: no other module changes
     competition, answers = task_competition(demo_dir, tmp_path / "competition", "ordinal")
     settings = ["data.task=ordinal", "data.label_column=grade", "data.image_size=16", "data.flip_left_right=false",

@@ -178,13 +178,13 @@ def test_where_the_route_cannot_run_it_is_one_line_naming_the_routes_that_can(mo
 
 @needs_torch_xla
 @pytest.mark.e2e
-def test_a_timm_model_trains_resumes_after_a_kill_and_exports_the_same_contract_verified_without_torch(
+def test_a_timm_model_trains_resumes_after_a_kill_and_exports_the_same_contract_verified(
         demo_records, tiny_timm_backbone, tmp_path):
     """Two XLA CPU devices, 3 epochs of 4 steps, the weights' moving average on: SIGKILLed once epoch 1 is
     checkpointed, the same command resumes at epoch 2 (the optimiser at step 4) and finishes; every graph is compiled
     in the process's first epoch, none after (the average's swaps for scoring included); on XLA CPU devices the compile
-    cache is not used, and the log says why. The export is rebuilt under TensorFlow and verified in a process without
-    torch (the TF-only inference kernel scores torch_xla exports in test_torch_tasks.py and test_real_weights.py)."""
+    cache is not used, and the log says why. The export is rebuilt under TensorFlow and verified in a fresh TensorFlow
+    process (the TF-only inference kernel scores torch_xla exports in test_torch_tasks.py and test_real_weights.py)."""
     records_dir, _ = demo_records
     out = tmp_path / "train"
     settings = ["train.framework=torch_xla", "model.backbone=timm", f"model.timm_model={tiny_timm_backbone}",
