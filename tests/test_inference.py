@@ -206,7 +206,10 @@ def test_a_float16_signature_only_where_the_saved_graph_computes_in_float16(effi
     assert saved_census(export / "saved_model", "serving_default") == {
         "Conv2D": {"float32": 65}, "DepthwiseConv2dNative": {"float32": 16}, "MatMul": {"float32": 1}}
     assert card.precision["signatures"]["serving_float16"] == {"float16_share": 1.0, "ops": float16_ops}
-    assert card.precision["float16_signature"] == "exported: its graph runs 100% of the compute ops in float16"
+    check = card.precision["float16_check"]["max_abs_diff"]
+    assert card.precision["float16_signature"] == (
+        f"exported: its graph runs 100% of the compute ops in float16, {check:.1e} from the float32 outputs on the "
+        "verify images (float16 storage, float32 accumulation, as tensor cores compute)")
     assert card.verification["max_abs_diff"]["float16"] < 1e-2
     _, predict16 = load_export(export, "float16")
     images = np.load(export / "verify_batch.npz")["images"]
