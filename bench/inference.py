@@ -75,7 +75,8 @@ def measure(args: argparse.Namespace, tmp: Path) -> None:
     from common.export.card import ModelCard
     from common.export.loader import load_export
     from common.export.writer import ExportContents, write_export
-    from common.inference.predict import Unit, predict_rows, view_step
+    from common.inference.ensemble import Member
+    from common.inference.predict import ensemble_units, predict_rows
     from common.tasks.types import TASKS
     from common.training.backends.tf_keras.model import build_model
 
@@ -105,7 +106,7 @@ def measure(args: argparse.Namespace, tmp: Path) -> None:
 
     def kernel(xla: bool):
         # The unit made once, as a kernel run makes it: its tracing is the warm-up's, as predict's is for naive.
-        units = [Unit("fold0", "identity", 1.0, card, view_step(predict, "identity", xla))]
+        units = ensemble_units([Member(Path("fold0"), card, predict, 1.0)], (), xla)
 
         def run():
             batches = make_image_file_dataset(paths, ids, size, args.batch)
