@@ -124,6 +124,36 @@ def test_keras_applications_efficientnet_settings_are_checked_before_anything_is
                                              f"model.keras_backbone={tmp_path}/missing.keras"]).model, 3, 32)
 
 
+def test_a_backbone_whose_weights_a_file_loads_compiles_no_program_per_variable_shape(tmp_path):
+    """Keras 3 on JAX draws each initial value with a program compiled for its shape (8 here; B0 took 28 s to build on
+    an H200), for values the file's weights replace at once: they start as host zeros instead (7 programs without),
+    and the dropout layer's random stream is drawn as before. The file's model is made under the same context, so no
+    program of its shapes is compiled in this process before the load."""
+    from common.training.backends.keras_jax import compiles
+    from common.training.backends.keras_jax.model import file_backbone, initial_values_replaced
+
+    import keras
+    import numpy as np
+
+    with initial_values_replaced():
+        inputs = keras.Input((16, 16, 3))
+        x = keras.layers.Conv2D(13, 3)(inputs)
+        x = keras.layers.BatchNormalization()(x)
+        x = keras.layers.Dropout(0.3, seed=5, name="drop")(keras.layers.Conv2D(11, 3)(x))
+        saved = keras.Model(inputs, keras.layers.GlobalAveragePooling2D()(keras.layers.Dense(7)(x)))
+    rng = np.random.default_rng(0)
+    saved.set_weights([rng.normal(size=w.shape).astype(w.dtype) for w in saved.get_weights()])
+    saved.save(tmp_path / "odd_shapes.keras")
+
+    compiles.listen()
+    before = compiles.compiled().programs
+    backbone = file_backbone(str(tmp_path / "odd_shapes.keras"), 16)
+    assert compiles.compiled().programs - before == 0
+    for loaded, written in zip(backbone.get_weights(), saved.get_weights(), strict=True):
+        assert np.array_equal(loaded, written)
+    assert np.asarray(backbone.get_layer("drop").seed_generator.state.value).tolist() == [5, 0]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["B0", "V2B0"])
 def test_keras_applications_efficientnet_builds_under_jax_and_follows_the_policy(variant):

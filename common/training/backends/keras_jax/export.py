@@ -34,7 +34,7 @@ from common.export.writer import (
     write_rebuild_job,
 )
 from common.launch.kernel import guarded
-from common.training.backends.keras_jax.model import build_keras_model, read_weight_arrays
+from common.training.backends.keras_jax.model import build_keras_model, initial_values_replaced, read_weight_arrays
 
 import numpy as np
 
@@ -78,7 +78,8 @@ def float32_outputs(backend, images: np.ndarray, on_host: bool) -> tuple[np.ndar
     try:
         exact = jax.default_matmul_precision("highest") if on_host else contextlib.nullcontext()
         with jax.default_device(device), exact:
-            copy = backend._build("float32")
+            with initial_values_replaced():
+                copy = backend._build("float32")
             copy.set_weights(backend.model.get_weights())
             outputs = np.asarray(copy.predict(images, batch_size=len(images), verbose=0))
     finally:
