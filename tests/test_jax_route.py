@@ -23,11 +23,9 @@ from inexact_float32 import tpu_float32
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Validation score after 6 epochs at 16 px on fold 0 (tiny data). Measured here: macro-F1 0.940, AUC 0.998, samples-F1
-# 0.967, RMSE 14.3. The bars leave room for run-to-run noise and sit far from chance (macro-F1 0.1, AUC 0.5, RMSE 28.7,
-# the target's std).
-BARS = {"multiclass": ("macro_f1", 0.85), "binary": ("roc_auc", 0.9), "multilabel": ("samples_f1", 0.8),
-        "regression": ("rmse", 18.5)}
+# Validation score after 6 epochs at 16 px on fold 0 (tiny data). Measured here: AUC 0.998, samples-F1 0.967, RMSE
+# 14.3. The bars leave room for run-to-run noise and sit far from chance (AUC 0.5, RMSE 28.7, the target's std).
+BARS = {"binary": ("roc_auc", 0.9), "multilabel": ("samples_f1", 0.8), "regression": ("rmse", 18.5)}
 
 
 def jax_settings(backbone: Path, *extra: str) -> list[str]:
@@ -39,16 +37,15 @@ def jax_settings(backbone: Path, *extra: str) -> list[str]:
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("task", ["multiclass", "binary", "multilabel", "regression"])
+@pytest.mark.parametrize("task", ["binary", "multilabel", "regression"])
 def test_each_task_trains_with_keras_on_jax_and_exports_the_same_contract(task, tmp_path, demo_dir,
                                                                            tiny_keras_backbone):
+    """Multiclass on keras_jax (the demo's digits as they are) learns to its bar in tests/test_multihost.py, in one
+    process and in two, and on real weights in tests/test_real_weights.py; its export is checked there too."""
     from tpu2gpu.cli import main as cli_main
 
-    if task == "multiclass":  # the demo competition as it is
-        competition, id_col, target_col = demo_dir, "id", "label"
-    else:
-        competition, _ = task_competition(demo_dir, tmp_path / "competition", task)
-        id_col, target_col = SHAPES[task][:2]
+    competition, _ = task_competition(demo_dir, tmp_path / "competition", task)
+    id_col, target_col = SHAPES[task][:2]
     flags = jax_settings(tiny_keras_backbone, f"data.task={task}", f"data.id_column={id_col}",
                          f"data.label_column={target_col}")
     assert cli_main(["tfrecords", "--competition", str(competition), "--out", str(tmp_path / "records"),
@@ -72,7 +69,7 @@ def test_each_task_trains_with_keras_on_jax_and_exports_the_same_contract(task, 
     assert verification["max_abs_diff"]["float32"] < 1e-5
     assert verification["device_max_abs_diff"] > 1e-5, verification  # binary: 6.7e-5 seen; exact: below 1e-7
     assert verification["device"].startswith("cpu (cpu) at JAX's default matmul precision"), verification
-    if task == "multiclass":
+    if task == "binary":
         assert verify_batch_difference(sys.executable, tmp_path / "train" / "export" / "fold0") < 1e-5
         # Every program the run compiled, its export's included, is vouched for in the suite's compile cache: the
         # next run takes them all, and removes none as "never vouched for".

@@ -127,6 +127,9 @@ def test_two_processes_train_as_one_process_with_two_devices(one_process, demo_r
     metric = "val_macro_f1"
     assert [float(r[metric]) for r in history(two)] == pytest.approx([float(r[metric]) for r in history(one)],
                                                                      abs=1e-6)
+    # And it learns: the demo's digits, multiclass on keras_jax, past a bar far from chance (0.1). Measured here:
+    # 0.03, 0.71, 0.94 over the 3 epochs.
+    assert float(history(one)[-1][metric]) >= 0.85, history(one)
     with np.load(one / "work" / "fold0" / "best" / "weights.npz") as a, \
             np.load(two / "work" / "fold0" / "best" / "weights.npz") as b:
         difference = max(float(np.max(np.abs(a[k] - b[k]))) for k in a.files)
