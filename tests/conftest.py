@@ -18,17 +18,17 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0")
 
 import common  # noqa: F401, E402  (sets TF_USE_LEGACY_KERAS before tensorflow is imported)
-from common.core.strategy import split_cpu
-
-split_cpu(2)
-
-from common.core.config import Config  # noqa: E402
-from common.data.conversion import convert_competition  # noqa: E402
 
 import pytest  # noqa: E402
 
-from tpu2gpu.backbones import save_tiny_backbone  # noqa: E402
-from tpu2gpu.demo_data import make_demo_competition  # noqa: E402
+
+def pytest_configure(config):
+    """Where tests run (an xdist worker, or -n 0), before any test module is collected. Not in xdist's controller,
+    which runs none: TensorFlow's import there held up the workers' start by about 3 s."""
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        from common.core.strategy import split_cpu
+
+        split_cpu(2)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -47,6 +47,8 @@ def compile_cache(tmp_path_factory):
 def demo_dir(tmp_path_factory):
     """The embedded demo competition, made once for both workers (read-only for tests: copy it before changing
     anything)."""
+    from tpu2gpu.demo_data import make_demo_competition
+
     return made_once(tmp_path_factory, "demo", lambda folder: make_demo_competition(folder / "competition")
                      ) / "competition"
 
@@ -54,6 +56,9 @@ def demo_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def demo_records(demo_dir, tmp_path_factory):
     """(tfrecord dir, manifest) of the demo converted with 5 folds (read-only, as demo_dir)."""
+    from common.core.config import Config
+    from common.data.conversion import convert_competition
+
     out = made_once(tmp_path_factory, "records", lambda folder: convert_competition(demo_dir, folder / "tfrec",
                                                                                     Config().data)) / "tfrec"
     return out, json.loads((out / "manifest.json").read_text())
@@ -62,6 +67,8 @@ def demo_records(demo_dir, tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_backbone(tmp_path_factory):
     """A small SavedModel with the TF Hub feature-vector contract, loaded through hub.KerasLayer like EfficientNet."""
+    from tpu2gpu.backbones import save_tiny_backbone
+
     return made_once(tmp_path_factory, "hub", lambda folder: save_tiny_backbone(folder / "tiny_backbone", width=8)
                      ) / "tiny_backbone"
 
@@ -69,6 +76,8 @@ def tiny_backbone(tmp_path_factory):
 @pytest.fixture(scope="session")
 def plain_backbone(tmp_path_factory):
     """The same without batch normalisation: its gradient does not depend on how a batch is split over replicas."""
+    from tpu2gpu.backbones import save_tiny_backbone
+
     return made_once(tmp_path_factory, "plain-hub", lambda folder: save_tiny_backbone(
         folder / "plain_backbone", width=8, batch_norm=False)) / "plain_backbone"
 
