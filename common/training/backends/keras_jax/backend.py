@@ -67,6 +67,7 @@ class JaxBackend:
     hosts = ONE_PROCESS  # __init__ sets the job's
     compile_cache: CompileCache | None = None  # open_compile_cache sets the run's
     batch_memory: dict | None = None  # the compiled step's memory against the device's, where it was weighed (fold.py)
+    host_copy = None  # the export's float32 copy on the CPU, built once (export.py)
 
     def __init__(self, cfg, hosts: Hosts = ONE_PROCESS):
         if cfg.train.loop != "fit":

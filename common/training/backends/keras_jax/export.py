@@ -78,13 +78,25 @@ def float32_outputs(backend, images: np.ndarray, on_host: bool) -> tuple[np.ndar
     try:
         exact = jax.default_matmul_precision("highest") if on_host else contextlib.nullcontext()
         with jax.default_device(device), exact:
-            with initial_values_replaced():
-                copy = backend._build("float32")
+            copy = _float32_copy(backend, device)
             copy.set_weights(backend.model.get_weights())
             outputs = np.asarray(copy.predict(images, batch_size=len(images), verbose=0))
     finally:
         keras.distribution.set_distribution(distribution)
     return outputs, f"{device.device_kind} ({device.platform}) at JAX's {precision} matmul precision"
+
+
+def _float32_copy(backend, device):
+    """A float32 copy of the model on `device`, its weights to be set: one kept on a CPU (the reference of every
+    fold's export, and on a CPU the training device's copy too); on an accelerator, where it would hold the device's
+    memory between folds, one built each time."""
+    if device.platform == "cpu" and backend.host_copy is not None:
+        return backend.host_copy
+    with initial_values_replaced():  # every value is set from the trained model's next
+        copy = backend._build("float32")
+    if device.platform == "cpu":
+        backend.host_copy = copy
+    return copy
 
 
 def _host_cpu(fallback):
