@@ -126,10 +126,10 @@ def test_keras_applications_efficientnet_settings_are_checked_before_anything_is
 
 
 def test_a_backbone_whose_weights_a_file_loads_compiles_no_program_per_variable_shape(tmp_path):
-    """Keras 3 on JAX draws each initial value with a program compiled for its shape (8 here; B0 took 28 s to build on
-    an H200), for values the file's weights replace at once: they start as host zeros instead (7 programs without),
-    and the dropout layer's random stream is drawn as before. The file's model is made under the same context, so no
-    program of its shapes is compiled in this process before the load."""
+    """Keras 3 on JAX draws each initial value with a program compiled for its shape (7 for this file's; B0 took 28 s
+    to build on an H200), for values the file's weights replace at once: they start as host zeros instead, and the
+    dropout layer's random stream is drawn as before. The file's model is made under the same context, so no program
+    of its shapes is compiled in this process before the load."""
     from common.training.backends.keras_jax import compiles
     from common.training.backends.keras_jax.model import file_backbone, initial_values_replaced
 
