@@ -16,7 +16,8 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 def test_an_interrupted_demo_is_finished_by_the_next_run(tmp_path):
     """Slow (2-3 minutes on 2 cores: the demo two and a half times). Redundant with default tests: the demo end to end
-    is test_readme.py's (`./dev demo`), a killed training run resumed test_damaged_data.py's
+    is test_readme.py's (`./dev demo`), a killed training run resumed the GCS journey's (test_gcs.py, in a bucket and
+    locally) and a run ended after its checkpoint resumed test_damaged_data.py's
     test_a_corrupt_record_ends_the_fold_naming_its_shard_and_the_repaired_run_resumes, an interrupted export never
     looking complete test_an_interrupted_export_never_looks_complete's."""
     root = tmp_path / "demo"

@@ -137,8 +137,9 @@ def test_bfloat16_training_exports_a_float32_signature_and_says_which_part_ran_i
 @pytest.mark.e2e
 def test_a_killed_run_resumes_at_the_next_epoch(train_argv, tmp_path):
     """Slow: redundant with test_damaged_data.py's test_a_corrupt_record_ends_the_fold_naming_its_shard_and_the_
-    repaired_run_resumes, which kills the same run after its checkpoint and checks the same resume (the next epoch,
-    history.csv's every epoch once, the card's epochs), and the GCS journey's kills in a bucket and locally."""
+    repaired_run_resumes, whose run ends after its checkpoint (on a corrupt shard) and checks the same resume (the next
+    epoch, history.csv's every epoch once, the card's epochs), and with the GCS journey's SIGKILLed runs, in a bucket
+    and locally, resumed by the same command."""
     argv = [sys.executable, "-m", "train_tpu.train", *train_argv("train.epochs=6", "train.steps_per_epoch=6")]
     progress = tmp_path / "out" / "work" / "fold0" / "checkpoints" / PROGRESS_NAME
     killed_after = kill_after_epochs(argv, progress, 2)  # killed, not asked to stop
