@@ -155,6 +155,39 @@ def test_a_backbone_whose_weights_a_file_loads_compiles_no_program_per_variable_
     assert np.asarray(backbone.get_layer("drop").seed_generator.state.value).tolist() == [5, 0]
 
 
+def test_a_keras_applications_weights_file_normalises_as_the_download_does_and_copies_of_it_too(tmp_path):
+    """keras.applications' B0 notop file holds ImageNet's stddev as its Normalization's variance (tensorflow#49930):
+    given by its path, the model still divides [0, 1] pixels minus the mean by the stddev, as the download's extra
+    Rescaling makes it. A copy built with placeholder values and given the weights, as the export's is, computes the
+    same."""
+    from common.core.config import load_config
+    from common.training.backends.keras_jax.model import build_keras_model, give_weights, initial_values_replaced
+
+    import keras
+    import numpy as np
+
+    mean, stddev = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
+    with initial_values_replaced():  # its other values do not matter here
+        published = keras.applications.EfficientNetB0(include_top=False, weights=None, input_shape=(32, 32, 3))
+    stem = next(layer for layer in published.layers if isinstance(layer, keras.layers.Normalization))
+    stem.adapt_mean.assign(mean)
+    stem.adapt_variance.assign(stddev)  # the published files' form
+    published.save(tmp_path / "efficientnetb0_notop.h5")
+
+    def model_cfg(weights):
+        return load_config(None, ["model.backbone=efficientnet", f"model.efficientnet_weights={weights}"]).model
+
+    pixels = np.array([[0.0, 0.0, 0.0], [1.0, 0.5, 0.25]], "float32")  # after the stem's Rescaling(1/255)
+    models = [build_keras_model(model_cfg(tmp_path / "efficientnetb0_notop.h5"), 3, 32)]
+    with initial_values_replaced():  # the export's float32 copy: the same architecture, given the weights
+        models.append(build_keras_model(model_cfg("none"), 3, 32))
+    give_weights(models[1], models[0].get_weights())
+    for model in models:
+        normalise = next(layer for layer in model.get_layer("efficientnetb0").layers
+                         if isinstance(layer, keras.layers.Normalization))
+        np.testing.assert_allclose(np.asarray(normalise(pixels)).reshape(2, 3), (pixels - mean) / stddev, rtol=1e-6)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["B0", "V2B0"])
 def test_keras_applications_efficientnet_builds_under_jax_and_follows_the_policy(variant):

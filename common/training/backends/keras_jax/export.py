@@ -34,7 +34,12 @@ from common.export.writer import (
     write_rebuild_job,
 )
 from common.launch.kernel import guarded
-from common.training.backends.keras_jax.model import build_keras_model, initial_values_replaced, read_weight_arrays
+from common.training.backends.keras_jax.model import (
+    build_keras_model,
+    give_weights,
+    initial_values_replaced,
+    read_weight_arrays,
+)
 
 import numpy as np
 
@@ -79,7 +84,7 @@ def float32_outputs(backend, images: np.ndarray, on_host: bool) -> tuple[np.ndar
         exact = jax.default_matmul_precision("highest") if on_host else contextlib.nullcontext()
         with jax.default_device(device), exact:
             copy = _float32_copy(backend, device)
-            copy.set_weights(backend.model.get_weights())
+            give_weights(copy, backend.model.get_weights())
             outputs = np.asarray(copy.predict(images, batch_size=len(images), verbose=0))
     finally:
         keras.distribution.set_distribution(distribution)
@@ -131,7 +136,7 @@ def main(job_dir: str) -> int:
 
     def build_copy(policy: str):
         model = build_keras_model(cfg.model, job["outputs"], cfg.data.image_size, job["activation"], policy)
-        model.set_weights(weights)
+        give_weights(model, weights)
         return model
 
     export_models(job["export_dir"], build_copy, rebuild_job_contents(job_path, job), job["export_float16"])

@@ -25,6 +25,7 @@ from common.core.errors import ConfigError
 
 KERAS_EFFICIENTNETS = {**{f"B{k}": f"EfficientNetB{k}" for k in range(8)},
                        **{f"V2{v}": f"EfficientNetV2{v}" for v in ("B0", "B1", "B2", "B3", "S", "M", "L")}}
+IMAGENET_STDDEV = (0.229, 0.224, 0.225)  # ImageNet's per-channel standard deviation of [0, 1] pixels
 
 
 @contextlib.contextmanager
@@ -62,6 +63,16 @@ def initial_values_replaced():
         JaxVariable._initialize_with_initializer = drawn
 
 
+def give_weights(model, weights: list) -> None:
+    """model.set_weights(weights), and each layer that keeps a value computed from its variables (Normalization keeps
+    its mean and variance as constants) computes it again, as Keras' own weights-file loader does: set_weights alone
+    leaves them as the build made them (zeros under initial_values_replaced)."""
+    model.set_weights(weights)
+    for layer in model._flatten_layers():
+        if hasattr(layer, "finalize_state"):
+            layer.finalize_state()
+
+
 def _weights(value: str) -> str | None:
     weights = None if value.lower() in ("", "none") else value
     if weights not in (None, "imagenet") and not Path(weights).is_file():
@@ -83,13 +94,30 @@ def efficientnet_backbone(variant: str, weights: str, image_size: int):
     try:
         with initial_values_replaced() if weights_arg else contextlib.nullcontext():
             # Its own name kept: EfficientNetV2 looks its block layout up by it.
-            return getattr(keras.applications, name)(include_top=False, weights=weights_arg,
-                                                     input_shape=(image_size, image_size, 3), pooling="avg")
+            backbone = getattr(keras.applications, name)(include_top=False, weights=weights_arg,
+                                                         input_shape=(image_size, image_size, 3), pooling="avg")
     except (OSError, ValueError) as err:  # the download failed (internet off), or a file of another variant
         raise ConfigError(
             f"model.efficientnet_weights={weights!r} could not be loaded into {name} ({type(err).__name__}: "
             f"{str(err)[:200]}). Fix: with the internet off, attach keras.applications' notop weights file of {name} "
             "as a dataset and set model.efficientnet_weights to its path, or model.efficientnet_weights=none") from err
+    if weights_arg not in (None, "imagenet"):
+        _divide_by_stddev(backbone)
+    return backbone
+
+
+def _divide_by_stddev(backbone) -> None:
+    """keras.applications' EfficientNet weights files hold ImageNet's standard deviation as the stem Normalization's
+    variance, so it divides by sqrt(stddev) (tensorflow/tensorflow#49930). Keras divides by sqrt(stddev) again after
+    it, as the weights were trained, only for weights='imagenet', not for the same file given by its path: here that
+    variance becomes stddev squared, and the file's model normalises as the downloaded one does."""
+    import numpy as np
+
+    for layer in backbone.layers:
+        variance = getattr(layer, "adapt_variance", None)  # B0-B7's stem; V2's Normalization has fixed values
+        if variance is not None and np.allclose(np.asarray(variance), IMAGENET_STDDEV, atol=1e-6):
+            variance.assign(np.square(np.asarray(variance)))
+            layer.finalize_state()
 
 
 def file_backbone(path: str, image_size: int):
