@@ -31,6 +31,32 @@ def test_train_batches_are_static_uint8(demo_records):
     assert len(set(labels.tolist())) == 10  # shuffled across shards and classes, not one class per batch
 
 
+def test_numpy_batches_for_keras_on_jax_let_the_iterator_go_on_a_thread_of_its_own(demo_records):
+    """keras_jax's fit takes the training batches as NumPy arrays from a generator; on leaving, the generator is closed
+    and tf.data's iterator dropped on a thread of its own: its teardown held the main thread 2.2-3 s at a
+    fold's end (common/data/teardown.py)."""
+    import threading
+    import time
+    import weakref
+
+    from common.data.teardown import numpy_batches
+
+    out, manifest = demo_records
+    train_files, _ = split_files(manifest, str(out), fold=0)
+    dataset = make_train_dataset(train_files, load_config(None, ["data.image_size=16"]).data, InputShare(8), seed=1)
+    dropped_on = []
+    with numpy_batches(dataset) as batches:
+        images, labels = next(batches)
+        assert images.dtype == np.uint8 and images.shape == (8, 16, 16, 3) and labels.shape == (8,)
+        weakref.finalize(batches.gi_frame.f_locals[".0"], lambda: dropped_on.append(threading.current_thread().name))
+    with pytest.raises(StopIteration):
+        next(batches)
+    deadline = time.monotonic() + 90
+    while not dropped_on and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert dropped_on == ["tpu2gpu-let-go"]
+
+
 def test_decode_resizes_only_when_needed():
     png = image_bytes(0, size=32, fmt="PNG")
     same = decode_image(tf.constant(png), 32)

@@ -13,6 +13,7 @@ So an iterator that lived long is dropped on a thread of its own (let_go), and t
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import tensorflow as tf
@@ -22,6 +23,21 @@ def let_go(holder: list) -> None:
     """Drop what `holder` holds on a daemon thread: the caller passes the only references in a list and keeps none, so
     any wait in their teardown is that thread's (the wait releases the GIL: the rest of the process runs on)."""
     threading.Thread(target=holder.clear, name="tpu2gpu-let-go", daemon=True).start()
+
+
+@contextlib.contextmanager
+def numpy_batches(dataset: tf.data.Dataset):
+    """A generator of the dataset's batches as NumPy arrays (Keras 3 on JAX takes a generator, not tf.data's
+    NumpyIterator); on leaving, its iterator is let go. Seen here, a keras_jax fold of EfficientNet-Lite0 at 64 px (32
+    steps): at the end of fit, 2.2-3 s at 0% CPU in the generator's teardown, in each of three runs; let go, 0.6-0.7 s
+    from the last epoch to the export, restoring the best epoch included."""
+    holder = [dataset.as_numpy_iterator()]
+    batches = (batch for batch in holder[0])
+    try:
+        yield batches
+    finally:
+        batches.close()  # the generator's frame lets go of the iterator: the holder's reference is the last
+        let_go(holder)
 
 
 def without_autotune(dataset: tf.data.Dataset) -> tf.data.Dataset:

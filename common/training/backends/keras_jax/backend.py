@@ -28,6 +28,7 @@ from common.core.paths import compile_cache_dir
 from common.core.strategy import precision_for
 from common.data.pipeline import make_padded_image_batches
 from common.data.records import RecordSchema
+from common.data.teardown import numpy_batches
 from common.export.census import precision_by_part
 from common.tasks.parts import keras_ops
 from common.training.backends.base import (
@@ -296,9 +297,8 @@ class JaxBackend:
     def fit(self, data, loop: EpochLoop) -> None:
         # The pipeline's batches handed to Keras as NumPy arrays: given the tf.data.Dataset, Keras' adapter iterates
         # it eagerly and converts each tensor itself, about 5% of a step on this project's CPU (bench/README.md). A
-        # generator, since Keras takes no tf.data NumpyIterator.
-        batches = (batch for batch in data.as_numpy_iterator())
-        with lost_process_named(self.hosts):
+        # generator, its iterator let go aside after (common/data/teardown.py).
+        with lost_process_named(self.hosts), numpy_batches(data) as batches:
             self.model.fit(batches, epochs=loop.epochs, initial_epoch=loop.initial_epoch,
                            steps_per_epoch=loop.steps_per_epoch,
                            callbacks=[epoch_hooks(keras.callbacks.Callback, loop)], verbose=2)
