@@ -68,7 +68,27 @@ def test_train_export_reload_in_a_fresh_process(train_argv, tmp_path, monkeypatc
     # recorded.
     stack = {"stack": "tensorflow-tpu 2.20.0 + libtpu 0.0.17 (PJRT)", "runtime": "pjrt", "pins": {"libtpu": "0.0.17"}}
     monkeypatch.setenv("TPU2GPU_TPU_STACK", json.dumps(stack))
+    # Keras fit's training iterator is let go on a thread of its own after fit: its teardown can hold the main
+    # thread seconds (common/data/teardown.py).
+    import threading
+    import weakref
+
+    from common.training.backends.tf_keras import iterators
+
+    dropped_on, let_go = [], iterators.let_go
+
+    def watched(holder):
+        for held in holder:
+            weakref.finalize(held, lambda: dropped_on.append(threading.current_thread().name))
+        del held  # the holder's reference the last
+        let_go(holder)
+
+    monkeypatch.setattr(iterators, "let_go", watched)
     assert train_main(train_argv()) == 0
+    deadline = time.monotonic() + 90
+    while len(dropped_on) < 2 and time.monotonic() < deadline:  # fit's iterator, then validation's (release)
+        time.sleep(0.01)
+    assert dropped_on == ["tpu2gpu-let-go"] * 2, dropped_on
     export = tmp_path / "out" / "export" / "fold0"
     card = read_card(export)
     assert card.complete and card.verification["max_abs_diff"]["float32"] < 1e-4

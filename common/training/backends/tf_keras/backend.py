@@ -34,7 +34,7 @@ from common.training.backends.base import (
 )
 from common.training.backends.tf_keras.custom_loop import CustomLoop
 from common.training.backends.tf_keras.export import export, serving_model
-from common.training.backends.tf_keras.iterators import RepeatedPasses
+from common.training.backends.tf_keras.iterators import RepeatedPasses, fit_iterator_let_go
 from common.training.backends.tf_keras.model import (
     build_model,
     compile_model,
@@ -155,8 +155,9 @@ class TFBackend:
         to stop."""
         if self.cfg.train.loop == "fit":
             hooks = epoch_hooks(tf.keras.callbacks.Callback, loop)
-            self.model.fit(data, epochs=loop.epochs, initial_epoch=loop.initial_epoch,
-                           steps_per_epoch=loop.steps_per_epoch, callbacks=[hooks], verbose=2)
+            with fit_iterator_let_go(self.model):
+                self.model.fit(data, epochs=loop.epochs, initial_epoch=loop.initial_epoch,
+                               steps_per_epoch=loop.steps_per_epoch, callbacks=[hooks], verbose=2)
             return
         plan = self.plan
         custom = CustomLoop(self.strategy, self.model, plan.task, self.cfg.train.label_smoothing, plan.global_batch,

@@ -3,6 +3,8 @@ dropped on a thread of its own, and the fold goes on at once (common/data/teardo
 
 from __future__ import annotations
 
+import contextlib
+
 from common.data.teardown import let_go
 
 import numpy as np
@@ -33,3 +35,23 @@ class RepeatedPasses:
         """The iterator let go (it has lived the whole fold); no pass after this."""
         holder, self.iterator = [self.iterator], None
         let_go(holder)
+
+
+@contextlib.contextmanager
+def fit_iterator_let_go(model: tf.keras.Model):
+    """Keras fit's training iterator let go after fit (it lived the whole fold): fit drops it on return, and there its
+    teardown held the main thread 14 s at a fold's end in a suite run (py-spy). Taken from the first call of the
+    model's train function, which fit makes once per compile and calls with its iterator."""
+    train_function, seen = model.make_train_function(), []
+
+    def remembering(iterator):
+        if not seen:
+            seen.append(iterator)
+        return train_function(iterator)
+
+    model.train_function = remembering
+    try:
+        yield
+    finally:
+        model.train_function = train_function
+        let_go(seen)
