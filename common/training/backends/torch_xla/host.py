@@ -53,7 +53,7 @@ def stop_loader(batches) -> None:
 class HostBatches:
     """The tf.data pipeline's (images, targets) batches as CPU tensors, for MpDeviceLoader. Its iterator is let go on a
     thread of its own at the end (common/data/teardown.py): seen here, stop_loader's join of the loader's thread
-    waited 8 s at 0% CPU in that teardown, at the end of fit in one run of five."""
+    waited 8-9 s at 0% CPU in that teardown, at the end of fit in three runs of seven."""
 
     def __init__(self, dataset):
         self.dataset = dataset
