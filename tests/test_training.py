@@ -80,7 +80,7 @@ def test_train_export_reload_in_a_fresh_process(train_argv, tmp_path, monkeypatc
     def watched(holder):
         for held in holder:
             weakref.finalize(held, lambda: dropped_on.append(threading.current_thread().name))
-        del held  # the holder's reference the last
+        held = None  # the holder's reference the last
         let_go(holder)
 
     monkeypatch.setattr(iterators, "let_go", watched)
