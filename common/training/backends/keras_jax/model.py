@@ -25,7 +25,6 @@ from common.core.errors import ConfigError
 
 KERAS_EFFICIENTNETS = {**{f"B{k}": f"EfficientNetB{k}" for k in range(8)},
                        **{f"V2{v}": f"EfficientNetV2{v}" for v in ("B0", "B1", "B2", "B3", "S", "M", "L")}}
-IMAGENET_STDDEV = (0.229, 0.224, 0.225)  # ImageNet's per-channel standard deviation of [0, 1] pixels
 
 
 @contextlib.contextmanager
@@ -111,11 +110,13 @@ def _divide_by_stddev(backbone) -> None:
     variance, so it divides by sqrt(stddev) (tensorflow/tensorflow#49930). Keras divides by sqrt(stddev) again after
     it, as the weights were trained, only for weights='imagenet', not for the same file given by its path: here that
     variance becomes stddev squared, and the file's model normalises as the downloaded one does."""
+    from common.training.backends.tf_keras.model import IMAGENET_STD  # imports TensorFlow alone, as tf.data does
+
     import numpy as np
 
     for layer in backbone.layers:
         variance = getattr(layer, "adapt_variance", None)  # B0-B7's stem; V2's Normalization has fixed values
-        if variance is not None and np.allclose(np.asarray(variance), IMAGENET_STDDEV, atol=1e-6):
+        if variance is not None and np.allclose(np.asarray(variance), IMAGENET_STD, atol=1e-6):
             variance.assign(np.square(np.asarray(variance)))
             layer.finalize_state()
 

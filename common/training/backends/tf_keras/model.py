@@ -19,9 +19,11 @@ from common.core.errors import ConfigError, StrategyError
 
 import tensorflow as tf
 
-# The efficientnet package's 'imagenet' / 'noisy-student' weights expect torch-style normalised input.
-_IMAGENET_MEAN = (0.485, 0.456, 0.406)
-_IMAGENET_STD = (0.229, 0.224, 0.225)
+# The efficientnet package's 'imagenet' / 'noisy-student' weights expect torch-style normalised input (ImageNet's
+# per-channel mean and standard deviation of [0, 1] pixels; keras_jax's keras.applications files are checked against
+# the same).
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
 EFFICIENTNET_VARIANTS = ("B0", "B1", "B2", "B3", "B4", "B5", "B6", "B7")
 
 
@@ -104,7 +106,7 @@ def build_model(model_cfg, outputs: int, image_size: int, hub_handle: str | None
     if model_cfg.backbone == "hub":
         features = hub_backbone(hub_handle or model_cfg.hub_handle, model_cfg.trainable)(x)
     else:
-        x = tf.keras.layers.Normalization(mean=_IMAGENET_MEAN, variance=[s * s for s in _IMAGENET_STD],
+        x = tf.keras.layers.Normalization(mean=IMAGENET_MEAN, variance=[s * s for s in IMAGENET_STD],
                                           dtype="float32", name="imagenet_normalise")(x)
         base = efficientnet_backbone(model_cfg.efficientnet_variant, model_cfg.efficientnet_weights, image_size,
                                      model_cfg.trainable)
