@@ -3,6 +3,7 @@ views, then members, to end within it (common/inference/time_plan.py)."""
 
 import csv
 import json
+import math
 import os
 import re
 import shutil
@@ -185,16 +186,15 @@ def time_lines(run) -> list[str]:
 @pytest.mark.e2e
 def test_a_code_competition_rerun_sheds_views_to_end_within_the_limit_and_a_limit_that_fits_changes_nothing(
         tmp_path, demo_records, demo_dir):
-    """One kernel, built with a 20 s limit, 3 folds x 7 views and the hidden set's size: on the public test it fits
-    (nothing shed, the submission byte-identical to infer.time_limit=none's) and projects the rerun; on a hidden test
-    20 times larger, where the whole ensemble's measured pace cannot end in time, it sheds views, writes every row
-    within the limit and names what it shed in inference_time.json. The model: the tiny backbone 32 wide at 32 px,
-    whose 21 views x folds take about 2 ms an image here (15-20 s for the hidden set, idle), one of them about a tenth
-    of a millisecond, about half a millisecond with the reading under a loaded suite. infer.time_margin=0.5 plans
-    10 s of the 20: room for a start-up twice an idle machine's 2.5 s in a loaded suite and the last fold's one view
-    (on Kaggle the default 0.1 of a 9 h limit is 54 minutes). Before the test pipeline ran without tf.data's
-    autotuning (predict.py: without_autotune), deleting its iterator after the last batch sometimes took 3.4-4.9 s
-    here, past every projection."""
+    """One model as 3 folds x 7 views, built into the inference kernel three times on this host's own pace: with no
+    limit on the public test, it measures where the public rows end (F) and where the hidden set's, 20 times larger,
+    would (E); with a limit planned between the two (the geometric mean, so that either side has the same slack
+    whatever the host's speed), the public test fits (nothing shed, the submission byte-identical to the unlimited
+    one's) and the rerun's shedding is projected; on the hidden test, where the whole ensemble cannot end in time, it
+    sheds views, writes every row within the limit and names what it shed in inference_time.json. The model: the
+    tiny backbone 32 wide at 32 px, whose 21 views x folds take about 2 ms an image on an idle 2-core host; E is
+    several times F (start-up dominates F), so the limit falls well clear of both. The process's own end, interpreter
+    teardown included, is allowed a twentieth of the limit past it."""
     backbone = save_tiny_backbone(tmp_path / "backbone", width=32)
     settings = [f"runtime.tfrecords={demo_records[0]}", f"model.hub_handle={backbone}", "data.image_size=32",
                 "train.fold=0", "train.epochs=1", "train.steps_per_epoch=2", "train.batch_size_per_replica=16",
@@ -205,12 +205,24 @@ def test_a_code_competition_rerun_sheds_views_to_end_within_the_limit_and_a_limi
     public = write_test_set(competition, demo_dir, 1)
     hidden_size = len(public) * HIDDEN_COPIES
     views = f"infer.tta=[{','.join(VIEWS)}]"
-    kernel = build(load_config(None, [*PROJECT, views, "infer.time_limit=20s", "infer.time_margin=0.5",
-                                      f"infer.expected_test_images={hidden_size}"]), tmp_path / "build")["infer"]
+
+    def kernel_with(limit: str):
+        config = load_config(None, [*PROJECT, views, f"infer.time_limit={limit}", "infer.time_margin=0.5",
+                                    f"infer.expected_test_images={hidden_size}"])
+        return build(config, tmp_path / f"build-{limit}")["infer"] / "infer.py"
+
+    # This host's pace: no limit, the public test's end and the hidden set's projected end.
+    run, _ = run_kernel(kaggle, env, kernel_with("none"))
+    unlimited = (kaggle / "working" / "submission.csv").read_bytes()
+    record = json.loads((kaggle / "working" / "inference_time.json").read_text())
+    public_end, hidden_end = record["finished_at_seconds"], record["expected"]["ends_at_seconds"]
+    assert record["shed"] == [] and record["expected"]["would_shed"] == [] and hidden_end > public_end, record
+    planned = math.ceil(math.sqrt(public_end * hidden_end))
+    limit = f"{2 * planned}s"  # infer.time_margin=0.5 plans half of it
 
     # The save run on the public test: within the limit, nothing shed, the same submission as without a limit; the
-    # rerun's size projected.
-    run, _ = run_kernel(kaggle, env, kernel / "infer.py")
+    # rerun's size projected past the plan, and its shedding named.
+    run, _ = run_kernel(kaggle, env, kernel_with(limit))
     lines = time_lines(run)
     # 21 units, each its own function traced once per batch shape: no false "Tracing is expensive" from TensorFlow
     # (it counts traces per code object, and one lambda's code stood for all of them).
@@ -221,32 +233,29 @@ def test_a_code_competition_rerun_sheds_views_to_end_within_the_limit_and_a_limi
         (f"fold{k}", view, len(public), False) for k in range(3)
         for view in ("identity", *VIEWS)]
     assert re.fullmatch(rf"\[infer\] time: 3 member\(s\) x 7 view\(s\) at \d+ images/s: the {len(public)} rows "
-                        r"would end at [\d.]+s of the 10.0s planned \(20s limit less infer.time_margin=0.5\): nothing "
-                        r"to shed", lines[0]), lines
+                        rf"would end at [\d.]+s of the {planned}.0s planned \({limit} limit less "
+                        r"infer.time_margin=0.5\): nothing to shed", lines[0]), lines
     expected = record["expected"]
-    assert expected["images"] == hidden_size and expected["ends_at_seconds"] > 10, expected
-    # Views first, the last configured first; on a slower machine (seen with 3 busy workers on 2 cores) members too.
+    assert expected["images"] == hidden_size and expected["ends_at_seconds"] > planned, (planned, expected)
+    # Views first, the last configured first; where the views alone do not end in time, members too.
     would_shed = expected["would_shed"]
     assert would_shed[:6] == SHED_VIEWS[:len(would_shed)] and would_shed, expected
     assert all(member.startswith("fold") for member in would_shed[6:]), expected
     assert lines[1].startswith(f"[infer] time: for {hidden_size} test images (infer.expected_test_images), "
                                "3 member(s) x 7 view(s) at "), lines
     assert f"a rerun would shed {', '.join(expected['would_shed'])} and end at " in lines[1], lines
-    unlimited = ["--set", f"infer.exports=[{kaggle / 'input' / 'datasets'}]", "--set", views, "--set",
-                 f"runtime.competition_dir={competition}", "--set", f"runtime.output_dir={tmp_path / 'none'}",
-                 "--set", "infer.time_limit=none"]
-    assert infer_main(unlimited) == 0 and not (tmp_path / "none" / "inference_time.json").exists()
-    assert (kaggle / "working" / "submission.csv").read_bytes() == (tmp_path / "none" / "submission.csv").read_bytes()
+    assert (kaggle / "working" / "submission.csv").read_bytes() == unlimited
 
     # The rerun on the hidden test set: every row, within the limit, the shedding named.
     hidden = write_test_set(competition, demo_dir, HIDDEN_COPIES)
-    run, wall = run_kernel(kaggle, env, kernel / "infer.py")
+    run, wall = run_kernel(kaggle, env, kernel_with(limit))
     submission = read_csv(kaggle / "working" / "submission.csv")
     assert [r["id"] for r in submission] == hidden and all(r["label"] for r in submission)
     record = json.loads((kaggle / "working" / "inference_time.json").read_text())
     report = "\n".join(time_lines(run)) + "\n" + json.dumps(record, indent=1)[:3000]
-    assert record["within_limit"] and record["finished_at_seconds"] <= 20 and wall < 20.5, (wall, report)
-    assert record["projection"]["ends_at_seconds"] > 10, report  # the whole ensemble would not have ended in time
+    assert record["within_limit"] and record["finished_at_seconds"] <= 2 * planned, report
+    assert wall < 2 * planned * 1.05, (wall, report)
+    assert record["projection"]["ends_at_seconds"] > planned, report  # the whole ensemble would not end in time
     shed = [what for step in record["shed"] for what in step["what"]]
     assert shed[:6] == SHED_VIEWS[:len(shed)] and shed, report  # views first, the last configured first
     ran = {(u["member"], u["view"]): u for u in record["units"]}
