@@ -13,6 +13,9 @@ downloads Python 3.12 environments, about 1.5 GB, into TPU2GPU_ENV_CACHE, ~/.cac
   same data (the offline demo's training, in this checkout's environment).
 - The export loads with tf.saved_model.load in tensorflow-cpu 2.16-2.20 with jax not importable and reproduces the
   verify batch the JAX model predicted.
+- A KerasHub preset of real ImageNet weights (tests/real_weights.py) attached as a dataset, on the TPU image with
+  keras-hub but neither tensorflow-text nor tf-keras: the built train.py trains a linear probe on photograph crops and
+  exports it verified.
 """
 
 import json
@@ -104,6 +107,47 @@ def test_the_built_kernels_train_on_keras_jax_where_no_tensorflow_tpu_stack_can_
         diff = verify_batch_difference(python, export / "fold0")
         print(f"tensorflow-cpu {version}, jax not importable: max abs difference {diff:.2e}")
         assert diff < 1e-5
+
+
+# keras-hub as the TPU image's keras-nlp pulls it, newest, with its requirements but tensorflow-text (which requires
+# the whole tensorflow package beside the image's tensorflow-cpu): its preprocessing layers refuse to build without it.
+KERAS_HUB = "keras-hub==0.32.0"
+KERAS_HUB_REQUIRES = ["absl-py", "packaging", "regex", "rich", "kagglehub!=1.0.1", "kagglesdk==0.1.28",
+                      "sentencepiece", "tokenizers"]
+
+
+@pytest.mark.jax_image
+def test_the_built_training_kernel_trains_a_kerashub_preset_on_an_image_without_tensorflow_text(tmp_path,
+                                                                                                real_weights):
+    from real_weights import write_photo_competition
+
+    image = environment(f"tpu-image-{TPU_IMAGE[2].replace('==', '')}-{KERAS.replace('==', '')}-"
+                        f"{KERAS_HUB.replace('==', '')}", [*TPU_IMAGE, *KERAS_HUB_REQUIRES], without_deps=(KERAS_HUB,))
+    probe = "import importlib.util as u; print([n for n in ('tensorflow_text', 'tf_keras') if u.find_spec(n)])"
+    assert subprocess.run([image, "-c", probe], capture_output=True, text=True).stdout.strip() == "[]"
+    kaggle = tmp_path / "kaggle"
+    write_photo_competition(kaggle / "input" / "competitions" / "photo-comp", per_class=48, n_test=16)
+    shutil.copytree(real_weights / "keras_hub", kaggle / "input" / "datasets" / "tester" / "lite0-preset")
+    project = ["kaggle.owner=tester", "kaggle.competition=photo-comp", "train.framework=auto", "model.backbone=keras",
+               "model.keras_backbone=/kaggle/input/datasets/tester/lite0-preset",
+               "kaggle.dataset_sources=[tester/lite0-preset]", "runtime.competition_dir=photo-comp",
+               "runtime.tfrecords=", "runtime.output_dir=", "model.trainable=false", "model.dropout=0",
+               "data.image_size=64", "data.convert_size=64", "data.folds=3", "train.fold=0", "train.epochs=4",
+               "train.batch_size=32", "train.learning_rate=0.02", "train.lr_reference_batch=32",
+               "train.warmup_epochs=0", "train.steps_per_execution=4"]
+    folders = build(load_config(None, project), tmp_path / "build")
+    (kaggle / "working").mkdir()
+    shutil.copyfile(folders["train"] / "train.py", kaggle / "working" / "__script__.py")
+    env = kaggle_env(kaggle, tmp_path / "tmp", ISTPUVM="1", XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    train = subprocess.run(offline([str(image), "__script__.py"]), cwd=kaggle / "working", env=env,
+                           capture_output=True, text=True)
+    print("\n".join(line for line in train.stdout.splitlines() if line.startswith(("[train] epoch", "[train] fold"))))
+    assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
+    card = json.loads((kaggle / "working" / "export" / "fold0" / "model_card.json").read_text())
+    assert card["runtime"]["framework"] == "keras_jax" and card["complete"] is True
+    assert card["verification"]["max_abs_diff"]["float32"] < 1e-4, card["verification"]
+    print(f"keras-hub preset without tensorflow-text: validation macro-F1 {card['metrics']['macro_f1']:.3f}")
+    assert card["metrics"]["macro_f1"] >= 0.85, card["metrics"]
 
 
 def tf_route_export(out: Path, demo_dir: Path) -> Path:

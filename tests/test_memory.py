@@ -20,6 +20,7 @@ from common.training.memory import (
     fitting_batch,
     jax_peak,
     peak_record,
+    planned_within,
     tensorflow_peak,
 )
 
@@ -125,6 +126,71 @@ def test_peak_memory_is_read_where_the_runtime_keeps_it_and_said_nowhere_else():
                                      "device, since the process started)")
     assert jax_peak([FakeDevice(None), FakeDevice(None)]) is None
     assert tensorflow_peak(["/job:localhost/replica:0/task:0/device:CPU:0"]) is None
+    # A run planned within less than the device holds (runtime.device_memory) names both.
+    planned = planned_within(record, 16_000_000_000, "runtime.device_memory=16GB")
+    assert planned == {**record, "planned_bytes": 16_000_000_000, "planned_from": "runtime.device_memory=16GB"}
+    assert describe_peak(planned) == ("device memory peak 12.00 GiB of the device's 16.00 GiB, planned within 14.90 "
+                                      "GiB (runtime.device_memory=16GB) (JAX memory_stats, the busiest device, since "
+                                      "the process started)")
+    assert planned_within(record, None, "") is record and planned_within(None, 1, "") is None
+
+
+def test_a_first_step_that_runs_long_is_said_past_a_minute_or_twice_its_compiles_and_again_as_that_doubles():
+    """The watch's own clock, moved by the test: a 10 s compile, and nothing until the first execution's own time
+    passes a minute; then a line at 2x that; with a 50 s compile, nothing before 100 s of its own. Started on its
+    thread, it says its line and stops when told."""
+    import threading
+
+    from common.training.clock import FirstStepWatch
+    from common.training.compile_cache import CompileCount
+
+    count = {"now": CompileCount(programs=3, seconds=4.0)}  # compiled before the epoch: not the epoch's
+    watch = FirstStepWatch(0, lambda: count["now"])
+    count["now"] = CompileCount(programs=4, seconds=14.0)
+    began = watch.began
+    assert watch.check(began + 69.0) is None  # 59 s of its own
+    line = watch.check(began + 71.0)
+    assert line.startswith("[train] epoch 1: no step has finished 71 s into the epoch, 61 s of them beyond the "
+                           "compiles that finished (1 program(s), 10.0 s). A first step this slow is"), line
+    assert line.endswith("the next line comes 122 s beyond the compiles. Fix, if it never ends: a smaller "
+                         "train.batch_size_per_replica (or auto) or data.image_size"), line
+    assert watch.check(began + 120.0) is None and watch.check(began + 133.0).startswith("[train] epoch 1: no step")
+    slow_compile = FirstStepWatch(2, lambda: count["now"])
+    count["now"] = CompileCount(programs=5, seconds=64.0)
+    assert slow_compile.check(slow_compile.began + 149.0) is None  # 99 s of its own, under twice the 50 s compile
+    assert "epoch 3: no step has finished 151 s" in slow_compile.check(slow_compile.began + 151.0)
+    untimed = FirstStepWatch(0, lambda: None)  # a route that does not count its compiles (tf_keras)
+    assert "(not counted on this route)" in untimed.check(untimed.began + 60.0)
+
+    said = threading.Event()
+    lines = []
+    running = FirstStepWatch(0, lambda: None, say=lambda line: (lines.append(line), said.set()), patience=0.05,
+                             every=0.01).start()
+    assert said.wait(60), "the watch said nothing"
+    running.stop()
+    assert running.check(running.began + 3600) is None and lines[0].startswith("[train] epoch 1: no step")
+
+
+@pytest.mark.e2e
+def test_keras_jax_checks_a_fixed_batch_against_the_memory_the_device_reports_before_training(
+        demo_records, tiny_keras_backbone, tmp_path, capsys, monkeypatch):
+    """No runtime.device_memory, and a device that reports 2 MB (JAX's bytes_limit, as a GPU or TPU reports its own;
+    this CPU reports none, so the test stubs the report): a fixed 128 per replica, whose compiled step needs about
+    5 MiB, ends in the out-of-memory line before training, naming the device's report; nothing is exported."""
+    import common.training.backends.keras_jax.backend as keras_jax
+
+    monkeypatch.setattr(keras_jax, "jax_device_limit", lambda device: 2_000_000)
+    argv = settings(demo_records[0], tmp_path / "out", "train.framework=keras_jax", "model.backbone=keras",
+                    f"model.keras_backbone={tiny_keras_backbone}", "train.batch_size_per_replica=128")
+    assert guarded("train", train_main, argv) == 2
+    captured = capsys.readouterr()
+    line = captured.err.strip().splitlines()[-1]
+    assert re.fullmatch(r"train: error: fold0, checking the compiled training step's memory: the device ran out of "
+                        r"memory: Keras backbone tiny_backbone.keras at 16 px, batch 128 per replica x 2 replica\(s\) "
+                        r"= 256, float32; it needed [\d.]+ MiB where the chip has 1.91 MiB \(the compiled training "
+                        r"step needs [\d.]+ MiB, cpu's own report\)\. Fix: --set train.batch_size_per_replica=\d+ "
+                        r"\(expected to fit\), .*", line), line
+    assert "[train] epoch 1" not in captured.out and not (tmp_path / "out" / "export").exists()
 
 
 def raising_at_the_first_step(monkeypatch, backend_class, error, above: int):

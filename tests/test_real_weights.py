@@ -12,6 +12,7 @@ and head), so its weights fit neither. Their weights-file paths are tests/test_m
 """
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -124,17 +125,29 @@ def flags(*settings: str) -> list[str]:
 
 
 def train_route(route: str, real_weights: Path, records: Path, out: Path) -> dict:
-    """The route's linear probe trained and exported into out/export (torch_xla in a child: it must be imported
-    before TensorFlow, which this process holds); its card."""
+    """The route's linear probe trained and exported into out/export; its card. torch_xla in a child: it must be
+    imported before TensorFlow, which this process holds. keras_jax in a child whose tensorflow_text (and its own
+    children's) does not import, as on an image without it: a KerasHub preset's backbone needs none, and keras-hub's
+    preprocessing layers require it (the route reads the image converter's scale and offset from the preset's files)."""
     argv = flags(*ROUTES[route](real_weights), *PROBE, f"runtime.tfrecords={records}", f"runtime.output_dir={out}")
-    if route == "torch_xla":
-        run = subprocess.run([sys.executable, "-m", "train_tpu.train", *argv], cwd=REPO, capture_output=True,
-                             text=True, timeout=900)
-        assert run.returncode == 0, (run.stdout + run.stderr)[-5000:]
-    else:
+    if route == "tf_keras":
         from train_tpu.train import main as train_main
 
         assert train_main(argv) == 0
+        return json.loads((out / "export" / "fold0" / "model_card.json").read_text())
+    env = dict(os.environ)
+    if route == "keras_jax":
+        blocked = out / "no-tensorflow-text"
+        (blocked / "tensorflow_text").mkdir(parents=True)
+        (blocked / "tensorflow_text" / "__init__.py").write_text(
+            f"open({str(out / 'tensorflow_text-refused')!r}, 'a').close()\n"
+            "raise ModuleNotFoundError(\"No module named 'tensorflow_text'\", name='tensorflow_text')\n")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(blocked), env.get("PYTHONPATH")]))
+    run = subprocess.run([sys.executable, "-m", "train_tpu.train", *argv], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=900)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-5000:]
+    if route == "keras_jax":  # keras-hub asked for it, and went on without it
+        assert (out / "tensorflow_text-refused").is_file()
     return json.loads((out / "export" / "fold0" / "model_card.json").read_text())
 
 

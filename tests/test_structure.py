@@ -1,7 +1,8 @@
-"""The code stays easy to change: small functions and files, and task behaviour in one place (common/tasks/).
+"""The code stays easy to change: no monster functions or files, and task behaviour in one place (common/tasks/).
 
-Limits (tests/ are exempt): no function over 50 lines, no file over 350 lines, no function taking more than six
-parameters (self and cls aside: more go into a small parameter object) in the shipped packages.
+Guards, not targets (tests/ are exempt): no function over 80 lines, no file over 600 lines, no function taking more
+than six parameters (self and cls aside: more go into a small parameter object) in the shipped packages. A module is
+split where its concern splits, never to meet a number.
 """
 
 import ast
@@ -10,7 +11,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("common", "train_tpu", "infer_gpu", "tpu2gpu")
-MAX_FUNCTION_LINES, MAX_FILE_LINES, MAX_PARAMETERS = 50, 350, 6
+MAX_FUNCTION_LINES, MAX_FILE_LINES, MAX_PARAMETERS = 80, 600, 6
 FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 # A branch on what a task is called: `task.name == ...`, `task.name in (...)`, `cfg.data.task != "regression"`.
 TASK_BRANCH = re.compile(r"\btask\.name\s*(==|!=|\bin\b|\bnot in\b)|\.task\s*(==|!=|\bin\b)\s*[\"'(\[]")

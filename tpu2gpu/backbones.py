@@ -12,6 +12,7 @@ from pathlib import Path
 
 import common  # noqa: F401  (tf_keras as tf.keras)
 from common.core.atomic import staged_dir
+from common.core.packages import optional_import
 
 import tensorflow as tf
 
@@ -73,9 +74,8 @@ def save_tiny_timm_backbone(folder: str | Path, seed: int = 0, overwrite: bool =
     """A timm model of the smallest supported architecture (random weights) as timm.models.save_for_hf writes it,
     config.json + model.safetensors: the torch_xla route's offline stand-in for an attached timm model
     (model.backbone=timm, model.timm_model=<this folder>). Imports torch and timm, never torch_xla."""
-    import timm
-    import timm.models
-    import torch
+    torch = optional_import("torch", "a timm backbone")
+    timm = optional_import("timm", "a timm backbone")
 
     folder = Path(folder)
     if (folder / "model.safetensors").is_file() and not overwrite:

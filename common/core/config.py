@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from common.core.candidates import TPU_PACKAGES
-from common.core.errors import ConfigError
+from common.core.errors import ConfigError, root_cause
 from common.core.fields import duration, field_value, memory_size, one_of, supplied, supplied_checks, within
 
 TTA_NAMES = ("identity", "flip_left_right", "flip_up_down", "rotate90", "rotate180", "rotate270", "transpose")
@@ -292,7 +292,8 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
         try:
             raw = json.loads(text) if path.suffix == ".json" else _read_yaml(text)
         except errors as err:
-            raise ConfigError(f"config file {path} is not valid {path.suffix.lstrip('.').upper()}: {err}") from err
+            kind = path.suffix.lstrip(".").upper()
+            raise ConfigError(f"config file {path} is not valid {kind}: {root_cause(err)}") from err
         config_from_dict(raw or {}, cfg)
     for text in overrides:
         _apply(cfg, *parse_override(text))

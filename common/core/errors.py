@@ -36,3 +36,33 @@ def guarded(prog: str, func, *args) -> int:
     except UserError as err:
         print(f"{prog}: error: {err}", file=sys.stderr, flush=True)
         return 2
+
+
+class PackageError(UserError, ImportError):
+    """An optional library that is not installed, or installed and does not import (common/core/packages.py)."""
+
+
+# Keras wraps the error of a layer it cannot rebuild in its own, the inner one's words after this.
+_NESTED_MARKER = "Exception encountered:"
+
+
+def root_cause(err: BaseException, limit: int = 300) -> str:
+    """'TypeName: words' of the innermost exception that `err` wraps, on one line: the chain of `raise ... from`
+    (__cause__) and of errors raised while handling another (__context__, which Keras leaves), then, inside that
+    one's message, the words after Keras's last "Exception encountered:". A wrapped library error then shows the
+    user what went wrong first ("EfficientNetImageConverter requires `tensorflow` and `tensorflow-text`"), not the
+    first words of the outermost message ("... could not be deserialized properly")."""
+    seen = {id(err)}
+    while True:
+        inner = err.__cause__ or (None if err.__suppress_context__ else err.__context__)
+        if inner is None or id(inner) in seen:
+            break
+        seen.add(id(inner))
+        err = inner
+    words = str(err).rsplit(_NESTED_MARKER, 1)[-1].strip()
+    if words.startswith("''") and words.endswith("''"):  # Keras's layer call quotes the inner words so
+        words = words[2:-2]
+    words = " ".join(words.split())  # a multi-line message (YAML's, Keras's paragraphs) on one line
+    if len(words) > limit:
+        words = words[: limit - 3].rstrip() + "..."
+    return f"{type(err).__name__}: {words}" if words else type(err).__name__

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.core.atomic import size_text, staged_dir
-from common.core.errors import DataPathError
+from common.core.errors import DataPathError, root_cause
 
 CREDENTIAL_FIX = ("Fix: export GOOGLE_APPLICATION_CREDENTIALS=<a service-account key file> of an account that may "
                   "read (and, for an output, write) the bucket (roles/storage.objectAdmin), or run `gcloud auth "
@@ -215,7 +215,7 @@ class Mirror:
                 for relative in stale:
                     tf.io.gfile.remove(f"{remote}/{relative}")
         except tf.errors.OpError as err:  # the bucket stopped answering: a network error, an outage, a quota
-            cause = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:200]}"
+            cause = root_cause(err, limit=200)
             held = f"it holds {remote} without its {marker}, which no reader takes for complete" if marker else \
                 f"{remote} may be missing or older"
             raise DataPathError(f"pushing {path} to the bucket failed after {done} of {len(changed)} file(s) "

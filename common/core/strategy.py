@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from common.core.errors import StrategyError
+from common.core.errors import StrategyError, root_cause
 from common.core.platform import installed_versions, tpu_hardware_signals
 
 import tensorflow as tf
@@ -77,9 +77,10 @@ def _tpu_strategy(address: str, signals: tuple[str, ...]) -> tf.distribute.TPUSt
         if signals:
             raise StrategyError(
                 f"TPU hardware is present ({', '.join(signals)}) but TensorFlow {tf.__version__} sees no TPU: "
-                f"{type(err).__name__}: {' '.join(str(err).split())[:300]}. "
+                f"{root_cause(err)}. "
                 + _tpu_fix()) from err
-        raise StrategyError(f"runtime.strategy=tpu but no TPU answered at {address or '$TPU_NAME'!r}: {err}") from err
+        raise StrategyError(f"runtime.strategy=tpu but no TPU answered at {address or '$TPU_NAME'!r}: "
+                            f"{root_cause(err)}") from err
 
 
 def get_strategy(kind: str = "auto", tpu_address: str = "") -> tf.distribute.Strategy:

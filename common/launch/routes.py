@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from common.core.errors import ConfigError, StrategyError
 from common.core.fields import supply_check, supply_choices
+from common.core.packages import optional_import
 
 FRAMEWORK_ENV = "TPU2GPU_FRAMEWORK"  # set by the TPU negotiation when it falls back to keras_jax
 KERAS_3_BACKBONES = ("efficientnet", "keras")  # model.backbone values with a Keras 3 form (a TF Hub model has none)
@@ -132,7 +133,9 @@ def use_torch_xla(cfg) -> None:
     # A Python 0 or 1 would be a constant in the graph, any other number an input: the warm-up's rate of 0 at the
     # first step would compile a training graph of its own.
     os.environ["XLA_NO_SPECIAL_SCALARS"] = "1"
-    import torch_xla  # noqa: F401  (now: TensorFlow may follow it, never precede it)
+    # Now, before TensorFlow: TensorFlow may follow torch_xla, never precede it. A broken install is one line.
+    for module in ("torch", "torch_xla", "timm"):
+        optional_import(module, "train.framework=torch_xla")
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,10 @@
 train.batch_size_per_replica=auto: keras_jax compiles its training step ahead of time and holds its memory analysis
 against the device's memory (runtime.device_memory, or what the device reports), in at most three compiles
 (common/training/memory.py); tf_keras and torch_xla start at AUTO_LARGEST and train_fold retries at the batch a first
-step's out of memory names. With runtime.device_memory set and a number for the batch, keras_jax weighs the planned
-step the same way and ends in the out-of-memory line before training when it does not fit.
+step's out of memory names. With a number for the batch, keras_jax weighs the planned step the same way wherever it
+knows the device's memory (runtime.device_memory, or what a GPU or TPU reports) and ends in the out-of-memory line
+before training when it does not fit: XLA on a GPU can spend minutes fitting a program into too little memory, in
+silence.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ def plan_with_batch(cfg, records, backend, labels, fold: str):
     if auto:
         cfg = choose_batch(cfg, records, backend, labels, fold)
     plan = plan_fold(cfg, records, backend.replicas, labels)
-    if not auto and cfg.runtime.device_memory and hasattr(backend, "step_memory"):
+    if not auto and hasattr(backend, "step_memory") and backend.device_memory()[0] is not None:
         check_step_fits(cfg, plan, backend, records, fold)
     return cfg, plan
 
@@ -89,8 +91,9 @@ def choose_batch(cfg, records, backend, labels, fold: str):
 
 
 def check_step_fits(cfg, plan: FoldPlan, backend, records, fold: str) -> None:
-    """With runtime.device_memory set, keras_jax holds its compiled training step against it before training: a
-    program that does not fit ends in the out-of-memory line here, not at the first step."""
+    """keras_jax holds its compiled training step against the device's memory (runtime.device_memory, else what the
+    device reports) before training: a program that does not fit ends in the out-of-memory line here, not at the
+    first step. The compile goes to the compile cache, from which fit then takes it."""
     capacity, source = backend.device_memory()
     try:
         needed = backend.step_memory(plan, batch_spec(cfg, records, plan))

@@ -32,7 +32,7 @@ from common.tasks.parts import is_better
 from common.training.backends.base import Backend, EpochLoop
 from common.training.batch import device_capacity, plan_with_batch, run_shape, with_batch
 from common.training.budget import cut_message, cuts_after
-from common.training.clock import EpochClock
+from common.training.clock import EpochClock, FirstStepWatch
 from common.training.compile_cache import CompileCount
 from common.training.history import History
 from common.training.memory import FIRST_STEP, DeviceMemoryError, Phase, named_out_of_memory
@@ -115,20 +115,29 @@ class EpochMonitor:
         self.cut = False
         self.steps = backend.optimizer_steps()  # restored with the checkpoint
         self.clock = EpochClock(backend.compiled)
+        self.watch: FirstStepWatch | None = None  # a line while the epoch's first execution runs long
 
     def epoch_begin(self, epoch: int) -> None:
         self.clock.start()
         self.first_steps = 0
+        self.stop_watch()
+        self.watch = FirstStepWatch(epoch, self.backend.compiled).start()
+
+    def stop_watch(self) -> None:
+        if self.watch is not None:
+            self.watch.stop()
 
     def first_executed(self, steps: int) -> None:
         """The fit's first execution (its first `steps` steps) has run: its seconds beyond the compile are its own
         phase, not the steps' pace (on an H200, 9-12 s where the steps take 34 ms: docs/training.md)."""
+        self.stop_watch()
         self.clock.lap("first execution", f"{steps} step(s)")
         self.first_steps = steps
         self.phase.now = "training"
 
     def epoch_end(self, epoch: int, logs: dict) -> bool:
         """Everything that follows an epoch; True when training stops here."""
+        self.stop_watch()  # a backend that reports no first execution
         trained = self.count_steps(epoch, self.clock.lap("training"))
         scored = self.score(epoch, logs)
         self.history.append(epoch, logs)
@@ -293,6 +302,7 @@ def _train_built_fold(run: FoldRun, plan: FoldPlan, phase: Phase) -> FoldResult:
     """Build (and resume), fit and finish the fold on `plan`; `phase` follows where it is."""
     cfg, backend, records, work_dir = run.cfg, run.backend, run.records, run.work_dir
     backend.build(plan)
+    monitor = None
     try:
         initial_epoch = backend.restore(work_dir / "checkpoints")
         print(describe_precision(backend, cfg), flush=True)
@@ -319,6 +329,8 @@ def _train_built_fold(run: FoldRun, plan: FoldPlan, phase: Phase) -> FoldResult:
         phase.now = "predicting the validation fold with the best epoch's weights"
         best_epoch, outputs = restore_best(backend, monitor, predict_val)
     finally:  # scored, or ended by an error: what the fold held is let go, off this thread
+        if monitor is not None:
+            monitor.stop_watch()
         backend.release()
         collect_garbage_aside()
     validation.predictions = plan.to_values(outputs)

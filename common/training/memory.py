@@ -288,9 +288,30 @@ def peak_record(peak: int | None, capacity: int | None, source: str) -> dict | N
 
 
 def describe_peak(record: dict) -> str:
-    """'peak 11.20 GiB of 15.75 GiB (source)': the fold summary's words."""
-    of = f" of {size_text(record['capacity_bytes'])}" if record.get("capacity_bytes") else ""
+    """'device memory peak 11.20 GiB of 15.75 GiB (source)': the fold summary's words; where the run planned within
+    less than the device holds (runtime.device_memory), both: '... of the device's 104.85 GiB, planned within
+    14.90 GiB (runtime.device_memory=16GB) (source)'."""
+    capacity = size_text(record["capacity_bytes"]) if record.get("capacity_bytes") else None
+    if record.get("planned_bytes"):
+        of = f" of the device's {capacity}" if capacity else ""
+        of += f", planned within {size_text(record['planned_bytes'])} ({record['planned_from']})"
+    else:
+        of = f" of {capacity}" if capacity else ""
     return f"device memory peak {size_text(record['peak_bytes'])}{of} ({record['from']})"
+
+
+def planned_within(record: dict | None, planned: int | None, source: str) -> dict | None:
+    """A peak record with the capacity the run planned in beside the device's own, where one was set."""
+    if not record or not planned:
+        return record
+    return {**record, "planned_bytes": int(planned), "planned_from": source}
+
+
+def jax_device_limit(device) -> int | None:
+    """The bytes a JAX device holds, as it reports them (memory_stats' bytes_limit: GPUs and TPUs; None on the CPU).
+    On a GPU it is JAX's share (XLA_PYTHON_CLIENT_MEM_FRACTION), not the card's whole memory."""
+    stats = device.memory_stats() or {}
+    return int(stats["bytes_limit"]) if stats.get("bytes_limit") else None
 
 
 def jax_peak(devices) -> dict | None:

@@ -50,7 +50,7 @@ from common.training.backends.keras_jax.hosts import (
 )
 from common.training.backends.keras_jax.model import build_keras_model, read_weight_arrays, save_weight_arrays
 from common.training.compile_cache import CompileCache, CompileCount
-from common.training.memory import jax_peak
+from common.training.memory import jax_device_limit, jax_peak, planned_within
 from common.training.plan import describe_executions, whole_executions
 
 import jax
@@ -148,9 +148,9 @@ class JaxBackend:
 
         if self.cfg.runtime.device_memory:
             return byte_size(self.cfg.runtime.device_memory), f"runtime.device_memory={self.cfg.runtime.device_memory}"
-        stats = self.devices[0].memory_stats() or {}
-        if stats.get("bytes_limit"):
-            return int(stats["bytes_limit"]), f"{self.devices[0].device_kind}'s own report"
+        limit = jax_device_limit(self.devices[0])
+        if limit:
+            return limit, f"{self.devices[0].device_kind}'s own report"
         return None, f"{self.devices[0].device_kind} ({self.platform}) reports no memory size"
 
     def _steps_per_execution(self, steps_per_epoch: int) -> int:
@@ -203,9 +203,13 @@ class JaxBackend:
         return {"policy": self.policy, **precision_by_part(self.model)}
 
     def peak_memory(self) -> dict | None:
-        """This process's devices' peak memory against their capacity, where JAX reports it (GPU, TPU); another
-        process's devices cannot be asked."""
-        return jax_peak([device for device in jax.local_devices() if device in self.devices])
+        """This process's devices' peak memory against their capacity, where JAX reports it (GPU, TPU), and the
+        capacity the run planned in where runtime.device_memory set one; another process's devices cannot be asked."""
+        from common.core.fields import byte_size
+
+        peak = jax_peak([device for device in jax.local_devices() if device in self.devices])
+        setting = self.cfg.runtime.device_memory
+        return planned_within(peak, byte_size(setting) if setting else None, f"runtime.device_memory={setting}")
 
     # ------------------------------------------------------------------------------------------------ checkpoints
     def restore(self, directory: Path) -> int:

@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
+import math
 from pathlib import Path
 
-from common.core.errors import ConfigError
+from common.core.errors import ConfigError, root_cause
+from common.core.packages import optional_import
 
 KERAS_EFFICIENTNETS = {**{f"B{k}": f"EfficientNetB{k}" for k in range(8)},
                        **{f"V2{v}": f"EfficientNetV2{v}" for v in ("B0", "B1", "B2", "B3", "S", "M", "L")}}
@@ -97,8 +100,8 @@ def efficientnet_backbone(variant: str, weights: str, image_size: int):
                                                          input_shape=(image_size, image_size, 3), pooling="avg")
     except (OSError, ValueError) as err:  # the download failed (internet off), or a file of another variant
         raise ConfigError(
-            f"model.efficientnet_weights={weights!r} could not be loaded into {name} ({type(err).__name__}: "
-            f"{str(err)[:200]}). Fix: with the internet off, attach keras.applications' notop weights file of {name} "
+            f"model.efficientnet_weights={weights!r} could not be loaded into {name} ({root_cause(err)}). "
+            f"Fix: with the internet off, attach keras.applications' notop weights file of {name} "
             "as a dataset and set model.efficientnet_weights to its path, or model.efficientnet_weights=none") from err
     if weights_arg not in (None, "imagenet"):
         _divide_by_stddev(backbone)
@@ -137,38 +140,66 @@ def file_backbone(path: str, image_size: int):
 
 def _keras_hub_backbone(folder: Path, image_size: int):
     """A KerasHub image backbone, pooled to features, behind its preset's image converter's own scale and offset
-    (EfficientNet presets: x / 127.5 - 1 on 0..255 pixels). The converter's scale and offset are applied as a Keras
-    layer of this model, so the exported graph holds them too; the converter itself is not called (its resizing
-    cannot be traced on a symbolic input, and the pipeline has already resized to data.image_size)."""
+    (EfficientNet presets: x / 127.5 - 1 on 0..255 pixels). The scale and offset are read from the preset's files
+    (preset_scale_and_offset) and applied as a Keras layer of this model, so the exported graph holds them too. The
+    converter itself is neither built nor called: KerasHub's preprocessing layers require tensorflow-text, which a
+    backbone does not, and its resizing cannot be traced on a symbolic input (the pipeline has already resized to
+    data.image_size)."""
     import keras
 
-    try:
-        import keras_hub
-    except ImportError as err:
-        raise ConfigError(f"model.keras_backbone={str(folder)!r} is a KerasHub preset, and keras_hub is not "
-                          "importable here. Fix: run where keras-hub is installed (Kaggle's TPU image has it)") from err
+    keras_hub = optional_import("keras_hub", f"model.keras_backbone={str(folder)!r} (a KerasHub preset)")
     with contextlib.redirect_stdout(io.StringIO()):  # keras-hub prints a line for every weight a timm folder ports
         try:
             with initial_values_replaced():
                 backbone = keras_hub.models.Backbone.from_preset(str(folder))
-            converter = keras_hub.layers.ImageConverter.from_preset(str(folder))
-        except (ValueError, OSError, KeyError, TypeError) as err:  # no config.json, another kind of preset, ...
+        except (ValueError, OSError, KeyError, TypeError, ImportError) as err:  # no config.json, another kind, ...
             raise ConfigError(
                 f"model.keras_backbone={str(folder)!r} could not be loaded as a KerasHub image preset "
-                f"({type(err).__name__}: {str(err).splitlines()[0][:200]}). Fix: attach the whole preset folder (a "
-                "Kaggle Model such as keras/efficientnet/keras/efficientnet_b0_ra_imagenet: config.json, "
-                "metadata.json, model.weights.h5, preprocessor.json) and give its /kaggle/input path") from err
+                f"({root_cause(err)}). Fix: attach the whole preset folder (a Kaggle Model such as "
+                "keras/efficientnet/keras/efficientnet_b0_ra_imagenet: config.json, metadata.json, model.weights.h5, "
+                "image_converter.json) and give its /kaggle/input path") from err
     if not isinstance(backbone, keras_hub.models.Backbone) or len(backbone.output.shape) != 4:
         raise ConfigError(f"model.keras_backbone={str(folder)!r} is a KerasHub {type(backbone).__name__}, not an "
                           "image backbone giving a feature map. Fix: an image classification preset's folder")
-    scale = 1.0 if converter.scale is None else converter.scale
-    offset = 0.0 if converter.offset is None else converter.offset
+    scale, offset = preset_scale_and_offset(folder)
     images = keras.Input((image_size, image_size, 3))  # [0, 1], as every keras backbone here takes them
     # The converter's scale and offset act on 0..255 pixels: one affine map, per channel where they are lists.
-    pixels_scale = [255.0 * v for v in scale] if isinstance(scale, list | tuple) else 255.0 * scale
+    pixels_scale = [255.0 * v for v in scale] if isinstance(scale, list) else 255.0 * scale
     x = keras.layers.Rescaling(pixels_scale, offset, dtype="float32", name="preset_image_converter")(images)
     features = keras.layers.GlobalAveragePooling2D()(backbone(x))
     return keras.Model(images, features, name="backbone")
+
+
+def preset_scale_and_offset(folder: Path) -> tuple[float | list[float], float | list[float]]:
+    """The scale and offset a KerasHub preset's image converter applies to 0..255 pixels, as keras_hub's own
+    ImageConverter.from_preset reads them, from the files alone: a Keras preset's image_converter.json (or the
+    converter inside preprocessor.json), with the older mean and variance form converted as keras_hub converts it;
+    a timm folder's config.json pretrained_cfg mean and std (keras_hub's timm loader: x / 255 / std - mean / std)."""
+    def read(name: str) -> dict:
+        path = folder / name
+        try:
+            return json.loads(path.read_text()) if path.is_file() else {}
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"model.keras_backbone={str(folder)!r}: {name} cannot be read ({root_cause(err)}). "
+                              "Fix: attach the preset folder whole, as its publisher saved it") from err
+
+    converter = read("image_converter.json").get("config") or \
+        read("preprocessor.json").get("config", {}).get("image_converter", {}).get("config")
+    if converter:
+        scale, offset = converter.get("scale"), converter.get("offset")
+        if "mean" in converter and "variance" in converter:  # keras_hub's ImageConverter: the older names
+            std = [math.sqrt(v) for v in converter["variance"]]
+            scale = [(1.0 if scale is None else scale) / s for s in std]
+            offset = [-m / s for m, s in zip(converter["mean"], std, strict=True)]
+        return (1.0 if scale is None else scale), (0.0 if offset is None else offset)
+    timm = read("config.json").get("pretrained_cfg") or {}
+    if "mean" in timm and "std" in timm:
+        return ([1.0 / 255.0 / s for s in timm["std"]],
+                [-m / s for m, s in zip(timm["mean"], timm["std"], strict=True)])
+    raise ConfigError(f"model.keras_backbone={str(folder)!r} names no image converter (image_converter.json, "
+                      "preprocessor.json's image_converter, or a timm config.json's pretrained_cfg mean and std), so "
+                      "how its pixels are scaled is unknown. Fix: attach the image classifier's preset, which saves "
+                      "its converter (keras_hub.models.ImageClassifier.save_to_preset), or a timm model's folder")
 
 
 def build_keras_model(model_cfg, outputs: int, image_size: int, activation: str = "softmax",

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from common.core.errors import ConfigError, StrategyError
+from common.core.errors import ConfigError, StrategyError, root_cause
 
 import tensorflow as tf
 
@@ -62,7 +62,7 @@ def hub_backbone(handle: str, trainable: bool):
                               name="backbone")
     except (OSError, ValueError, tf.errors.OpError) as err:  # URLError is an OSError
         raise ConfigError(
-            f"model.hub_handle={handle!r} could not be loaded ({type(err).__name__}: {str(err)[:200]}). Fix: with the "
+            f"model.hub_handle={handle!r} could not be loaded ({root_cause(err)}). Fix: with the "
             "internet off, attach the model to the kernel (model_sources 'owner/model/framework/variation/version' "
             "in kernel-metadata.json, or Add Input) and set model.hub_handle to that handle or its /kaggle/input "
             "path; locally, give the path of a SavedModel directory") from err
@@ -84,13 +84,13 @@ def efficientnet_backbone(variant: str, weights: str, image_size: int, trainable
                        pooling="avg")
     except OSError as err:  # the weights download failed (internet off)
         raise ConfigError(
-            f"model.efficientnet_weights={weights!r} must be downloaded, which failed ({err}). Fix: with the "
-            "internet off, attach the weights file as a dataset and set model.efficientnet_weights to its path, "
-            "or use model.efficientnet_weights=none") from err
+            f"model.efficientnet_weights={weights!r} must be downloaded, which failed ({root_cause(err)}). Fix: "
+            "with the internet off, attach the weights file as a dataset and set model.efficientnet_weights to its "
+            "path, or use model.efficientnet_weights=none") from err
     except ValueError as err:  # a file of another variant: its layers or shapes do not fit
         raise ConfigError(
             f"model.efficientnet_weights={weights!r} does not fit EfficientNet{variant.upper()} "
-            f"({str(err).splitlines()[0][:200]}). Fix: the efficientnet package's weights file of "
+            f"({root_cause(err)}). Fix: the efficientnet package's weights file of "
             f"{variant.upper()}, or model.efficientnet_variant set to the file's variant") from err
     base.trainable = trainable
     return base

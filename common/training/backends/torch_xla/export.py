@@ -25,6 +25,7 @@ if __name__ == "__main__":  # the child: set before keras is imported, for it ex
 import common  # noqa: F401
 from common.core.children import cpu_only_environment
 from common.core.config import config_from_dict, config_to_dict
+from common.core.packages import optional_import
 from common.export.card import read_card
 from common.export.writer import (
     ExportContents,
@@ -120,8 +121,8 @@ def _run_child(job: Path) -> None:
 def build_keras_copy(job: dict, backbone_folder: Path, head: dict, policy: str):
     """The trained model under Keras' TensorFlow backend: uint8 [B, S, S, 3] -> float32 [B, outputs]."""
     import keras
-    import keras_hub
 
+    keras_hub = optional_import("keras_hub", "the torch_xla export (keras-hub converts the timm model)")
     cfg = config_from_dict({section: job["config"][section] for section in ("model", "data")})
     size, std = cfg.data.image_size, np.asarray(job["std"])
     trained = keras.config.dtype_policy().name

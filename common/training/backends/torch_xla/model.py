@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from common.core.errors import ConfigError
+from common.core.errors import ConfigError, root_cause
 from common.launch.routes import TIMM_ARCHITECTURES
 
 import timm
@@ -59,7 +59,7 @@ def create_backbone(model_cfg) -> nn.Module:
                                      pretrained_cfg_overlay={**overlay, "file": str(folder / WEIGHTS_FILE)})
         except (SafetensorError, RuntimeError, OSError) as err:  # a copy cut short; another model's weights
             raise ConfigError(f"{folder / WEIGHTS_FILE} cannot be read as the weights of its config.json's "
-                              f"{architecture} ({type(err).__name__}: {str(err).splitlines()[0]}). Fix: write the "
+                              f"{architecture} ({root_cause(err)}). Fix: write the "
                               "folder again with timm.models.save_for_hf and attach it again") from err
     return timm.create_model(architecture, pretrained=model_cfg.timm_weights == "pretrained", num_classes=0)
 
