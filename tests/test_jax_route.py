@@ -125,6 +125,42 @@ def test_keras_applications_efficientnet_settings_are_checked_before_anything_is
                                              f"model.keras_backbone={tmp_path}/missing.keras"]).model, 3, 32)
 
 
+def test_a_presets_scale_and_offset_are_read_from_its_files_in_each_form_keras_hub_saves(tmp_path):
+    """What keras_hub's ImageConverter.from_preset would give, read without building it (its layers require
+    tensorflow-text): image_converter.json; the converter inside preprocessor.json; the older mean and variance form
+    (converted as keras_hub converts it); a timm folder's pretrained_cfg. A folder with none of them is one line."""
+    import json
+
+    from common.core.errors import ConfigError
+    from common.training.backends.keras_jax.model import preset_scale_and_offset
+
+    import numpy as np
+
+    def preset(name: str, **files: dict) -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        for file, content in files.items():
+            (folder / f"{file}.json").write_text(json.dumps(content))
+        return folder
+
+    efficientnet = {"scale": [1 / 127.5] * 3, "offset": [-1.0] * 3, "image_size": [224, 224]}
+    assert preset_scale_and_offset(preset("converter", image_converter={"config": efficientnet})) == (
+        [1 / 127.5] * 3, [-1.0] * 3)
+    nested = preset("nested", preprocessor={"config": {"image_converter": {"config": {"scale": 1 / 255}}}})
+    assert preset_scale_and_offset(nested) == (1 / 255, 0.0)
+    older = preset("older", image_converter={"config": {"scale": 1 / 255, "mean": [0.5, 0.5, 0.5],
+                                                        "variance": [0.25, 0.25, 0.25]}})
+    scale, offset = preset_scale_and_offset(older)
+    assert np.allclose(scale, [2 / 255] * 3) and np.allclose(offset, [-1.0] * 3)
+    timm = preset("timm", config={"architecture": "efficientnet_lite0", "pretrained_cfg": {
+        "mean": [0.5] * 3, "std": [0.25] * 3, "input_size": [3, 224, 224]}})
+    scale, offset = preset_scale_and_offset(timm)
+    assert np.allclose(scale, [4 / 255] * 3) and np.allclose(offset, [-2.0] * 3)
+    with pytest.raises(ConfigError, match=r"names no image converter \(image_converter.json, .*\), so how its pixels "
+                                          r"are scaled is unknown\. Fix: attach the image classifier's preset"):
+        preset_scale_and_offset(preset("backbone-only", config={"class_name": "EfficientNetBackbone"}))
+
+
 def test_a_backbone_whose_weights_a_file_loads_compiles_no_program_per_variable_shape(tmp_path):
     """Keras 3 on JAX draws each initial value with a program compiled for its shape (7 for this file's; B0 took 28 s
     to build on an H200), for values the file's weights replace at once: they start as host zeros instead, and the
