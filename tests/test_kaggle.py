@@ -73,6 +73,12 @@ def test_the_real_kaggle_cli_accepts_both_built_kernels(tmp_path, recorder, caps
     assert all("dockerImage" not in body for body in saves)
     out = capsys.readouterr().out
     assert "$ kaggle kernels push -p" in out and "not-a-real-key" not in out
+    # The training kernel on Kaggle's GPU T4 x2: the CLI sends the GPUs asked for, and no TPU wheels ride along.
+    build(load_config(None, [*PROJECT, "kaggle.train_accelerator=NvidiaTeslaT4"]), tmp_path / "gpu")
+    workflow.push(tmp_path / "gpu", "train")
+    gpu = [body for path, body in recorder.requests if path.endswith("KernelsApiService/SaveKernel")][-1]
+    assert (gpu["machineShape"], gpu["enableGpu"], gpu["enableTpu"]) == ("NvidiaTeslaT4", True, False), gpu
+    assert gpu["datasetDataSources"] == ["tester/extra-data/3"]
 
 
 @pytest.mark.e2e
@@ -265,6 +271,12 @@ def test_publish_wheels_creates_then_versions_the_wheels_dataset(tmp_path, recor
     ("kaggle.infer_internet=true", "enable_internet: true on the inference kernel of a code competition"),
     ("kaggle.owner=", "id: '/tpu2gpu-train' must be 'owner/slug'"),
     ("kaggle.train_accelerator=TPU", "machine_shape: 'TPU' is not one of"),
+    ("kaggle.train_accelerator=NvidiaTeslaP100", "kaggle.train_accelerator=NvidiaTeslaP100: Kaggle's image no longer "
+     "runs on a P100 (its PyTorch is built without sm_60: the first CUDA op fails with "
+     "cudaErrorNoKernelImageForDevice, kaggle-cli #1151), and P100s are being phased out. Fix: "
+     "kaggle.train_accelerator=NvidiaTeslaT4 (GPU T4 x2)"),
+    ("kaggle.infer_accelerator=NvidiaTeslaP100", "kaggle.infer_accelerator=NvidiaTeslaP100: Kaggle's image no longer "
+     "runs on a P100"),
     ("kaggle.dataset_title=model", "dataset title: 'model' must be 6-50 characters"),
 ])
 def test_metadata_errors_at_build_time(tmp_path, override, message):
@@ -325,13 +337,16 @@ def test_build_refuses_what_the_training_kernel_could_not_reach(tmp_path, overri
     (["runtime.tfrecords=extra-data", "model.backbone=efficientnet",
       "model.efficientnet_weights=/kaggle/input/extra-data/b0.h5"],
      False, "TpuV5E8", ["tester/extra-data/3", "tester/tpu-wheels"]),
-    (["kaggle.train_accelerator=NvidiaTeslaT4", "kaggle.tpu_wheels="],  # a GPU kernel needs no TPU stack
+    (["kaggle.train_accelerator=NvidiaTeslaT4"],  # a GPU kernel asks for the GPUs and carries no TPU wheels
      False, "NvidiaTeslaT4", ["tester/extra-data/3"]),
 ])
 def test_build_accepts_what_kaggle_can_reach(tmp_path, overrides, internet, machine, datasets):
     folders = build(load_config(None, [*PROJECT, *overrides]), tmp_path / "build")
     meta = json.loads((folders["train"] / "kernel-metadata.json").read_text())
     assert (meta["enable_internet"], meta["machine_shape"], meta["dataset_sources"]) == (internet, machine, datasets)
+    assert meta["enable_gpu"] is machine.startswith("Nvidia") and meta["enable_tpu"] is False
+    infer = json.loads((folders["infer"] / "kernel-metadata.json").read_text())
+    assert (infer["machine_shape"], infer["enable_gpu"]) == ("NvidiaTeslaT4", True)
 
 
 @pytest.mark.e2e

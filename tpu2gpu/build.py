@@ -1,7 +1,7 @@
 """`tpu2gpu build`: one self-contained script per kernel, its kernel-metadata.json, and the model dataset's
 dataset-metadata.json, filled from the templates in kernel-metadata/ and checked against the kaggle CLI's rules.
 
-    build/train/train.py + kernel-metadata.json      (common + train_tpu, TPU v5e-8)
+    build/train/train.py + kernel-metadata.json      (common + train_tpu, TPU v5e-8 or GPU T4 x2)
     build/infer/infer.py + kernel-metadata.json      (common + infer_gpu, GPU T4 x2, internet off)
     build/dataset/dataset-metadata.json              (copied into the export before it is published)
 
@@ -30,13 +30,18 @@ from common.launch.tpu_stack import wheels_ref
 
 from slugify import slugify
 
-from tpu2gpu.reachability import unreachable
+from tpu2gpu.reachability import TPU_SHAPES, unreachable
 
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATES = REPO / "kernel-metadata"
 KERNELS = {"train": ("train_tpu", "train_tpu.train"), "infer": ("infer_gpu", "infer_gpu.infer")}
-MACHINE_SHAPES = ("NvidiaTeslaT4", "NvidiaTeslaP100", "TpuV38", "Tpu1VmV38", "TpuV5E8", "TpuV6E8", "NvidiaL4",
-                  "NvidiaTeslaA100", "NvidiaH100")
+GPU_SHAPES = ("NvidiaTeslaT4", "NvidiaTeslaP100", "NvidiaL4", "NvidiaTeslaA100", "NvidiaH100")
+MACHINE_SHAPES = (*GPU_SHAPES, *TPU_SHAPES)
+# Kaggle still allocates a P100, and its image's PyTorch no longer runs there (kaggle-cli #1151: the first CUDA op
+# fails with cudaErrorNoKernelImageForDevice; docker-python #1544 dropped sm_60); P100s are being phased out.
+RETIRED_SHAPES = {"NvidiaTeslaP100": "Kaggle's image no longer runs on a P100 (its PyTorch is built without sm_60: the "
+                                     "first CUDA op fails with cudaErrorNoKernelImageForDevice, kaggle-cli #1151), and "
+                                     "P100s are being phased out"}
 _SLUG = re.compile(r"^[a-z0-9](?:[a-z0-9-]*[a-z0-9])?$")
 
 
@@ -73,7 +78,8 @@ def _check_source(field: str, value: str, kind: str) -> None:
 
 
 def validate_kernel_metadata(meta: dict, folder: Path, inference: bool, code_competition: bool) -> None:
-    """The kaggle CLI's push checks, plus the Kaggle facts it does not check (docs/kaggle-facts.md)."""
+    """The kaggle CLI's push checks, plus the Kaggle facts it does not check (docs/kaggle-facts.md): a machine its
+    image no longer runs on, and a GPU or TPU asked for by the machine shape alone."""
     _check_id("id", meta.get("id", ""), (5, 50))
     title, slug = meta.get("title", ""), meta["id"].split("/")[1]
     if len(title) < 5:
@@ -92,6 +98,13 @@ def validate_kernel_metadata(meta: dict, folder: Path, inference: bool, code_com
     shape = meta.get("machine_shape")
     if shape not in MACHINE_SHAPES:
         raise MetadataError(f"machine_shape: {shape!r} is not one of {list(MACHINE_SHAPES)}")
+    key = "kaggle.infer_accelerator" if inference else "kaggle.train_accelerator"
+    if shape in RETIRED_SHAPES:
+        raise MetadataError(f"{key}={shape}: {RETIRED_SHAPES[shape]}. Fix: {key}=NvidiaTeslaT4 (GPU T4 x2)")
+    if meta.get("enable_gpu") is not (shape in GPU_SHAPES):
+        raise MetadataError(f"machine_shape {shape} with enable_gpu {meta.get('enable_gpu')}: a kernel that asks for "
+                            "a machine without its accelerator can land on another (kaggle-cli #821). Fix: "
+                            f"enable_gpu {str(shape in GPU_SHAPES).lower()} in kernel-metadata/")
     if "docker_image" in meta:
         raise MetadataError("docker_image: a pinned image puts a TPU kernel on the CPU image (kaggle-cli #1197); "
                             "remove it")
@@ -126,7 +139,8 @@ def _fill(template, values: dict):
 
 def template_values(cfg: Config) -> dict:
     k = cfg.kaggle
-    wheels = wheels_ref(k.tpu_wheels, k.owner)  # attached to the training kernel: the TPU stack's offline route
+    # The TPU stack's offline route, attached to a TPU training kernel only: a GPU kernel has no use for it.
+    wheels = wheels_ref(k.tpu_wheels, k.owner) if k.train_accelerator in TPU_SHAPES else ""
     dataset = f"{k.owner}/{k.model_dataset}" + (f"/{k.dataset_version}" if k.dataset_version else "")
     return {
         "owner": k.owner, "train_kernel": k.train_kernel, "infer_kernel": k.infer_kernel,
@@ -136,6 +150,7 @@ def template_values(cfg: Config) -> dict:
         "dataset_title": k.dataset_title or k.model_dataset.replace("-", " "),
         "train_internet": k.train_internet, "infer_internet": k.infer_internet,
         "train_accelerator": k.train_accelerator, "infer_accelerator": k.infer_accelerator,
+        "train_gpu": k.train_accelerator in GPU_SHAPES, "infer_gpu": k.infer_accelerator in GPU_SHAPES,
         "train_dataset_sources": list(dict.fromkeys([*k.dataset_sources, *filter(None, [wheels])])),
         "infer_dataset_sources": [dataset],
         "competition_sources": [k.competition] if k.competition else [], "model_sources": list(k.model_sources),

@@ -169,8 +169,8 @@ class KaggleConfig:
     dataset_version: int = within(0, "[0, inf)")  # model dataset version the inference kernel attaches; 0 = the latest
     dataset_sources: tuple[str, ...] = ()  # extra inputs of the training kernel, e.g. owner/my-tfrecords
     model_sources: tuple[str, ...] = ()  # owner/model/framework/variation/version, e.g. a Kaggle Models EfficientNet
-    train_accelerator: str = "TpuV5E8"  # machine_shape of the training kernel
-    infer_accelerator: str = "NvidiaTeslaT4"  # machine_shape of the inference kernel (GPU T4 x2)
+    train_accelerator: str = "TpuV5E8"  # noqa: E501  # machine_shape of the training kernel: TpuV5E8 (TPU v5e-8) or NvidiaTeslaT4 (GPU T4 x2); NvidiaTeslaP100 is refused
+    infer_accelerator: str = "NvidiaTeslaT4"  # machine_shape of the inference kernel: GPU T4 x2 (a P100 is refused)
     train_internet: bool = False  # internet for the training kernel (also lets it pip-install the TPU stack)
     # TPU stack (common/launch/tpu_stack.py): Kaggle's TPU image ships tensorflow-cpu, which sees no TPU; the training
     # kernel installs these pins and runs itself again. install = whenever the image differs from them; image = trust
