@@ -17,7 +17,7 @@ from common.core.config import load_config
 from common.core.errors import guarded
 from common.core.fields import duration_seconds
 from common.inference.predict import Unit, predict_rows, time_units
-from common.inference.time_plan import TimePlan, shed_steps
+from common.inference.time_plan import TimePlan, clock_text, shed_steps
 
 import pytest
 from test_kaggle import PROJECT
@@ -219,10 +219,11 @@ def test_a_code_competition_rerun_sheds_views_to_end_within_the_limit_and_a_limi
     assert record["shed"] == [] and record["expected"]["would_shed"] == [] and hidden_end > public_end, record
     planned = math.ceil(math.sqrt(public_end * hidden_end))
     limit = f"{2 * planned}s"  # infer.time_margin=0.5 plans half of it
+    limited = kernel_with(limit)
 
     # The save run on the public test: within the limit, nothing shed, the same submission as without a limit; the
     # rerun's size projected past the plan, and its shedding named.
-    run, _ = run_kernel(kaggle, env, kernel_with(limit))
+    run, _ = run_kernel(kaggle, env, limited)
     lines = time_lines(run)
     # 21 units, each its own function traced once per batch shape: no false "Tracing is expensive" from TensorFlow
     # (it counts traces per code object, and one lambda's code stood for all of them).
@@ -233,8 +234,8 @@ def test_a_code_competition_rerun_sheds_views_to_end_within_the_limit_and_a_limi
         (f"fold{k}", view, len(public), False) for k in range(3)
         for view in ("identity", *VIEWS)]
     assert re.fullmatch(rf"\[infer\] time: 3 member\(s\) x 7 view\(s\) at \d+ images/s: the {len(public)} rows "
-                        rf"would end at [\d.]+s of the {planned}.0s planned \({limit} limit less "
-                        r"infer.time_margin=0.5\): nothing to shed", lines[0]), lines
+                        rf"would end at [\d.hms]+ of the {re.escape(clock_text(planned))} planned \({limit} limit "
+                        r"less infer.time_margin=0.5\): nothing to shed", lines[0]), lines
     expected = record["expected"]
     assert expected["images"] == hidden_size and expected["ends_at_seconds"] > planned, (planned, expected)
     # Views first, the last configured first; where the views alone do not end in time, members too.
@@ -248,7 +249,7 @@ def test_a_code_competition_rerun_sheds_views_to_end_within_the_limit_and_a_limi
 
     # The rerun on the hidden test set: every row, within the limit, the shedding named.
     hidden = write_test_set(competition, demo_dir, HIDDEN_COPIES)
-    run, wall = run_kernel(kaggle, env, kernel_with(limit))
+    run, wall = run_kernel(kaggle, env, limited)
     submission = read_csv(kaggle / "working" / "submission.csv")
     assert [r["id"] for r in submission] == hidden and all(r["label"] for r in submission)
     record = json.loads((kaggle / "working" / "inference_time.json").read_text())

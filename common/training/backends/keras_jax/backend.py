@@ -148,7 +148,9 @@ class JaxBackend:
 
         if self.cfg.runtime.device_memory:
             return byte_size(self.cfg.runtime.device_memory), f"runtime.device_memory={self.cfg.runtime.device_memory}"
-        limit = jax_device_limit(self.devices[0])
+        # This process's own device: another process's cannot be asked (JAX: "MemoryStats is only supported for
+        # addressable PjRt devices"), and every device of a job is of one kind.
+        limit = jax_device_limit(next(d for d in self.devices if d.process_index == jax.process_index()))
         if limit:
             return limit, f"{self.devices[0].device_kind}'s own report"
         return None, f"{self.devices[0].device_kind} ({self.platform}) reports no memory size"
