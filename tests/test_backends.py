@@ -63,6 +63,9 @@ THIRD_BACKEND = textwrap.dedent('''
             def compiled(self):
                 return None  # Keras 3 on TensorFlow: its compiles are not counted
 
+            def device_memory(self):
+                return None, "Keras 3 on TensorFlow's CPU reports no memory size"  # JaxBackend's asks JAX's devices
+
             def float32_outputs(self, images, on_host):
                 """Its own framework's exact float32 on the host: TensorFlow's /CPU:0 with TF32 off."""
                 import contextlib

@@ -46,6 +46,28 @@ def test_environment_report_names_versions_devices_and_replicas():
     assert "replicas      2" in report
 
 
+def test_the_environment_block_names_the_machines_gpus_as_nvidia_smi_does(tmp_path, monkeypatch):
+    """Kaggle's GPU T4 x2, as nvidia-smi answers the query there; a machine without nvidia-smi, or whose nvidia-smi
+    fails (no driver), has no gpus line."""
+    import stat
+
+    from common.core.platform import nvidia_gpus
+
+    def fake_smi(script: str) -> None:
+        (tmp_path / "nvidia-smi").write_text(f"#!/bin/sh\n{script}\n")
+        (tmp_path / "nvidia-smi").chmod(stat.S_IRWXU)
+
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    fake_smi('[ "$1" = "--query-gpu=name,memory.total,compute_cap" ] && printf "Tesla T4, 15360, 7.5\\nTesla T4, '
+             '15360, 7.5\\n"')
+    assert nvidia_gpus() == "2 x Tesla T4 (15360 MiB, compute capability 7.5)"
+    assert "\ngpus          2 x Tesla T4 (15360 MiB, compute capability 7.5)" in environment_report()
+    fake_smi('echo "NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver."; exit 9')
+    assert nvidia_gpus() is None and "gpus " not in environment_report()
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert nvidia_gpus() is None
+
+
 @pytest.mark.e2e
 def test_a_hub_backbone_without_pkg_resources_is_one_named_error_before_any_data_is_read(tmp_path):
     """tensorflow_hub 0.16.1 imports pkg_resources, which setuptools 82 removed (pip fills a Python 3.12+ venv with the

@@ -14,6 +14,8 @@ import importlib.metadata
 import os
 import platform as _platform
 import re
+import subprocess
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +44,28 @@ def tpu_hardware_signals(environ: Mapping[str, str] | None = None, dev: Path = P
 
 def has_nvidia_gpu(proc: Path = Path("/proc/driver/nvidia/gpus"), dev: Path = Path("/dev/nvidia0")) -> bool:
     return (proc.is_dir() and any(proc.iterdir())) or dev.exists()
+
+
+def nvidia_gpus() -> str | None:
+    """The NVIDIA GPUs this machine has, as nvidia-smi names them ('2 x Tesla T4 (15360 MiB, compute capability 7.5)'),
+    whether or not the frameworks installed can use them; None where there is no nvidia-smi or it names none."""
+    query = ["nvidia-smi", "--query-gpu=name,memory.total,compute_cap", "--format=csv,noheader,nounits"]
+    try:
+        run = subprocess.run(query, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    gpus = Counter(tuple(part.strip() for part in line.split(",")) for line in run.stdout.splitlines() if line.strip())
+    if run.returncode != 0 or not gpus:
+        return None
+    return "; ".join(f"{count} x {name} ({memory} MiB, compute capability {capability})"
+                     for (name, memory, capability), count in gpus.items())
+
+
+def gpu_lines() -> list[str]:
+    """The environment block's 'gpus' line where the machine has NVIDIA GPUs: what it has, beside what the framework
+    sees (a CPU build of TensorFlow or JAX sees none)."""
+    gpus = nvidia_gpus()
+    return [f"gpus          {gpus}"] if gpus else []
 
 
 def detect_platform(environ: Mapping[str, str] | None = None, dev: Path = Path("/dev")) -> Platform:
@@ -103,6 +127,7 @@ def environment_report(strategy=None) -> str:
         f"hub           {_version('tensorflow-hub')}",
         f"devices       {devices}",
     ]
+    lines += gpu_lines()
     if strategy is not None:
         lines.append(f"strategy      {type(strategy).__name__}")
         lines.append(f"replicas      {strategy.num_replicas_in_sync}")

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from common.core.errors import ConfigError
 from common.core.paths import compile_cache_dir
+from common.core.platform import gpu_lines
 from common.core.strategy import precision_for
 from common.data.pipeline import make_padded_image_batches
 from common.data.records import RecordSchema
@@ -102,7 +103,8 @@ class JaxBackend:
                 f"{'DataParallel' if len(self.devices) > 1 else 'one device'}\n"
                 f"tensorflow    {tf.__version__} (tf.data only; TPU_LOAD_LIBRARY={os.environ.get('TPU_LOAD_LIBRARY')})"
                 f"\nprecision     {self.policy}"
-                + (f"\n{describe_hosts(self.hosts, self.devices)}" if self.hosts.count > 1 else ""))
+                + (f"\n{describe_hosts(self.hosts, self.devices)}" if self.hosts.count > 1 else "")
+                + "".join(f"\n{line}" for line in gpu_lines()))
 
     def build(self, plan) -> None:
         """Model, optimiser (Adam on the plan's schedule; with train.ema its moving average), the task's loss and

@@ -23,6 +23,7 @@ import warnings
 from pathlib import Path
 
 from common.core.errors import ConfigError
+from common.core.platform import gpu_lines
 from common.data.pipeline import make_padded_image_batches
 from common.data.records import RecordSchema
 from common.tasks.parts import torch_ops
@@ -88,7 +89,8 @@ class TorchXlaBackend:
                 f"{importlib.metadata.version('timm')} (train.framework=torch_xla)\n"
                 f"devices       {self.devices} x {self.platform} XLA device(s); "
                 f"{'SPMD data parallel' if self.devices > 1 else 'one device'}\n"
-                f"precision     {'bfloat16 backbone, float32 head' if self.autocast else 'float32'}")
+                f"precision     {'bfloat16 backbone, float32 head' if self.autocast else 'float32'}"
+                + "".join(f"\n{line}" for line in gpu_lines()))
 
     def build(self, plan) -> None:
         """The model on the XLA device, Adam (the plan's rate set before every step), the task's loss."""
