@@ -43,12 +43,14 @@ def cmd_env(args) -> int:
 
 
 def cmd_train(args) -> int:
+    from common.launch.routes import chosen_framework
+
     from tpu2gpu.launcher import launch
 
     cfg = config_from_args(args)  # checked here, before any process starts
     kernel_args = [*(["--config", args.config] if args.config else []),
                    *[a for s in args.overrides for a in ("--set", s)]]
-    return launch(kernel_args, args.processes, cfg.runtime.cpu_devices)
+    return launch(kernel_args, args.processes, cfg.runtime.cpu_devices, torch=chosen_framework(cfg) == "torch")
 
 
 def cmd_demo_data(args) -> int:
@@ -232,10 +234,11 @@ def _local_steps(steps) -> None:
     p = _step(steps, "config", "print the resolved config (defaults < --config file < --set)", cmd_config)
     p.add_argument("--reference", action="store_true", help="print every key, its default and meaning (markdown)")
     _step(steps, "env", "print the environment block: versions, devices, strategy, replicas", cmd_env)
-    p = _step(steps, "train", "run the training kernel here: one process, or N training together (keras_jax)",
+    p = _step(steps, "train", "run the training kernel here: one process, or N training together (keras_jax, torch)",
               cmd_train, description="The training kernel on this machine. With --processes N > 1, N processes on "
-              "127.0.0.1 train together as the hosts of a pod slice would (train.framework=keras_jax), each with "
-              "runtime.cpu_devices / N CPU devices; logs are prefixed [pK] and the first failure stops the rest.")
+              "127.0.0.1 train together as the hosts of a pod slice or several GPU nodes would: keras_jax with "
+              "runtime.cpu_devices / N CPU devices each, torch as N torchrun nodes (gloo on the CPU); logs are "
+              "prefixed [pK] and the first failure stops the rest.")
     p.add_argument("--processes", type=int, default=1, help="processes to train with (default: %(default)s)")
     p = _step(steps, "demo-data", "write the embedded demo competition (Kaggle layout, digits)", cmd_demo_data,
               config=False)

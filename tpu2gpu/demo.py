@@ -25,10 +25,15 @@ step 5 is unchanged.
 trains a timm MobileNetV3 (random weights, as timm's save_for_hf writes it) with PyTorch/XLA on two XLA CPU devices,
 which stand for the TPU's chips; the export is rebuilt under TensorFlow by keras-hub, so step 5 is unchanged.
 
+    ./dev demo --framework torch          (in runs/demo-torch)
+
+trains the same timm model with plain PyTorch, the route Kaggle's GPU T4 x2 takes, here on the CPU.
+
     ./dev demo --framework keras_jax --processes 2      (in runs/demo-keras_jax-2proc)
 
 trains with 2 processes on 127.0.0.1, one CPU device each, as the hosts of a pod slice would (`tpu2gpu train
 --processes 2`, docs/beyond-kaggle.md), on the one-process demo's global batch; the card records the processes.
+`--framework torch --processes 2` does the same with two torchrun nodes and DistributedDataParallel over gloo.
 Every step writes through a hidden temporary name, so an interrupted run leaves nothing that looks complete.
 """
 
@@ -53,7 +58,7 @@ from common.launch.routes import ROUTES
 CONFIG = Path("configs/demo.yaml")
 DEMO_ROOT = Path("runs/demo")
 MIN_MACRO_F1 = 0.90
-TORCH_XLA_SETTINGS = ("train.learning_rate=0.02", "train.epochs=25")
+TORCH_SETTINGS = ("train.learning_rate=0.02", "train.epochs=25")  # Adam's rate for a convnet
 
 
 def step(title: str) -> None:
@@ -139,11 +144,12 @@ class DemoBackbone:
             path = root / "backbone.keras"
             return cls(path, ".keras file (Keras 3)", ("model.backbone=keras", f"model.keras_backbone={path}"),
                        backbones.save_tiny_keras_backbone)
-        if framework == "torch_xla":  # two XLA CPU devices stand for the TPU's chips; Adam's rate for a convnet
+        if framework in ("torch_xla", "torch"):  # torch_xla: two XLA CPU devices stand for the TPU's chips
             path = root / "timm_backbone"
+            batch = "runtime.cpu_devices=2" if framework == "torch_xla" else "train.batch_size_per_replica=128"
             return cls(path, f"timm {backbones.TINY_TIMM_ARCHITECTURE} (save_for_hf folder)",
-                       ("model.backbone=timm", f"model.timm_model={path}", "runtime.cpu_devices=2",
-                        *TORCH_XLA_SETTINGS), backbones.save_tiny_timm_backbone)
+                       ("model.backbone=timm", f"model.timm_model={path}", batch, *TORCH_SETTINGS),
+                       backbones.save_tiny_timm_backbone)
         path = root / "backbone"
         return cls(path, "SavedModel (TF Hub contract)", (f"model.hub_handle={path}",), backbones.save_tiny_backbone)
 
@@ -162,7 +168,7 @@ def train(argv: list[str], processes: int, in_child: bool = False) -> None:
         return
     from tpu2gpu.launcher import launch
 
-    if launch(argv, processes, processes):
+    if launch(argv, processes, processes, torch="train.framework=torch" in argv):
         raise UserError(f"the training kernel's {processes} processes did not finish (see their log above)")
 
 
@@ -178,13 +184,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", type=Path, default=DEMO_ROOT, help="where the demo writes (default: %(default)s)")
     parser.add_argument("--fresh", action="store_true", help="delete the previous demo's outputs first")
     parser.add_argument("--framework", choices=tuple(ROUTES), default="tf_keras",
-                        help="tf_keras (default), Keras 3 on JAX or PyTorch/XLA with a timm model (written to "
-                        "runs/demo-<framework>)")
-    parser.add_argument("--processes", type=int, default=1, help="keras_jax: train with this many processes on "
-                        "127.0.0.1, as the hosts of a pod slice would (written to runs/demo-keras_jax-<N>proc)")
+                        help="tf_keras (default), Keras 3 on JAX, or a timm model with PyTorch/XLA or plain PyTorch "
+                        "(written to runs/demo-<framework>)")
+    parser.add_argument("--processes", type=int, default=1, help="keras_jax, torch: train with this many processes "
+                        "on 127.0.0.1, as the hosts of a pod slice or GPU nodes would (runs/demo-<framework>-<N>proc)")
     args = parser.parse_args(argv)
-    if args.processes > 1 and args.framework != "keras_jax":
-        parser.error("--processes trains across processes on the keras_jax route: add --framework keras_jax")
+    if args.processes > 1 and args.framework not in ("keras_jax", "torch"):
+        parser.error("--processes trains across processes on the keras_jax and torch routes: add --framework "
+                     "keras_jax or torch")
     if args.framework == "keras_jax":
         os.environ.setdefault("KERAS_BACKEND", "jax")  # before keras is first imported
     if args.framework != "tf_keras" and args.root == DEMO_ROOT:

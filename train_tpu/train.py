@@ -32,6 +32,7 @@ from common.core.gcs import require_access
 from common.core.paths import training_folders
 from common.data.records import has_manifest, read_manifest
 from common.data.sources import open_source
+from common.launch.torchrun import processes_to_start, start_on_this_machine
 
 
 def skipped_images(tfrecord_dir: str, export_root: Path) -> dict | None:
@@ -53,9 +54,12 @@ def skipped_images(tfrecord_dir: str, export_root: Path) -> dict | None:
 def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()  # the time budget counts from here
 
-    # ---- config, framework and hardware (common/launch/routes.py: tf_keras or Keras 3 on JAX)
+    # ---- config, framework and hardware (common/launch/routes.py: tf_keras, Keras 3 on JAX, torch_xla or torch)
     cfg = parse_kernel_args(__doc__, argv)
     print(format_config(cfg), flush=True)
+    processes = processes_to_start(cfg)  # the torch route on several GPUs: one process each, torchrun starts them
+    if processes > 1:
+        return start_on_this_machine(processes, sys.argv[1:] if argv is None else argv)
     from common.training.backends.registry import start_backend
 
     backend = start_backend(cfg)

@@ -119,7 +119,7 @@ class TrainConfig:
     steps_per_execution: int = within(32, "[1, inf)")  # training steps per host round trip (tf.function call)
     framework: str = one_of("auto", supplied("train.framework"))  # noqa: E501  # tf_keras under tf.distribute, Keras 3 on JAX, or PyTorch/XLA (timm models); auto: torch_xla for model.backbone=timm, else tf_keras, and on a Kaggle TPU keras_jax when no TensorFlow TPU stack answers
     loop: Literal["fit", "custom"] = "fit"  # Keras fit, or the custom strategy.run loop (tf_keras)
-    torch_step: Literal["compiled", "lazy"] = "compiled"  # noqa: E501  # torch_xla: the step traced once under torch.compile(backend="openxla"), or re-traced every step (PyTorch/XLA's lazy tensors; for a model dynamo cannot take)
+    torch_step: Literal["auto", "compiled", "lazy"] = "auto"  # noqa: E501  # PyTorch routes: compiled (torch_xla: traced once under torch.compile(backend="openxla"); torch: torch.compile, eager where it cannot capture) or lazy (torch_xla: re-traced every step; torch: eager); auto: compiled, but eager on the torch route's CPU (inductor's compile outlasts a short run there)
     label_smoothing: float = within(0.0, "[0, 1)")  # cross-entropy label smoothing
     class_weight: Literal["none", "balanced"] = "none"  # balanced: weigh the loss by n / (classes x count) per class
     metric: str = ""  # competition metric on the validation fold; "" = the task's default (common/tasks/types.py)

@@ -61,6 +61,20 @@ def nvidia_gpus() -> str | None:
                      for (name, memory, capability), count in gpus.items())
 
 
+def keep_tensorflow_off_gpus() -> None:
+    """TensorFlow only reads the data on the keras_jax and torch routes (the export runs in a child without GPUs): its
+    GPUs are hidden before its runtime starts, or its allocator takes most of every GPU's memory at its first op, the
+    memory JAX or PyTorch trains in. Too late once TensorFlow's runtime has started: said in one line."""
+    import tensorflow as tf
+
+    try:
+        tf.config.set_visible_devices([], "GPU")
+    except RuntimeError:  # "Visible devices cannot be modified after being initialized"
+        if tf.config.get_visible_devices("GPU"):
+            print("[train] warning: TensorFlow's runtime started before the route could hide the GPUs from it; it may "
+                  "hold GPU memory the training needs", flush=True)
+
+
 def gpu_lines() -> list[str]:
     """The environment block's 'gpus' line where the machine has NVIDIA GPUs: what it has, beside what the framework
     sees (a CPU build of TensorFlow or JAX sees none)."""

@@ -9,7 +9,9 @@ the TPU (TPU_LOAD_LIBRARY=0) and only reads the data. auto: tf_keras, except tha
 switches to keras_jax when no TensorFlow TPU stack answers and the backbone has a Keras 3 form
 (common/launch/fallback.py sets FRAMEWORK_ENV for the run). torch_xla: PyTorch/XLA with a timm model over every XLA
 device of one host (the TPU's chips; runtime.cpu_devices XLA CPU devices elsewhere), torch_xla imported before
-anything imports TensorFlow (the other order aborts the process: two LLVMs in one process). The backends start in
+anything imports TensorFlow (the other order aborts the process: two LLVMs in one process). torch: plain PyTorch
+with a timm model on CUDA GPUs (DDP, one process per GPU, torchrun starting them) or the CPU (gloo); auto picks it
+for a timm backbone on a machine with NVIDIA GPUs. The backends start in
 common/training/backends/registry.py. Importing this module supplies the config train.framework's choices and the
 backbone rule (check_backbone), which load_config then checks. Standard library at import time.
 """
@@ -37,12 +39,16 @@ TIMM_ARCHITECTURES = (*(f"efficientnet_b{k}" for k in range(6)), "efficientnet_l
 
 
 def chosen_framework(cfg, environ=None) -> str:
-    """The route: the negotiation's choice, else train.framework, auto meaning torch_xla for a timm backbone and
-    tf_keras for any other."""
+    """The route: the negotiation's choice, else train.framework, auto meaning for a timm backbone torch on a machine
+    with NVIDIA GPUs and torch_xla elsewhere (a TPU, the CPU), and tf_keras for any other backbone."""
+    from common.core.platform import has_nvidia_gpu
+
     environ = os.environ if environ is None else environ
     choice = environ.get(FRAMEWORK_ENV) or cfg.train.framework
     if choice == "auto":
-        return "torch_xla" if cfg.model.backbone == "timm" else "tf_keras"
+        if cfg.model.backbone == "timm":
+            return "torch" if has_nvidia_gpu() else "torch_xla"
+        return "tf_keras"
     return choice
 
 
@@ -92,6 +98,20 @@ def require_tf_keras(cfg=None) -> None:
 
 OTHER_ROUTES_FIX = ("Fix: train.framework=tf_keras (a TPU with its TensorFlow stack, GPUs, the CPU) or keras_jax "
                     "(the TPU as Kaggle's image ships it, GPUs, several hosts)")
+
+
+def use_torch(cfg) -> None:
+    """Plain PyTorch for this process: torch and timm present (Kaggle's GPU image ships both), TensorFlow kept off
+    the TPU (it reads the data only). torchrun starts the processes where there are several
+    (common/launch/torchrun.py); a broken install is one line."""
+    missing = [name for name in ("torch", "timm") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise StrategyError(f"train.framework=torch needs torch and timm, and this environment lacks "
+                            f"{', '.join(missing)}. Kaggle's GPU image ships them; elsewhere `pip install -e "
+                            f"'.[torch]'`. {OTHER_ROUTES_FIX}")
+    os.environ["TPU_LOAD_LIBRARY"] = "0"
+    for module in ("torch", "timm"):
+        optional_import(module, "train.framework=torch")
 
 
 def torch_xla_missing() -> list[str]:
@@ -155,6 +175,7 @@ ROUTES = {route.name: route for route in (
           ("hub", "efficientnet")),
     Route("keras_jax", use_keras_jax, "common.training.backends.keras_jax.backend:start", KERAS_3_BACKBONES),
     Route("torch_xla", use_torch_xla, "common.training.backends.torch_xla.backend:start", ("timm",)),
+    Route("torch", use_torch, "common.training.backends.torch.backend:start", ("timm",)),
 )}
 
 
@@ -164,11 +185,11 @@ def framework_choices() -> tuple[str, ...]:
 
 
 def check_backbone(cfg) -> None:
-    """A timm backbone goes with the torch_xla route and no other, and its architecture is one the export can rebuild
-    (a folder's is checked when its config.json is read): checked at load, so neither a kernel nor `tpu2gpu build`
-    goes on. (The other routes refuse a backbone they cannot train when they build it.)"""
+    """A timm backbone goes with the PyTorch routes (torch_xla, torch) and no other, and its architecture is one the
+    export can rebuild (a folder's is checked when its config.json is read): checked at load, so neither a kernel nor
+    `tpu2gpu build` goes on. (The other routes refuse a backbone they cannot train when they build it.)"""
     model, framework = cfg.model, chosen_framework(cfg)
-    if (model.backbone == "timm") != (framework == "torch_xla"):
+    if (model.backbone == "timm") != (framework in ("torch_xla", "torch")):
         takers = [name for name, route in ROUTES.items() if model.backbone in route.backbones]
         raise ConfigError(f"model.backbone={model.backbone} is not trained by train.framework={framework} (it trains "
                           f"{list(ROUTES[framework].backbones)}). Fix: train.framework={' or '.join(takers)}, or "

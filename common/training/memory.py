@@ -350,3 +350,14 @@ def torch_xla_peak(device) -> dict | None:
         return None
     return peak_record(info.get("peak_bytes_used") or info.get("bytes_used"), info.get("bytes_limit"),
                        "torch_xla get_memory_info")
+
+
+def torch_cuda_peak(device) -> dict | None:
+    """The peak PyTorch's caching allocator held on a CUDA `device` since the process started, against the card's
+    memory (None on the CPU)."""
+    import torch
+
+    if device.type != "cuda":
+        return None
+    return peak_record(torch.cuda.max_memory_allocated(device), torch.cuda.get_device_properties(device).total_memory,
+                       "torch.cuda.max_memory_allocated, this process's GPU")

@@ -10,8 +10,8 @@ The same interface as the other routes, so the fold (plan, data, tasks, budget, 
 differs: one process drives all the host's devices (torch_xla's SPMD: a 1-D mesh, each global batch sharded along it,
 the weights replicated), the shared tf.data pipeline's batches move to the devices while the step before runs
 (MpDeviceLoader); every step has the same shapes, so its graph compiles once, and the log counts the compiles after
-each epoch; the step is traced once (train.torch_step=compiled: step.py) or re-traced every step (lazy), and each
-epoch's line gives the host's share of a step (host.py); the learning rate is the plan's schedule at each optimiser
+each epoch; the step is traced once (train.torch_step=auto or compiled: step.py) or re-traced every step (lazy), and
+each epoch's line gives the host's share of a step (host.py); the learning rate is the plan's schedule at each optimiser
 step; checkpoints are torch.save files; the export is rebuilt under Keras' TensorFlow backend in a child (export.py).
 """
 
@@ -28,6 +28,9 @@ from common.data.pipeline import make_padded_image_batches
 from common.data.records import RecordSchema
 from common.tasks.parts import torch_ops
 from common.training.backends.base import ONE_PROCESS, EpochLoop
+from common.training.backends.pytorch.export import export
+from common.training.backends.pytorch.model import build_timm_model
+from common.training.backends.pytorch.tensors import HostBatches, on_cpu
 from common.training.backends.torch_xla.compiles import (
     cache_hits,
     cache_load_seconds,
@@ -35,9 +38,7 @@ from common.training.backends.torch_xla.compiles import (
     graphs,
     open_compile_cache,
 )
-from common.training.backends.torch_xla.export import export
-from common.training.backends.torch_xla.host import DeviceShare, HostBatches, on_cpu, stop_loader
-from common.training.backends.torch_xla.model import build_timm_model
+from common.training.backends.torch_xla.host import DeviceShare, stop_loader
 from common.training.backends.torch_xla.step import CompiledStep
 from common.training.compile_cache import CompileCache, CompileCount
 from common.training.memory import torch_xla_peak
@@ -96,7 +97,8 @@ class TorchXlaBackend:
         """The model on the XLA device, Adam (the plan's rate set before every step), the task's loss."""
         self.plan, self.steps = plan, 0
         torch.manual_seed(self.cfg.train.seed)
-        self.model = build_timm_model(self.cfg.model, plan.outputs, plan.task.activation, self.autocast)
+        self.model = build_timm_model(self.cfg.model, plan.outputs, plan.task.activation,
+                                      torch.bfloat16 if self.autocast else None)
         self.model.to(self.device)
         self.optimizer = torch.optim.Adam([p for p in self.model.parameters() if p.requires_grad],
                                           lr=plan.peak_lr, eps=1e-7)
@@ -109,11 +111,11 @@ class TorchXlaBackend:
                 self.optimizer.state[parameter] = {"step": torch.tensor(0.0), "exp_avg": zeros.to(self.device),
                                                    "exp_avg_sq": zeros.to(self.device)}
         self._replicate()
-        compiled = self.cfg.train.torch_step == "compiled"
+        compiled = self.cfg.train.torch_step != "lazy"  # auto: compiled
         self.compiled_step = CompiledStep(self.model, self.optimizer, self.loss, ema, self.average) if compiled \
             else None
         print("[torch_xla] training step: " + (
-            "compiled (train.torch_step=compiled): forward, gradients and Adam as one function under torch.compile("
+            "compiled (train.torch_step): forward, gradients and Adam as one function under torch.compile("
             "backend='openxla'), traced once per shape, then run from its cached graph" if compiled else
             "lazy (train.torch_step=lazy): the module, backward and torch.optim.Adam re-traced every step"), flush=True)
 
@@ -249,7 +251,8 @@ class TorchXlaBackend:
             now = graphs()
             print(f"[torch_xla] epoch {epoch + 1}: {now - before} graph(s) compiled (training and "
                   f"validation; from the cache or not), {in_steps} by the training step, {now} in all "
-                  f"({cache_hits()} from the cache)" + (f"; {self.cfg.train.torch_step} step: {host}" if host else ""),
+                  f"({cache_hits()} from the cache)"
+                  + (f"; {'compiled' if self.compiled_step else 'lazy'} step: {host}" if host else ""),
                   flush=True)
             if stop:
                 break
@@ -303,7 +306,7 @@ class TorchXlaBackend:
         """Nothing to let go: predict reads its batches anew on each call."""
 
     def export(self, export_dir: Path, contents):
-        """The verified export (common/training/backends/torch_xla/export.py: rebuilt under TensorFlow in a child)."""
+        """The verified export (common/training/backends/pytorch/export.py: rebuilt under TensorFlow in a child)."""
         card = export(self, export_dir, contents)
         if self.compile_cache:  # the graphs of the device's own outputs for the card too: the next run takes them
             self.compile_cache.vouch()

@@ -1,5 +1,5 @@
-"""What passes between the host and the XLA devices on the torch_xla route: the pipeline's batches, checkpoints'
-tensors, the loader's threads, and how much of a training step the devices spend computing (DeviceShare).
+"""The host's side of the torch_xla route: the loader's threads, and how much of a training step the devices spend
+computing (DeviceShare). The batches and checkpoints' tensors are both PyTorch routes' (pytorch/tensors.py).
 
     share = DeviceShare(); share.start()   # after a step's first call (its compile is no pace)
     ... steps ...
@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import time
 
-from common.data.teardown import numpy_batches
-
-import torch
 import torch_xla.debug.metrics as metrics
 
 EXECUTION_METRICS = ("ExecuteTime", "ExecuteReplicatedTime")  # one device; SPMD over several
@@ -48,28 +45,3 @@ def stop_loader(batches) -> None:
     loader = getattr(batches, "_loader", None)
     if loader is not None and hasattr(loader, "close"):
         loader.close()
-
-
-class HostBatches:
-    """The tf.data pipeline's (images, targets) batches as CPU tensors, for MpDeviceLoader. Its iterator is let go on a
-    thread of its own at the end (common/data/teardown.py): seen here, stop_loader's join of the loader's thread
-    waited 8-9 s at 0% CPU in that teardown, at the end of fit in three runs of seven."""
-
-    def __init__(self, dataset):
-        self.dataset = dataset
-
-    def __iter__(self):
-        with numpy_batches(self.dataset) as batches:
-            for images, targets in batches:
-                yield {"images": torch.from_numpy(images), "targets": torch.from_numpy(targets)}
-
-
-def on_cpu(value):
-    """Tensors (in dicts and lists) copied to the CPU, for torch.save."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
-    if isinstance(value, dict):
-        return {k: on_cpu(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(on_cpu(v) for v in value)
-    return value

@@ -1,4 +1,4 @@
-"""The torch_xla route's model: a timm backbone's feature map (forward_features), pooled, and the template's head.
+"""Both PyTorch routes' model: a timm backbone's feature map (forward_features), pooled, and the template's head.
 
     model = build_timm_model(cfg.model, outputs, activation)   # uint8 [B, S, S, 3] -> float32 [B, outputs]
     architecture, folder = timm_source(cfg.model)              # e.g. ("efficientnet_b0", None)
@@ -65,10 +65,13 @@ def create_backbone(model_cfg) -> nn.Module:
 
 
 class TimmClassifier(nn.Module):
-    """uint8 images [B, S, S, 3] -> the task's outputs [B, outputs] in float32. With `autocast`, the backbone
-    computes in bfloat16 (torch.autocast on the XLA device); the head always in float32."""
+    """uint8 images [B, S, S, 3] -> the task's outputs [B, outputs] in float32. With `autocast` (a dtype), the
+    backbone computes in it under torch.autocast (bfloat16 on a TPU or a GPU from capability 8.0, float16 below); the
+    head always in float32. The images' permute gives the backbone channels-last input, which a channels-last model
+    (the torch route on a GPU) convolves without a copy."""
 
-    def __init__(self, backbone: nn.Module, outputs: int, activation: str, dropout: float, autocast: bool = False):
+    def __init__(self, backbone: nn.Module, outputs: int, activation: str, dropout: float,
+                 autocast: torch.dtype | None = None):
         super().__init__()
         self.backbone, self.autocast, self.activation = backbone, autocast, activation
         self.frozen = False  # freeze_backbone
@@ -93,7 +96,7 @@ class TimmClassifier(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         x = (images.permute(0, 3, 1, 2).float() - self.mean) / self.std
-        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+        with torch.autocast(x.device.type, dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None):
             features = self.backbone.forward_features(x)
         pooled = features.float().mean(dim=(2, 3))
         return ACTIVATIONS[self.activation](self.head(self.dropout(pooled)))
@@ -106,7 +109,7 @@ def feature_width(backbone: nn.Module) -> int:
     return int(backbone.num_features)
 
 
-def build_timm_model(model_cfg, outputs: int, activation: str, autocast: bool = False) -> TimmClassifier:
+def build_timm_model(model_cfg, outputs: int, activation: str, autocast: torch.dtype | None = None) -> TimmClassifier:
     if activation == "softmax" and outputs < 2:
         raise ConfigError(f"a classifier needs at least 2 classes, got {outputs}")
     backbone = create_backbone(model_cfg)
