@@ -8,7 +8,7 @@ ships (torch, timm), any CUDA GPU, and the CPU, which is how the suite runs it.
 The same interface as the other routes, so the fold (plan, data, tasks, budget, scoring, card) is shared. What
 differs: each process trains on its own device and reads its own share of every global batch (one tf.data pipeline
 per process), and DistributedDataParallel averages the gradients (NCCL on GPUs, gloo on the CPU); the model is
-channels-last on a GPU; the backbone computes under autocast (step.py: bfloat16 from capability 8.0, float16 with a
+channels-last; the backbone computes under autocast (step.py: bfloat16 from capability 8.0, float16 with a
 GradScaler below, float32 on the CPU unless train.precision says otherwise); the step runs under torch.compile where it
 captures; the learning rate is the plan's schedule at each step; checkpoints are torch.save files that process 0
 writes and reads and sends to the others; each epoch's line says how much of a step waited for input.
@@ -20,7 +20,6 @@ import atexit
 import contextlib
 import importlib.metadata
 import time
-import warnings
 from pathlib import Path
 
 from common.core.errors import ConfigError
@@ -40,11 +39,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
-
-# tf.data hands out read-only arrays, and torch.from_numpy warns that writing through such a tensor is undefined:
-# nothing here writes them (each batch is copied to the device or read), so the kernel's log is spared the warning.
-warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning,
-                        module=__name__)
 
 CHECKPOINT = "checkpoint.pt"  # model, optimiser, scaler, step count and moving average; replaced whole after each epoch
 
@@ -90,13 +84,15 @@ class TorchBackend:
         self.plan, self.steps = plan, 0
         torch.manual_seed(self.cfg.train.seed)
         self.model = build_timm_model(self.cfg.model, plan.outputs, plan.task.activation, self.autocast)
-        self.model.to(self.device)
-        if self.device.type == "cuda":
-            self.model.to(memory_format=torch.channels_last)
+        # Channels-last, as the images arrive (TimmClassifier's permute): convolutions without a layout copy, and
+        # gradients in the weights' own layout, which DDP's buckets expect.
+        self.model.to(self.device, memory_format=torch.channels_last)
         computes = self.model
         if self.hosts.count > 1:  # every process starts from process 0's weights (DDP broadcasts them)
+            # static_graph: the same parameters take part in every step; some never do (MobileNetV3's conv_head
+            # follows forward_features' map), which DDP would otherwise wait for.
             computes = DistributedDataParallel(self.model, device_ids=[self.device] if self.device.type == "cuda"
-                                               else None)
+                                               else None, static_graph=True)
         self.optimizer = torch.optim.Adam([p for p in self.model.parameters() if p.requires_grad],
                                           lr=plan.peak_lr, eps=1e-7)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.autocast == torch.float16)
@@ -257,6 +253,7 @@ class TorchBackend:
         processes, each computing its rows, the outputs gathered on every process; the padding dropped after."""
         batch, processes = self.plan.global_batch, self.hosts.count
         rows = batch // processes
+        self._same_buffers()
         self.model.eval()
         outputs = []
         with torch.no_grad():
@@ -270,6 +267,14 @@ class TorchBackend:
                     output = torch.cat(parts)
                 outputs.append(output.cpu().numpy())
         return np.concatenate(outputs)[:count]
+
+    def _same_buffers(self) -> None:
+        """Process 0's buffers (batch norm's running statistics) on every process. Each process's last training step
+        moved its own from its own rows; DDP sends process 0's only at the next training step's start. Predicting
+        with them all alike, the outputs are those of the weights process 0 saves."""
+        if self.hosts.count > 1:
+            for buffer in self.model.buffers():
+                dist.broadcast(buffer, src=0)
 
     def release(self) -> None:
         """Nothing to let go: predict reads its batches anew on each call."""

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
-import warnings
 from pathlib import Path
 
 from common.core.errors import ConfigError
@@ -50,11 +49,6 @@ import torch_xla.debug.metrics as metrics
 import torch_xla.distributed.parallel_loader as parallel_loader
 import torch_xla.distributed.spmd as spmd
 import torch_xla.runtime as xla_runtime
-
-# tf.data hands out read-only arrays, and torch.from_numpy warns that writing through such a tensor is undefined:
-# nothing here writes them (each batch is copied to the device), so the kernel's log is spared the warning.
-warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning,
-                        module=__name__)
 
 CHECKPOINT = "checkpoint.pt"  # model, optimiser, step count and moving average; replaced whole after each epoch
 
