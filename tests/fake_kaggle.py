@@ -176,9 +176,12 @@ class _KaggleHandler(BaseHTTPRequestHandler):
 
 
 def offline(argv: list[str]) -> list[str]:
-    """No network at all for a kernel (its own network namespace), when this machine allows it."""
+    """No network for a kernel but its loopback, as on Kaggle with internet off (its own network namespace, `lo`
+    brought up: torchrun's rendezvous meets there), when this machine allows it."""
     import shutil
     import subprocess
 
-    probe = subprocess.run(["unshare", "-n", "true"], capture_output=True) if shutil.which("unshare") else None
-    return ["unshare", "-n", *argv] if probe is not None and probe.returncode == 0 else argv
+    command = ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh"]
+    usable = shutil.which("unshare") and shutil.which("ip")
+    probe = subprocess.run([*command, "true"], capture_output=True) if usable else None
+    return [*command, *argv] if probe is not None and probe.returncode == 0 else argv

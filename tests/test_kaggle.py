@@ -25,6 +25,7 @@ PROJECT = ["kaggle.owner=tester", "kaggle.competition=digit-comp", f"kaggle.mode
            "train.batch_size_per_replica=16", "train.learning_rate=0.05", "train.export_float16=false"]
 
 REPO = Path(__file__).resolve().parents[1]
+TIMM = ("model.backbone=timm", "model.timm_model=/kaggle/input/extra-data/tiny_timm")  # a save_for_hf folder attached
 
 
 def flags(*overrides: str) -> list[str]:
@@ -321,6 +322,11 @@ def test_the_default_config_does_not_buildoffline(tmp_path):
     (["runtime.tfrecords=runs/demo/tfrecords"], "runtime.tfrecords='runs/demo/tfrecords' is not attached to the "
      "training kernel"),
     (["kaggle.tpu_wheels="], "has no way to install one"),
+    (["kaggle.train_accelerator=NvidiaTeslaT4", *TIMM, "train.framework=torch_xla"], "train.framework=torch_xla on "
+     "kaggle.train_accelerator=NvidiaTeslaT4: torch_xla runs on a TPU, and has no CUDA devices. Fix: "
+     "train.framework=torch"),
+    ([*TIMM, "train.framework=torch"], "train.framework=torch on kaggle.train_accelerator=TpuV5E8 would train on the "
+     "TPU VM's CPU. Fix: train.framework=torch_xla (the TPU's chips) or auto"),
 ])
 def test_build_refuses_what_the_training_kernel_could_not_reach(tmp_path, overrides, problem):
     with pytest.raises(MetadataError, match="the training kernel could not run on Kaggle") as err:
@@ -337,8 +343,13 @@ def test_build_refuses_what_the_training_kernel_could_not_reach(tmp_path, overri
     (["runtime.tfrecords=extra-data", "model.backbone=efficientnet",
       "model.efficientnet_weights=/kaggle/input/extra-data/b0.h5"],
      False, "TpuV5E8", ["tester/extra-data/3", "tester/tpu-wheels"]),
-    (["kaggle.train_accelerator=NvidiaTeslaT4"],  # a GPU kernel asks for the GPUs and carries no TPU wheels
-     False, "NvidiaTeslaT4", ["tester/extra-data/3"]),
+    # A GPU kernel asks for the GPUs and carries no TPU wheels, on every route.
+    (["kaggle.train_accelerator=NvidiaTeslaT4"], False, "NvidiaTeslaT4", ["tester/extra-data/3"]),
+    (["kaggle.train_accelerator=NvidiaTeslaT4", "train.framework=keras_jax", "model.backbone=efficientnet",
+      "model.efficientnet_weights=/kaggle/input/extra-data/b0.h5"], False, "NvidiaTeslaT4", ["tester/extra-data/3"]),
+    (["kaggle.train_accelerator=NvidiaTeslaT4", *TIMM, "train.framework=torch"], False, "NvidiaTeslaT4",
+     ["tester/extra-data/3"]),
+    (["kaggle.train_accelerator=NvidiaTeslaT4", *TIMM], False, "NvidiaTeslaT4", ["tester/extra-data/3"]),  # auto
 ])
 def test_build_accepts_what_kaggle_can_reach(tmp_path, overrides, internet, machine, datasets):
     folders = build(load_config(None, [*PROJECT, *overrides]), tmp_path / "build")

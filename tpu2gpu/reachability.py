@@ -1,6 +1,6 @@
 """What the training kernel loads but could not reach on Kaggle, checked at build time (`tpu2gpu build` refuses it):
-the backbone (a TF Hub handle, a weights file, a Keras 3 backbone), the training data, and the TPU stack's install
-route. Each problem names its config key and the fix.
+the backbone (a TF Hub handle, a weights file, a Keras 3 backbone), the training data, the TPU stack's install
+route, and a PyTorch route named for the other accelerator. Each problem names its config key and the fix.
 """
 
 from __future__ import annotations
@@ -129,6 +129,19 @@ def _tpu_stack_problems(cfg: Config) -> list[str]:
     return problems
 
 
+def _accelerator_problems(cfg: Config) -> list[str]:
+    """A PyTorch route named for the other accelerator: torch_xla has no CUDA devices, and the torch route on a TPU VM
+    would train on its CPU. (train.framework=auto picks between them by the hardware the kernel finds.)"""
+    framework, shape = cfg.train.framework, cfg.kaggle.train_accelerator
+    if framework == "torch_xla" and shape not in TPU_SHAPES:
+        return [f"train.framework=torch_xla on kaggle.train_accelerator={shape}: torch_xla runs on a TPU, and has no "
+                "CUDA devices. Fix: train.framework=torch (plain PyTorch on the GPUs) or auto"]
+    if framework == "torch" and shape in TPU_SHAPES:
+        return [f"train.framework=torch on kaggle.train_accelerator={shape} would train on the TPU VM's CPU. Fix: "
+                "train.framework=torch_xla (the TPU's chips) or auto, or kaggle.train_accelerator=NvidiaTeslaT4"]
+    return []
+
+
 def unreachable(cfg: Config) -> list[str]:
     """What the training kernel loads but could not reach on Kaggle, each with its config key and fix."""
-    return _backbone_problems(cfg) + _data_problems(cfg) + _tpu_stack_problems(cfg)
+    return _backbone_problems(cfg) + _data_problems(cfg) + _tpu_stack_problems(cfg) + _accelerator_problems(cfg)

@@ -44,21 +44,14 @@ def processes_to_start(cfg, environ=None, proc: Path = Path("/proc/driver/nvidia
     return max(1, local_gpus(environ, proc))
 
 
-def bundle_root() -> str:
-    """Where this package is imported from (the repository, or a built kernel's zip): the workers' PYTHONPATH."""
-    import common
-
-    return str(Path(common.__file__).parents[1])
-
-
 def worker_environment(environ, processes: int) -> dict:
     """The workers' environment: the package importable, a share of the CPU's threads each, and on Kaggle NCCL's
     peer-to-peer transport off (two T4s there have been seen to hang in it; the gradients then go through host
     memory)."""
+    from common.core.children import importable_environment
     from common.core.platform import detect_platform
 
-    path = os.pathsep.join(p for p in (bundle_root(), environ.get("PYTHONPATH", "")) if p)
-    env = {**environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+    env = {**importable_environment(environ), "PYTHONUNBUFFERED": "1"}
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // processes)))
     if detect_platform(environ).on_kaggle:
         env.setdefault("NCCL_P2P_DISABLE", "1")

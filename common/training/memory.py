@@ -90,7 +90,8 @@ def _tensor_bytes(text: str) -> int | None:
 def _runtime_words(text: str) -> str:
     for pattern in (r"Ran out of memory in memory space hbm[^\n;]*", r"Attempting to reserve [^\n;]*",
                     r"Attempting to allocate [^\n;]*", r"Out of memory while trying to allocate [^\n;]*",
-                    r"OOM when allocating tensor with shape\[[^\]]*\][^\n;]*?(?= on |$)", r"CUDA out of memory[^\n]*",
+                    r"OOM when allocating tensor with shape\[[^\]]*\][^\n;]*?(?= on |$)",
+                    r"CUDA out of memory[^\n]*?(?:is free|total capacity|(?=\n)|$)",
                     r"Bad hardware status[^\n;]*"):
         match = re.search(pattern, text)
         if match:
