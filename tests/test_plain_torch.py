@@ -143,6 +143,27 @@ def test_the_kernel_starts_one_process_per_gpu_on_the_torch_route_alone(tmp_path
         "c.yaml"]
 
 
+def kill_tree(root: int) -> None:
+    """SIGKILL a process and all its descendants, stopped first so none goes on or starts another meanwhile."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])  # "pid (comm) state ppid ..."
+        except OSError:  # gone meanwhile
+            continue
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    tree, index = [root], 0
+    while index < len(tree):
+        tree += children.get(tree[index], [])
+        index += 1
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in tree:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+
 def settings(records: Path, backbone: Path, out: Path, *extra: str) -> list[str]:
     items = ["train.framework=torch", "model.backbone=timm", f"model.timm_model={backbone}", "data.image_size=16",
              "train.fold=0", "train.epochs=3", "train.steps_per_epoch=4", "train.batch_size=32",
@@ -170,7 +191,7 @@ def test_two_torchrun_nodes_train_the_planned_steps_resume_after_a_kill_and_expo
             assert run.poll() is None and time.monotonic() < deadline, "the run ended before epoch 1"
             time.sleep(0.05)
     finally:
-        os.killpg(run.pid, signal.SIGKILL)  # the launcher, both torchrun agents and their workers
+        kill_tree(run.pid)  # the launcher, both torchrun agents and their workers (each in a session of its own)
         run.wait()
     assert json.loads(progress.read_text())["epochs_done"] == 1
 
@@ -205,9 +226,9 @@ def test_the_built_gpu_training_kernel_starts_a_process_per_gpu_in_a_simulated_k
     """The training kernel built for the T4 x2 on the torch route, its script alone in a simulated /kaggle with no
     network but loopback: two GPUs visible (CUDA_VISIBLE_DEVICES=0,1), it starts torchrun with one process each,
     which train here on the CPU over gloo (this machine has no CUDA), and exports."""
-    from fake_kaggle import offline
-
     from tpu2gpu.build import build
+
+    from fake_kaggle import offline
 
     folders = build(load_config(None, [
         "kaggle.owner=tester", "kaggle.competition=digit-comp", "kaggle.dataset_sources=[tester/tiny-timm/1]",

@@ -91,7 +91,8 @@ def _runtime_words(text: str) -> str:
     for pattern in (r"Ran out of memory in memory space hbm[^\n;]*", r"Attempting to reserve [^\n;]*",
                     r"Attempting to allocate [^\n;]*", r"Out of memory while trying to allocate [^\n;]*",
                     r"OOM when allocating tensor with shape\[[^\]]*\][^\n;]*?(?= on |$)",
-                    r"CUDA out of memory[^\n]*?is free|CUDA out of memory[^\n]*?total capacity|CUDA out of memory[^\n]*",
+                    r"CUDA out of memory[^\n]*?is free", r"CUDA out of memory[^\n]*?total capacity",
+                    r"CUDA out of memory[^\n]*",
                     r"Bad hardware status[^\n;]*"):
         match = re.search(pattern, text)
         if match:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from common.core.errors import ConfigError
 from common.core.paths import compile_cache_dir
-from common.core.platform import gpu_lines
+from common.core.platform import gpu_lines, keep_tensorflow_off_gpus
 from common.core.strategy import precision_for
 from common.data.pipeline import make_padded_image_batches
 from common.data.records import RecordSchema
@@ -350,7 +350,8 @@ class JaxBackend:
 
 def start(cfg) -> JaxBackend:
     """The keras_jax backend, its devices and precision logged (KERAS_BACKEND=jax was set by the route's prepare);
-    across processes, JAX's distributed runtime is started first (keras_jax/hosts.py)."""
+    TensorFlow kept off the GPUs; across processes, JAX's distributed runtime is started first (keras_jax/hosts.py)."""
+    keep_tensorflow_off_gpus()  # TensorFlow reads the data; the GPUs' memory is JAX's
     backend = JaxBackend(cfg, start_hosts(cfg))
     print(backend.describe(), flush=True)
     backend.open_compile_cache(compile_cache_dir(cfg.runtime))
