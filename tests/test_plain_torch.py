@@ -241,7 +241,7 @@ def test_the_built_gpu_training_kernel_starts_a_process_per_gpu_in_a_simulated_k
         "NvidiaTeslaT4", True, ["tester/tiny-timm/1"])
     kaggle = tmp_path / "kaggle"
     shutil.copytree(demo_dir, kaggle / "input" / "competitions" / "digit-comp")
-    shutil.copytree(tiny_timm_backbone, kaggle / "input" / "datasets" / "tester" / "tiny-timm" / "tiny_timm")
+    shutil.copytree(tiny_timm_backbone, kaggle / "input" / "tiny-timm" / "tiny_timm")
     (kaggle / "working").mkdir()
     (tmp_path / "tmp").mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TF_USE_LEGACY_KERAS")}
