@@ -94,7 +94,7 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    backbone: Literal["hub", "efficientnet", "keras", "timm"] = "hub"  # noqa: E501  # TF Hub model (tf_keras route); EfficientNet (efficientnet package on tf_keras, keras.applications on keras_jax); keras = model.keras_backbone (keras_jax); timm = model.timm_model (torch_xla)
+    backbone: Literal["hub", "efficientnet", "keras", "timm"] = "hub"  # noqa: E501  # TF Hub model (tf_keras route); EfficientNet (efficientnet package on tf_keras, keras.applications on keras_jax); keras = model.keras_backbone (keras_jax); timm = model.timm_model (torch_xla, torch)
     # A TF Hub / Kaggle Models handle or a local SavedModel directory (e.g. an attached /kaggle/input/... model).
     hub_handle: str = "https://www.kaggle.com/models/google/efficientnet-v2/TensorFlow2/imagenet21k-b0-feature-vector/1"  # noqa: E501  # feature-vector model: a handle, Kaggle Models handle or SavedModel path
     efficientnet_variant: str = "B0"  # B0-B7 when backbone=efficientnet; V2B0-V2B3, V2S, V2M, V2L on keras_jax too
@@ -117,7 +117,7 @@ class TrainConfig:
     lr_reference_batch: int = within(256, "[1, inf)")  # the global batch learning_rate is meant for
     warmup_epochs: float = within(1.0, "[0, inf)")  # linear warm-up, then cosine decay to zero
     steps_per_execution: int = within(32, "[1, inf)")  # training steps per host round trip (tf.function call)
-    framework: str = one_of("auto", supplied("train.framework"))  # noqa: E501  # tf_keras under tf.distribute, Keras 3 on JAX, or PyTorch/XLA (timm models); auto: torch_xla for model.backbone=timm, else tf_keras, and on a Kaggle TPU keras_jax when no TensorFlow TPU stack answers
+    framework: str = one_of("auto", supplied("train.framework"))  # noqa: E501  # tf_keras under tf.distribute, Keras 3 on JAX, PyTorch/XLA (timm models, the TPU) or plain PyTorch (timm models, GPUs, DDP); auto: for model.backbone=timm torch where there are NVIDIA GPUs and torch_xla elsewhere, else tf_keras, and on a Kaggle TPU keras_jax when no TensorFlow TPU stack answers
     loop: Literal["fit", "custom"] = "fit"  # Keras fit, or the custom strategy.run loop (tf_keras)
     torch_step: Literal["auto", "compiled", "lazy"] = "auto"  # noqa: E501  # PyTorch routes: compiled (torch_xla: traced once under torch.compile(backend="openxla"); torch: torch.compile, eager where it cannot capture) or lazy (torch_xla: re-traced every step; torch: eager); auto: compiled, but eager on the torch route's CPU (inductor's compile outlasts a short run there)
     label_smoothing: float = within(0.0, "[0, 1)")  # cross-entropy label smoothing
