@@ -121,7 +121,9 @@ class JaxBackend:
                            loss=plan.task.loss(self.cfg.train.label_smoothing, plan.class_weights, ops=self.ops),
                            metrics=[plan.task.running_metric(self.ops)],
                            steps_per_execution=self.steps_per_execution)
-        optimizer.build(self.model.trainable_variables)
+        # compile's optimiser: under mixed_float16 the LossScaleOptimizer around Adam, whose scale and counter are
+        # variables too; built now, every checkpoint holds them, the first written and the one a resume reads into
+        self.model.optimizer.build(self.model.trainable_variables)
 
     def step_memory(self, plan, batch_spec) -> int:
         """Bytes one device needs for the training step at `plan`'s batch: the model and optimiser built for the plan,
