@@ -23,7 +23,9 @@ Target: pipeline@512 keeps >= 0.85 of the decode-only rate, and both scale with 
     .venv/bin/python bench/input_pipeline.py --augmentations [--cores 1]
 
 prices each augmentation (data.* keys) on its own and the full stack, as the rate of pipeline@512 with it against
-pipeline@512 without it in the same round (MixUp / CutMix on every batch, so their whole cost shows).
+pipeline@512 without it in the same round (MixUp / CutMix on every batch, so their whole cost shows), and the full
+stack but MixUp / CutMix on the device instead (torch's augment_batch, data.augment_on=device: the GPU where torch
+sees one, else the same cores), on batches already there. `--size 224` or `--size 384` measures at that size.
 """
 
 from __future__ import annotations
@@ -117,12 +119,36 @@ def measure(cores: int, files: list[str], seconds: float, rounds: int, augmentat
     for _ in range(rounds):
         for name, make in variants.items():
             rates[name].append(rate(make()))
+    if augmentations:  # the full stack on the device instead (data.augment_on=device): its rate on batches there
+        all_but_mixing = [x for x in AUGMENTATIONS["all"] if "mix" not in x]
+        rates["all on the device"] = [device_rate(size, all_but_mixing, seconds) for _ in range(rounds)]
     result = {"cores": len(os.sched_getaffinity(0))}
     for name, values in rates.items():
         result[name] = statistics.median(values)
         result[f"{name} ratio"] = statistics.median(v / b for v, b in zip(values, rates["decode-only"], strict=True))
         result[f"{name} vs plain"] = statistics.median(v / b for v, b in zip(values, rates[plain], strict=True))
     return result
+
+
+def device_rate(size: int, settings: list[str], seconds: float) -> float:
+    """Images a second torch's augment_batch (the torch route's data.augment_on=device) transforms, on batches of 64
+    already on the device: the GPU where torch sees one, else this process's cores."""
+    from common.core.config import load_config
+    from common.training.backends.pytorch.augment import augment_batch
+
+    import torch
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    cfg = load_config(None, [f"data.image_size={size}", *settings]).data
+    batch = torch.randint(0, 256, (64, size, size, 3), dtype=torch.uint8, device=device)
+    augment_batch(batch, cfg)  # warm-up
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        augment_batch(batch, cfg)
+        n += 64
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return n / (time.perf_counter() - start)
 
 
 # Each augmentation alone at a typical setting, then all of them (what a strong competition config turns on).
@@ -183,10 +209,10 @@ def main() -> None:
                 sys.exit(f"the {cores}-core worker failed (exit {out.returncode}):\n{out.stderr[-4000:]}")
             rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     if args.augmentations:
-        print(f"\n{'cores':>5} {'variant':>14} {'rate':>10} {'vs plain':>9} {'vs decode':>10}")
+        print(f"\n{'cores':>5} {'variant':>17} {'rate':>10} {'vs plain':>9} {'vs decode':>10}")
         for r in rows:
-            for name in (plain, *AUGMENTATIONS):
-                print(f"{r['cores']:>5} {name:>14} {r[name]:>8.0f}/s {r[name + ' vs plain']:>9.2f} "
+            for name in (plain, *AUGMENTATIONS, "all on the device"):
+                print(f"{r['cores']:>5} {name:>17} {r[name]:>8.0f}/s {r[name + ' vs plain']:>9.2f} "
                       f"{r[name + ' ratio']:>10.2f}")
         return
     print(f"\n{'cores':>5} {'decode-only':>12} {plain:>13} {'ratio':>6} {resized:>13} {'ratio':>6}")

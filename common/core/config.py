@@ -71,6 +71,7 @@ class DataConfig:
     # Training-time augmentation (never applied to validation or test data).
     shuffle_buffer: int = within(2048, "[0, inf)")  # records shuffled before decoding
     augment: bool = True  # apply the augmentations below
+    augment_on: Literal["host", "device"] = "host"  # noqa: E501  # where the per-image augmentations run: host (the tf.data pipeline) or device (on the batch inside the training step, the torch route: where the host's cores cannot keep the GPUs fed); MixUp and CutMix stay on the host
     flip_left_right: bool = True  # random horizontal flip
     flip_up_down: bool = False  # random vertical flip
     rotate90: bool = False  # random multiple of 90 degrees

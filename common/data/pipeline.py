@@ -271,7 +271,7 @@ def make_train_dataset(files, data_cfg, share: InputShare, to_target=None, schem
     def to_example(serialized):
         record = parse_record(serialized, schema, labeled=True)
         image = decode_image(record["image"], data_cfg.image_size)
-        if data_cfg.augment:
+        if data_cfg.augment and data_cfg.augment_on == "host":  # device: the step augments the batch
             image = augment(image, data_cfg)
         return image, record["label"]
 

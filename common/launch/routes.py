@@ -200,6 +200,15 @@ def check_backbone(cfg) -> None:
                           "of those, or a folder holding one (config.json + model.safetensors)")
 
 
+def check_device_augmentation(cfg) -> None:
+    """data.augment_on=device is the torch route's (its step augments the batch on the GPU)."""
+    if cfg.data.augment_on == "device" and chosen_framework(cfg) != "torch":
+        raise ConfigError(f"data.augment_on=device augments on the GPU inside the torch route's step; "
+                          f"train.framework={chosen_framework(cfg)} augments on the host. Fix: data.augment_on=host, "
+                          "or train.framework=torch")
+
+
 # The config (common/core, below this floor) checks what the routes mean through these (common/core/fields.py).
 supply_choices("train.framework", framework_choices)
 supply_check(check_backbone)
+supply_check(check_device_augmentation)

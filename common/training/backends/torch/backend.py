@@ -28,6 +28,7 @@ from common.data.pipeline import make_padded_image_batches
 from common.data.records import RecordSchema
 from common.tasks.parts import torch_ops
 from common.training.backends.base import EpochLoop, Hosts
+from common.training.backends.pytorch.augment import augment_batch
 from common.training.backends.pytorch.export import export
 from common.training.backends.pytorch.model import build_timm_model
 from common.training.backends.pytorch.tensors import HostBatches, on_cpu
@@ -236,6 +237,9 @@ class TorchBackend:
 
     def _step(self, batch) -> torch.Tensor:
         images = batch["images"].to(self.device, non_blocking=True)
+        data = self.cfg.data
+        if data.augment and data.augment_on == "device":  # the pipeline decoded only: the batch is augmented here
+            images = augment_batch(images, data)
         targets = batch["targets"].to(self.device, non_blocking=True)
         for group in self.optimizer.param_groups:
             group["lr"] = self.plan.learning_rate(self.steps)  # the schedule at this step, as on the other routes

@@ -1,0 +1,159 @@
+"""data.augment_on=device: the torch route augments each batch on its device with the same transforms the host's
+pipeline draws (common/training/backends/pytorch/augment.py). Each transform is drawn on one fixed batch by both and
+measured the same way: every draw of either lies in the transform's range, and both spread over it. The resampling
+itself is TensorFlow's projective transform's, and the route trains a fold with it."""
+
+import math
+
+from common.core.config import load_config
+from common.data.pipeline import augment
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="./dev test installs the torch extra")
+
+SIZE = 32
+RAMP = np.broadcast_to(np.linspace(0, 255, SIZE)[None, :, None], (SIZE, SIZE, 3))  # brightness grows left to right
+
+
+def fixed_batch(count: int = 48) -> np.ndarray:
+    """Images with structure a transform shows in: a horizontal ramp, plus noise and a per-image colour cast."""
+    rng = np.random.default_rng(0)
+    cast = rng.uniform(0.4, 1.0, (count, 1, 1, 3))
+    noise = rng.normal(0, 6, (count, SIZE, SIZE, 3))
+    return np.clip(RAMP[None] * cast + noise + 20, 0, 255).astype(np.uint8)
+
+
+def both(settings: list[str], images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The batch augmented by the host's pipeline (image by image) and by the device's (the whole batch at once)."""
+    from common.training.backends.pytorch.augment import augment_batch
+
+    import tensorflow as tf
+
+    data = load_config(None, ["data.flip_left_right=false", f"data.image_size={SIZE}", *settings]).data
+    tf.random.set_seed(1)
+    torch.manual_seed(1)
+    host = np.stack([augment(tf.constant(image), data).numpy() for image in images])
+    device = augment_batch(torch.from_numpy(images), data).numpy()
+    return host, device
+
+
+def turns_of(out: np.ndarray, image: np.ndarray, flips: bool = False) -> int | None:
+    """Which of the image's quarter turns (or, with flips, 0: as is, 1: mirrored) the output is, None for neither."""
+    candidates = [image, image[:, ::-1]] if flips else [np.rot90(image, k) for k in range(4)]
+    for index, candidate in enumerate(candidates):
+        if np.array_equal(out, candidate):
+            return index
+    return None
+
+
+def ramp_span(out: np.ndarray, image: np.ndarray) -> float:
+    """The share of the image's left-to-right rise the output still spans (1: the whole width; a crop or zoom: less)."""
+    def rise(x):
+        profile = x.astype(float).mean(axis=(0, 2))
+        return profile[-2] - profile[1]
+
+    return rise(out) / rise(image)
+
+
+def hsv(images: np.ndarray) -> np.ndarray:
+    import tensorflow as tf
+
+    return tf.image.rgb_to_hsv(images.astype(np.float32) / 255).numpy()
+
+
+def test_flips_and_quarter_turns_draw_every_kind_on_both():
+    images = fixed_batch()
+    for settings, flips, kinds in ((["data.flip_left_right=true"], True, {0, 1}), (["data.rotate90=true"], False,
+                                                                                      {0, 1, 2, 3})):
+        for out in both(settings, images):
+            drawn = [turns_of(o, i, flips) for o, i in zip(out, images, strict=True)]
+            assert None not in drawn and set(drawn) == kinds, (settings, drawn)
+
+
+def test_brightness_and_contrast_draw_shifts_and_factors_over_the_same_range():
+    images = fixed_batch()
+    for out in both(["data.brightness=0.2"], images):
+        shift = (out.astype(float) - images).mean(axis=(1, 2, 3)) / 255  # the ramp stays inside [0, 255]
+        assert np.all(np.abs(shift) <= 0.2 + 0.01) and shift.min() < -0.1 and shift.max() > 0.1, shift
+    for out in both(["data.contrast=0.4"], images):
+        factor = out.astype(float).std(axis=(1, 2)).mean(-1) / images.astype(float).std(axis=(1, 2)).mean(-1)
+        assert np.all((factor > 0.6 - 0.03) & (factor < 1.4 + 0.03)), factor
+        assert factor.min() < 0.8 and factor.max() > 1.2, factor
+
+
+def test_hue_and_saturation_move_as_tensorflow_moves_them():
+    images = fixed_batch()
+    before = hsv(images)
+    for out in both(["data.saturation=0.5"], images):
+        coloured = before[..., 1] > 0.1  # grey pixels have no saturation to scale
+        ratio = np.array([np.median(o[c, 1] / b[c, 1]) for o, b, c in zip(hsv(out), before, coloured, strict=True)])
+        assert np.all((ratio > 0.5 - 0.05) & (ratio < 1.5 + 0.05)) and ratio.min() < 0.75 and ratio.max() > 1.25
+    for out in both(["data.hue=0.1"], images):
+        turned = np.median((hsv(out)[..., 0] - before[..., 0] + 0.5) % 1 - 0.5, axis=(1, 2))  # each image's turn
+        assert np.all(np.abs(turned) <= 0.1 + 0.02) and turned.min() < -0.04 and turned.max() > 0.04, turned
+
+
+def test_crops_and_affine_zooms_keep_the_same_share_of_the_image():
+    images = fixed_batch()
+    for out in both(["data.crop_scale=0.3", "data.crop_ratio=1.333"], images):
+        span = np.array([ramp_span(o, i) for o, i in zip(out, images, strict=True)])
+        # a crop's width is at least sqrt(0.3 / 1.333) of the image's: the ramp's span is at least that share
+        assert np.all((span > math.sqrt(0.3 / 1.333) - 0.05) & (span < 1.05)), span
+        assert span.min() < 0.7 and span.max() > 0.9, span
+    for out in both(["data.zoom=0.3"], images):
+        span = np.array([ramp_span(o, i) for o, i in zip(out, images, strict=True)])
+        # magnified by up to 1.3 the image shows at least 1/1.3 of its rise; shrunk, its reflection fills the border
+        assert np.all((span > 1 / 1.3 - 0.05) & (span < 1.1)), span
+        assert span.min() < 0.85, span
+
+
+def test_cutout_fills_the_same_share_of_grey_squares():
+    images = fixed_batch()
+    holes, side = 2, 0.25
+    shares = []
+    for out in both([f"data.cutout={holes}", f"data.cutout_size={side}"], images):
+        grey = (out == 128).all(-1) & ~(images == 128).all(-1)
+        share = grey.mean(axis=(1, 2))
+        assert np.all(share <= holes * side**2 + 1e-9) and np.all(share > 0), share
+        shares.append(share.mean())
+    assert abs(shares[0] - shares[1]) < 0.03, shares  # the holes fall inside the image as often on both
+
+
+def test_the_device_resamples_as_tensorflows_projective_transform():
+    """A fixed affine map (a 30 degree turn, zoom 1.2, a shift) read through TensorFlow's
+    ImageProjectiveTransformV3 (the host's) and through grid_sample (the device's): bilinear, reflected borders."""
+    from common.training.backends.pytorch.augment import resample
+
+    import tensorflow as tf
+
+    images = fixed_batch(4).astype(np.float32)
+    angle, scale, centre = math.radians(30), 1.2, (SIZE - 1) / 2
+    forward = np.array([[1, 0, centre + 3], [0, 1, centre - 2], [0, 0, 1]]) @ np.array(
+        [[math.cos(angle), -math.sin(angle), 0], [math.sin(angle), math.cos(angle), 0], [0, 0, 1]]) @ np.diag(
+        [scale, scale, 1]) @ np.array([[1, 0, -centre], [0, 1, -centre], [0, 0, 1]])
+    inverse = np.linalg.inv(forward)
+    host = tf.raw_ops.ImageProjectiveTransformV3(
+        images=images, transforms=np.tile((inverse / inverse[2, 2]).reshape(9)[:8], (4, 1)).astype(np.float32),
+        output_shape=[SIZE, SIZE], fill_value=0.0, interpolation="BILINEAR", fill_mode="REFLECT").numpy()
+    device = resample(torch.from_numpy(images).permute(0, 3, 1, 2),
+                      torch.from_numpy(np.tile(inverse, (4, 1, 1))).float(), "reflection").permute(0, 2, 3, 1)
+    assert np.abs(device.numpy() - host).max() < 0.5  # float32 rounding of the coordinates, on 0-255 values
+
+
+@pytest.mark.e2e
+def test_the_torch_route_trains_a_fold_with_the_augmentation_on_the_device(demo_records, tiny_timm_backbone, tmp_path,
+                                                                           capsys):
+    from train_tpu.train import main
+
+    records_dir, _ = demo_records
+    settings = ["train.framework=torch", "model.backbone=timm", f"model.timm_model={tiny_timm_backbone}",
+                "data.image_size=16", "data.augment_on=device", "data.rotation=15", "data.brightness=0.1",
+                "data.cutout=1", "train.fold=0", "train.epochs=2", "train.steps_per_epoch=4", "train.batch_size=32",
+                "train.learning_rate=0.01", "train.export_float16=false", f"runtime.tfrecords={records_dir}",
+                f"runtime.output_dir={tmp_path / 'out'}"]
+    assert main([a for s in settings for a in ("--set", s)]) == 0
+    card = (tmp_path / "out" / "export" / "fold0" / "model_card.json").read_text()
+    assert '"augment_on": "device"' in card and '"optimizer_steps": 8' in card
+    assert "[torch] epoch 2: the step waited for input" in capsys.readouterr().out
