@@ -83,6 +83,9 @@ class TorchBackend:
         """The model on this process's device (channels-last on a GPU, DDP across processes), Adam (the plan's rate
         set before every step), the loss scale where the backbone computes in float16, the task's loss."""
         self.plan, self.steps = plan, 0
+        if self.device.type == "cuda":  # a retry after an out of memory: the failed batch's blocks let go first
+            self.model = self.step = self.optimizer = None
+            torch.cuda.empty_cache()
         torch.manual_seed(self.cfg.train.seed)
         self.model = build_timm_model(self.cfg.model, plan.outputs, plan.task.activation, self.autocast)
         # Channels-last, as the images arrive (TimmClassifier's permute): convolutions without a layout copy, and
