@@ -40,7 +40,12 @@ def test_tf_keras_under_mixed_float16_skips_the_step_whose_gradients_overflow(ti
         tf.keras.mixed_precision.set_global_policy("float32")
     model, optimizer = backend.model, backend.model.optimizer
     assert isinstance(optimizer, tf.keras.mixed_precision.LossScaleOptimizer)
-    assert backend.precision()["head"] == "float16"  # the Hub backbone keeps its float32, the head computes in float16
+    from common.training.fold import describe_precision
+
+    assert describe_precision(backend, cfg) == (
+        "[train] precision: backbone float32, head float16 (policy mixed_float16; a TF Hub backbone keeps its "
+        "SavedModel's dtypes: it computes at float32 speed on a GPU. For float16: model.backbone=efficientnet, or "
+        "train.framework=keras_jax (a KerasHub preset) or torch (a timm model))")
     optimizer._loss_scale.current_loss_scale.assign(1e30)  # every float16 gradient of the head now overflows
     before = weights_of(model)
     model.train_on_batch(IMAGES, TARGETS)

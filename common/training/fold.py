@@ -236,9 +236,14 @@ def read_validation(records) -> Validation:
 
 
 def describe_precision(backend, cfg) -> str:
+    """The precision line; where a TF Hub backbone stays float32 under mixed_float16 (tensorflow/hub #790: its
+    SavedModel's variables keep their dtype), it says so and names the backbones that compute in float16."""
     parts = backend.precision()
-    return (f"[train] precision: backbone {parts['backbone']}, head {parts['head']} (policy {parts['policy']}"
-            + ("; a TF Hub backbone keeps its SavedModel's dtypes" if cfg.model.backbone == "hub" else "") + ")")
+    note = "; a TF Hub backbone keeps its SavedModel's dtypes" if cfg.model.backbone == "hub" else ""
+    if cfg.model.backbone == "hub" and parts["policy"] == "mixed_float16" and parts["backbone"] == "float32":
+        note += (": it computes at float32 speed on a GPU. For float16: model.backbone=efficientnet, or "
+                 "train.framework=keras_jax (a KerasHub preset) or torch (a timm model)")
+    return f"[train] precision: backbone {parts['backbone']}, head {parts['head']} (policy {parts['policy']}{note})"
 
 
 def collect_garbage_aside() -> None:
