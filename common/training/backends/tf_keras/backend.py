@@ -105,7 +105,7 @@ class TFBackend:
 
     def precision(self) -> dict[str, str]:
         """The trained model's policy and the dtype each part computes in (a TF Hub backbone keeps its own)."""
-        return {"policy": tf.keras.mixed_precision.global_policy().name, **precision_by_part(self.model)}
+        return {"policy": self.model.dtype_policy.name, **precision_by_part(self.model)}
 
     def compiled(self) -> None:
         """Not counted: tf.function traces where it runs, and a TPU compiles inside TensorFlow's runtime, which has no
