@@ -91,9 +91,10 @@ THIRD_BACKEND = textwrap.dedent('''
 
 
 def test_the_route_table_gives_the_framework_choices_and_each_backend_meets_the_protocol():
-    assert framework_choices() == ("auto", "tf_keras", "keras_jax", "torch_xla")
+    assert framework_choices() == ("auto", "tf_keras", "keras_jax", "torch_xla", "torch")
     assert {name: route.backbones for name, route in ROUTES.items()} == {
-        "tf_keras": ("hub", "efficientnet"), "keras_jax": ("efficientnet", "keras"), "torch_xla": ("timm",)}
+        "tf_keras": ("hub", "efficientnet"), "keras_jax": ("efficientnet", "keras"), "torch_xla": ("timm",),
+        "torch": ("timm",)}
     assert all(isinstance(route, Route) and route.start.endswith(":start") for route in ROUTES.values())
     from common.training.backends.keras_jax.backend import JaxBackend
     from common.training.backends.tf_keras.backend import TFBackend
@@ -102,6 +103,9 @@ def test_the_route_table_gives_the_framework_choices_and_each_backend_meets_the_
     assert len(members) == 19 and {"hosts", "release"} <= set(members), members
     for backend in (TFBackend, JaxBackend):  # ops is set per instance
         assert [m for m in members if not hasattr(backend, m)] == ["ops"], backend
+    from common.training.backends.torch.backend import TorchBackend
+
+    assert [m for m in members if not hasattr(TorchBackend, m)] == ["hosts", "ops"]  # the job's, set per instance
 
 
 @pytest.mark.e2e

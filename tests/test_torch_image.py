@@ -25,7 +25,7 @@ from common.core.config import load_config
 import pytest
 
 from tpu2gpu.build import build
-from tpu2gpu.demo import TORCH_XLA_SETTINGS
+from tpu2gpu.demo import TORCH_SETTINGS
 
 from fake_kaggle import offline
 from image_envs import environment, kaggle_env, macro_f1, run_inference
@@ -41,7 +41,7 @@ BACKBONE = "/kaggle/input/datasets/tester/tiny-timm-backbone/timm_backbone"
 PROJECT = ["kaggle.owner=tester", "kaggle.competition=digit-comp", "train.framework=auto", "model.backbone=timm",
            f"model.timm_model={BACKBONE}", "kaggle.dataset_sources=[tester/tiny-timm-backbone]",
            "runtime.competition_dir=digit-comp", "runtime.tfrecords=", "runtime.output_dir=", "runtime.cpu_devices=2",
-           *TORCH_XLA_SETTINGS]  # the demo's torch_xla run
+           *TORCH_SETTINGS]  # the demo's torch_xla run
 
 
 @pytest.mark.torch_image
