@@ -68,7 +68,7 @@ class TimmClassifier(nn.Module):
     """uint8 images [B, S, S, 3] -> the task's outputs [B, outputs] in float32. With `autocast` (a dtype), the
     backbone computes in it under torch.autocast (bfloat16 on a TPU or a GPU from capability 8.0, float16 below); the
     head always in float32. The images' permute gives the backbone channels-last input, which a channels-last model
-    (the torch route on a GPU) convolves without a copy."""
+    (the torch route) convolves without a copy."""
 
     def __init__(self, backbone: nn.Module, outputs: int, activation: str, dropout: float,
                  autocast: torch.dtype | None = None):
