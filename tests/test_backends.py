@@ -147,3 +147,28 @@ def test_a_third_backend_defined_in_the_tests_trains_and_its_export_feeds_the_in
     accuracy = sum(r["label"] == solution[r["id"]] for r in rows) / len(rows)
     print(f"keras_tf export through the inference kernel: accuracy {accuracy:.3f} on {len(rows)} test images")
     assert len(rows) == len(solution) and accuracy >= 0.5
+
+
+def test_the_input_wait_is_the_share_of_the_steps_time_spent_asking_for_batches(monkeypatch):
+    """InputWait on a clock of its own: each batch takes 3 s to come and each step 1 s to run; timed from the
+    epoch's first step on, the step waited 75% of 4 s a step; before start() or without steps there is no line."""
+    from common.training.backends import base
+
+    now = [0.0]
+    monkeypatch.setattr(base.time, "perf_counter", lambda: now[0])
+
+    def slow_batches():
+        while True:
+            now[0] += 3.0
+            yield "batch"
+
+    wait = base.InputWait(slow_batches())
+    assert wait.text(5) == ""
+    next(wait)
+    now[0] += 1.0  # the first step
+    wait.start()
+    for _ in range(4):
+        next(wait)
+        now[0] += 1.0
+    assert wait.text(4) == "the step waited for input 75% of 4000 ms a step"
+    assert wait.text(4) == ""  # the stretch is spent: the next epoch starts its own

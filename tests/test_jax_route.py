@@ -8,6 +8,7 @@ tf-keras, no tensorflow-hub) are tests/test_jax_image.py's (opt-in: it downloads
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -39,7 +40,7 @@ def jax_settings(backbone: Path, *extra: str) -> list[str]:
 @pytest.mark.e2e
 @pytest.mark.parametrize("task", ["binary", "multilabel", "regression"])
 def test_each_task_trains_with_keras_on_jax_and_exports_the_same_contract(task, tmp_path, demo_dir,
-                                                                           tiny_keras_backbone):
+                                                                           tiny_keras_backbone, capsys):
     """Multiclass on keras_jax (the demo's digits as they are) learns to its bar in tests/test_multihost.py, in one
     process and in two, and on real weights in tests/test_real_weights.py; its export is checked there too."""
     from tpu2gpu.cli import main as cli_main
@@ -53,6 +54,8 @@ def test_each_task_trains_with_keras_on_jax_and_exports_the_same_contract(task, 
     with tpu_float32():  # trained at a TPU's default float32: the export is checked against the exact model
         assert train_main([*flags, "--set", f"runtime.tfrecords={tmp_path / 'records'}", "--set",
                            f"runtime.output_dir={tmp_path / 'train'}"]) == 0
+    log = capsys.readouterr().out
+    assert re.search(r"\[keras_jax\] epoch 2: the step waited for input \d+% of \d+ ms a step", log), log[-3000:]
     card = json.loads((tmp_path / "train" / "export" / "fold0" / "model_card.json").read_text())
     metric, bar = BARS[task]
     value = card["metrics"][metric]

@@ -14,6 +14,7 @@ the same whoever wrote it. No framework is imported here: each backend passes it
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,15 +123,50 @@ class Backend(Protocol):
         ExportContents: card, verify images, files, scaling): returns the card as written."""
 
 
-def epoch_hooks(callback_class, loop: EpochLoop):
+class InputWait:
+    """An iterator of batches that times how long the training loop waits for them: from start() (after an epoch's
+    first step, whose compile and warm-up are not the pace) to text(steps), the share of the steps' wall time spent
+    asking for the next batch. Large, the host's cores are not keeping the devices fed (data.augment_on=device, or
+    records at the training size)."""
+
+    def __init__(self, batches):
+        self.batches, self.waited, self.started = iter(batches), 0.0, None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        asked = time.perf_counter()
+        try:
+            return next(self.batches)
+        finally:
+            self.waited += time.perf_counter() - asked
+
+    def start(self) -> None:
+        self.waited, self.started = 0.0, time.perf_counter()
+
+    def text(self, steps: int) -> str:
+        """'the step waited for input 4% of 81 ms a step' since start(), or '' without a stretch of steps."""
+        if self.started is None or steps < 1:
+            return ""
+        wall, self.started = time.perf_counter() - self.started, None
+        share = 100 * min(1.0, self.waited / wall)
+        return f"the step waited for input {share:.0f}% of {1000 * wall / steps:.0f} ms a step"
+
+
+def epoch_hooks(callback_class, loop: EpochLoop, wait: InputWait | None = None, name: str = ""):
     """A Keras callback (of tf_keras or Keras 3: `callback_class` is its Callback) that hands fit's epochs to the
-    loop's hooks, the fold's one epoch-end owner: it decides, fit obeys."""
+    loop's hooks, the fold's one epoch-end owner: it decides, fit obeys. With `wait` (fit's batches, timed), each
+    epoch ends with a line of how much of a step waited for input, prefixed [name]."""
 
     class EpochHooks(callback_class):
         first = True
         _supports_tf_logs = True  # tf_keras: hand the batch hooks' logs over as tensors, read back only here
 
+        timed_from: int | None = None  # the step after which this epoch's input wait is timed
+
         def on_epoch_begin(self, epoch, logs=None):
+            self.timed_from = None
             loop.epoch_begin(epoch)
 
         def on_train_batch_end(self, batch, logs=None):
@@ -140,10 +176,16 @@ def epoch_hooks(callback_class, loop: EpochLoop):
                 if logs:
                     float(next(iter(logs.values())))  # an output read back: the execution has run
                 loop.first_executed(batch + 1)
+            if wait is not None and self.timed_from is None:  # the epoch's first execution is not the pace
+                self.timed_from = batch + 1
+                wait.start()
 
         def on_epoch_end(self, epoch, logs=None):
+            line = wait.text(loop.steps_per_epoch - (self.timed_from or loop.steps_per_epoch)) if wait else ""
             if loop.epoch_end(epoch, dict(logs or {})):
                 self.model.stop_training = True
+            if line:
+                print(f"[{name}] epoch {epoch + 1}: {line}", flush=True)
 
     return EpochHooks()
 

@@ -36,6 +36,7 @@ from common.training.backends.base import (
     ONE_PROCESS,
     EpochLoop,
     Hosts,
+    InputWait,
     average_swapped_in,
     epoch_hooks,
     learning_rate_schedule,
@@ -309,9 +310,10 @@ class JaxBackend:
         # it eagerly and converts each tensor itself, about 5% of a step on this project's CPU (bench/README.md). A
         # generator, its iterator let go aside after (common/data/teardown.py).
         with lost_process_named(self.hosts), numpy_batches(data) as batches:
-            self.model.fit(batches, epochs=loop.epochs, initial_epoch=loop.initial_epoch,
+            timed = InputWait(batches)  # Keras 3 on JAX asks for each batch on this thread: its wait is the step's
+            self.model.fit((batch for batch in timed), epochs=loop.epochs, initial_epoch=loop.initial_epoch,
                            steps_per_epoch=loop.steps_per_epoch,
-                           callbacks=[epoch_hooks(keras.callbacks.Callback, loop)], verbose=2)
+                           callbacks=[epoch_hooks(keras.callbacks.Callback, loop, timed, self.name)], verbose=2)
 
     # -------------------------------------------------------------------------------------------------- predict
     def predict(self, files, schema: RecordSchema, count: int) -> np.ndarray:

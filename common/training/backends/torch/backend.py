@@ -19,7 +19,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import importlib.metadata
-import time
 from pathlib import Path
 
 from common.core.errors import ConfigError
@@ -27,7 +26,7 @@ from common.core.platform import gpu_lines, keep_tensorflow_off_gpus
 from common.data.pipeline import make_padded_image_batches
 from common.data.records import RecordSchema
 from common.tasks.parts import torch_ops
-from common.training.backends.base import EpochLoop, Hosts
+from common.training.backends.base import EpochLoop, Hosts, InputWait
 from common.training.backends.pytorch.augment import augment_batch
 from common.training.backends.pytorch.export import export
 from common.training.backends.pytorch.model import build_timm_model
@@ -204,31 +203,27 @@ class TorchBackend:
     def fit(self, data, loop: EpochLoop) -> None:
         batches = iter(HostBatches(data))
         try:
-            self._train_epochs(batches, loop)
+            self._train_epochs(InputWait(batches), loop)
         finally:
             batches.close()  # the pipeline's iterator let go (HostBatches)
         if self.average is not None:  # the moving average becomes the weights, as Keras' fit does on the others
             _copy_into(list(self.model.parameters()), self.average)
 
-    def _train_epochs(self, batches, loop: EpochLoop) -> None:
+    def _train_epochs(self, batches: InputWait, loop: EpochLoop) -> None:
         for epoch in range(loop.initial_epoch, loop.epochs):
             loop.epoch_begin(epoch)
             self.model.train()
-            total, waited, started, skipped = None, 0.0, 0.0, self.step.skipped
-            for index in range(loop.steps_per_epoch):
-                asked = time.perf_counter()
-                batch = next(batches)
-                if index:  # the first batch is the pipeline's warm-up, and the first step compiles
-                    waited += time.perf_counter() - asked
-                loss = self._step(batch)
+            total, skipped = None, self.step.skipped
+            for _ in range(loop.steps_per_epoch):
+                loss = self._step(next(batches))
                 if total is None:
                     if epoch == loop.initial_epoch:
                         loss.item()  # the first step has run
                         loop.first_executed(1)
-                    started = time.perf_counter()
+                    batches.start()  # the pipeline's warm-up and the first step's compile are not the pace
                 total = loss if total is None else total + loss
             loss_value = float(total.item()) / loop.steps_per_epoch  # waits for the last step
-            line = input_share(waited, time.perf_counter() - started, loop.steps_per_epoch - 1)
+            line = batches.text(loop.steps_per_epoch - 1)
             if self.scaler.is_enabled():
                 line += (f"; loss scale {self.scaler.get_scale():g}, {self.step.skipped - skipped} step(s) skipped "
                          "on an overflow")
@@ -294,13 +289,6 @@ class TorchBackend:
 def _copy_into(parameters, values) -> None:
     with torch.no_grad():
         torch._foreach_copy_(parameters, list(values))
-
-
-def input_share(waited: float, wall: float, steps: int) -> str:
-    """'input 4% of 81 ms a step': how much of the steps' wall time went waiting for the next batch."""
-    if steps < 1 or wall <= 0:
-        return ""
-    return f"the step waited for input {100 * min(1.0, waited / wall):.0f}% of {1000 * wall / steps:.0f} ms a step"
 
 
 def start(cfg) -> TorchBackend:
