@@ -11,6 +11,8 @@ from common.training.plan import plan_fold
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.e2e  # each builds and trains a model (seconds), not a unit's decision
+
 
 class Records:  # what plan_fold reads of a fold's records
     train_count, class_names = 64, ["a", "b", "c"]
