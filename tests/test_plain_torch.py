@@ -199,7 +199,8 @@ def test_two_torchrun_nodes_train_the_planned_steps_resume_after_a_kill_and_expo
     log = resumed.stdout + resumed.stderr
     assert resumed.returncode == 0, log[-5000:]
     assert "torchrun nodes of one process each, gloo on the CPU" in log
-    assert "[p1] processes     2 (this is process 1, on cpu); collectives: gloo" in log
+    # c10d's rendezvous gives the ranks in the order the nodes arrive: either launcher child may be process 1
+    assert re.search(r"\[p[01]\] processes     2 \(this is process 1, on cpu\); collectives: gloo", log)
     assert "[p0] [train] resuming from the checkpoint after epoch 1" in log and "[p0] [train] epoch 1:" not in log
     assert re.search(r"\[p0\] \[train\] epoch 2: step 8, ", log) and re.search(r"\[p0\] \[train\] epoch 3: step 12, ",
                                                                                 log)
