@@ -223,13 +223,13 @@ class TorchBackend:
                     batches.start()  # the pipeline's warm-up and the first step's compile are not the pace
                 total = loss if total is None else total + loss
             loss_value = float(total.item()) / loop.steps_per_epoch  # waits for the last step
-            line = batches.text(loop.steps_per_epoch - 1)
+            parts = [batches.text(loop.steps_per_epoch - 1)]
             if self.scaler.is_enabled():
-                line += (f"; loss scale {self.scaler.get_scale():g}, {self.step.skipped - skipped} step(s) skipped "
-                         "on an overflow")
+                parts.append(f"loss scale {self.scaler.get_scale():g}, {self.step.skipped - skipped} step(s) skipped "
+                             "on an overflow")
             stop = loop.epoch_end(epoch, {"loss": loss_value})
-            if line:
-                print(f"[torch] epoch {epoch + 1}: {line}", flush=True)
+            if any(parts):
+                print(f"[torch] epoch {epoch + 1}: " + "; ".join(filter(None, parts)), flush=True)
             if stop:
                 break
 
