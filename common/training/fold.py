@@ -2,9 +2,9 @@
 
     result = train_fold(cfg, backend, records, work_dir=scratch / "work" / "fold0", deadline=deadline)
 
-plan: common/training/plan.py (batch, steps, schedule, scaling, class weights). build and fit: the backend
-(common/training/backends/tf_keras/backend.py: tf_keras under tf.distribute;
-common/training/backends/keras_jax/backend.py: Keras 3 on JAX). Each epoch ends in one place, EpochMonitor.epoch_end,
+plan: common/training/plan.py (batch, steps, schedule, scaling, class weights). build and fit: the route's backend
+(common/training/backends/: tf_keras under tf.distribute, Keras 3 on JAX, PyTorch/XLA, plain PyTorch; the protocol in
+base.py). Each epoch ends in one place, EpochMonitor.epoch_end,
 which in this order checks the optimiser's own step count against the plan (more steps than planned stop the fold
 there), scores the task's competition metric (train.metric, scikit-learn) on the validation fold (logged as
 val_<metric>, with val_loss), keeps the best epoch's weights (train.keep=best; with train.ema the averaged weights are

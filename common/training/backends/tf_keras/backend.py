@@ -10,9 +10,9 @@ card and export contract live in common/ and never look at the backend.
     backend.release()                                     # the fold is scored: what it held for that let go
     card = backend.export(export_dir, contents)           # the verified export (export.py)
 
-The interface: name, ops, replicas, build, runtime, precision, restore, save_checkpoint, distribute, fit, predict,
-release, averaged, save_weights, load_weights, export. Keras 3 on JAX (common/training/backends/keras_jax/backend.py)
-implements the same.
+The interface (common/training/backends/base.py's Backend): name, ops, replicas, build, runtime, precision, restore,
+save_checkpoint, distribute, fit, predict, release, averaged, save_weights, load_weights, export. The other routes'
+backends (keras_jax/, torch_xla/, torch/) implement the same.
 """
 
 from __future__ import annotations
