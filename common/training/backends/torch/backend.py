@@ -17,7 +17,6 @@ writes and reads and sends to the others; each epoch's line says how much of a s
 from __future__ import annotations
 
 import atexit
-import contextlib
 import importlib.metadata
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from common.training.backends.base import EpochLoop, Hosts, InputWait
 from common.training.backends.pytorch.augment import augment_batch
 from common.training.backends.pytorch.export import export
 from common.training.backends.pytorch.model import build_timm_model
-from common.training.backends.pytorch.tensors import HostBatches, on_cpu
+from common.training.backends.pytorch.tensors import HostBatches, average_swapped_in, copy_into, on_cpu
 from common.training.backends.torch.processes import describe_processes, start_processes, stop_processes
 from common.training.backends.torch.step import TrainingStep, autocast_dtype, dtype_name
 from common.training.memory import torch_cuda_peak
@@ -176,19 +175,9 @@ class TorchBackend:
         state = torch.load(path, map_location="cpu", weights_only=True) if self.hosts.writer else None
         self.model.load_state_dict(self.hosts.agree(state))
 
-    @contextlib.contextmanager
     def averaged(self):
         """With train.ema, the moving average swapped into the model inside the block, the trained weights after."""
-        if self.average is None:
-            yield
-            return
-        parameters = list(self.model.parameters())
-        trained = [p.detach().clone() for p in parameters]
-        _copy_into(parameters, self.average)
-        try:
-            yield
-        finally:
-            _copy_into(parameters, trained)
+        return average_swapped_in(self.model.parameters(), self.average)
 
     # ---------------------------------------------------------------------------------------------------- train
     def distribute(self, make_dataset):
@@ -207,7 +196,7 @@ class TorchBackend:
         finally:
             batches.close()  # the pipeline's iterator let go (HostBatches)
         if self.average is not None:  # the moving average becomes the weights, as Keras' fit does on the others
-            _copy_into(list(self.model.parameters()), self.average)
+            copy_into(self.model.parameters(), self.average)
 
     def _train_epochs(self, batches: InputWait, loop: EpochLoop) -> None:
         for epoch in range(loop.initial_epoch, loop.epochs):
@@ -284,11 +273,6 @@ class TorchBackend:
     def export(self, export_dir: Path, contents):
         """The verified export (common/training/backends/pytorch/export.py: rebuilt under TensorFlow in a child)."""
         return export(self, export_dir, contents)
-
-
-def _copy_into(parameters, values) -> None:
-    with torch.no_grad():
-        torch._foreach_copy_(parameters, list(values))
 
 
 def start(cfg) -> TorchBackend:

@@ -17,7 +17,6 @@ step; checkpoints are torch.save files; the export is rebuilt under Keras' Tenso
 
 from __future__ import annotations
 
-import contextlib
 import importlib.metadata
 from pathlib import Path
 
@@ -29,7 +28,7 @@ from common.tasks.parts import torch_ops
 from common.training.backends.base import ONE_PROCESS, EpochLoop
 from common.training.backends.pytorch.export import export
 from common.training.backends.pytorch.model import build_timm_model
-from common.training.backends.pytorch.tensors import HostBatches, on_cpu
+from common.training.backends.pytorch.tensors import HostBatches, average_swapped_in, copy_into, on_cpu
 from common.training.backends.torch_xla.compiles import (
     cache_hits,
     cache_load_seconds,
@@ -185,25 +184,10 @@ class TorchXlaBackend:
         self.model.load_state_dict(torch.load(Path(path).with_suffix(".pt"), map_location="cpu", weights_only=True))
         torch_xla.sync()
 
-    @contextlib.contextmanager
     def averaged(self):
-        """With train.ema, the moving average swapped into the model inside the block, the trained weights after."""
-        if self.average is None:
-            yield
-            return
-        parameters = list(self.model.parameters())
-        trained = [p.detach().clone() for p in parameters]
-        with torch.no_grad():
-            for parameter, average in zip(parameters, self.average, strict=True):
-                parameter.copy_(average)
-        torch_xla.sync()  # the swaps are graphs of their own: the step's and the prediction's graphs stay as they are
-        try:
-            yield
-        finally:
-            with torch.no_grad():
-                for parameter, value in zip(parameters, trained, strict=True):
-                    parameter.copy_(value)
-            torch_xla.sync()
+        """With train.ema, the moving average swapped into the model inside the block, the trained weights after; the
+        swaps are graphs of their own (torch_xla.sync), so the step's and the prediction's graphs stay as they are."""
+        return average_swapped_in(self.model.parameters(), self.average, torch_xla.sync)
 
     # ---------------------------------------------------------------------------------------------------- train
     def distribute(self, make_dataset):
@@ -254,12 +238,8 @@ class TorchXlaBackend:
     def _take_average(self) -> None:
         """With train.ema, the moving average becomes the model's weights once training ends, as Keras' fit does on
         the other routes: what the fold scores last, keeps and exports."""
-        if self.average is None:
-            return
-        with torch.no_grad():
-            for parameter, average in zip(self.model.parameters(), self.average, strict=True):
-                parameter.copy_(average)
-        torch_xla.sync()
+        if self.average is not None:
+            copy_into(self.model.parameters(), self.average, torch_xla.sync)
 
     def _step(self, images, targets) -> torch.Tensor:
         for group in self.optimizer.param_groups:
