@@ -47,8 +47,9 @@ def checkout_copy(destination: Path, link_venv: bool = False) -> Path:
 
 def kill_after_epochs(command: list[str], progress: Path, epochs: int, timeout: float = 300,
                       env: dict | None = None) -> int:
-    """Start a training run (or the demo) in `env` (default: this one), SIGKILL it once its progress.json counts
-    `epochs` checkpointed epochs (the user's Ctrl-C, or worse), and return the epochs its checkpoint holds."""
+    """Start a training run (or the demo) in `env` (default: this one), SIGKILL it and every process it started once
+    its progress.json counts `epochs` checkpointed epochs (a session that ends, or worse), and return the epochs its
+    checkpoint holds."""
     run = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:
         deadline = time.monotonic() + timeout
@@ -56,9 +57,30 @@ def kill_after_epochs(command: list[str], progress: Path, epochs: int, timeout: 
             assert run.poll() is None and time.monotonic() < deadline, f"the run ended before epoch {epochs}"
             time.sleep(0.05)
     finally:
-        run.send_signal(signal.SIGKILL)
+        kill_tree(run.pid)
         run.wait()
     return json.loads(progress.read_text())["epochs_done"]
+
+
+def kill_tree(root: int) -> None:
+    """SIGKILL a process and all its descendants, stopped first so none goes on or starts another meanwhile."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])  # "pid (comm) state ppid ..."
+        except OSError:  # gone meanwhile
+            continue
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    tree, index = [root], 0
+    while index < len(tree):
+        tree += children.get(tree[index], [])
+        index += 1
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in tree:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
 
 
 def run_inference_kernel(argv: list[str]) -> subprocess.CompletedProcess:

@@ -8,10 +8,8 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from common.core.config import load_config
@@ -20,7 +18,7 @@ from common.launch.torchrun import local_command, processes_to_start
 
 import pytest
 
-from builders import read_csv, run_inference_kernel
+from builders import kill_after_epochs, read_csv, run_inference_kernel
 
 torch = pytest.importorskip("torch", reason="./dev test installs the torch extra")
 
@@ -143,27 +141,6 @@ def test_the_kernel_starts_one_process_per_gpu_on_the_torch_route_alone(tmp_path
         "c.yaml"]
 
 
-def kill_tree(root: int) -> None:
-    """SIGKILL a process and all its descendants, stopped first so none goes on or starts another meanwhile."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])  # "pid (comm) state ppid ..."
-        except OSError:  # gone meanwhile
-            continue
-        children.setdefault(parent, []).append(int(stat.parent.name))
-    tree, index = [root], 0
-    while index < len(tree):
-        tree += children.get(tree[index], [])
-        index += 1
-    for sig in (signal.SIGSTOP, signal.SIGKILL):
-        for pid in tree:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-
-
 def settings(records: Path, backbone: Path, out: Path, *extra: str) -> list[str]:
     items = ["train.framework=torch", "model.backbone=timm", f"model.timm_model={backbone}", "data.image_size=16",
              "train.fold=0", "train.epochs=3", "train.steps_per_epoch=4", "train.batch_size=32",
@@ -176,24 +153,15 @@ def settings(records: Path, backbone: Path, out: Path, *extra: str) -> list[str]
 def test_two_torchrun_nodes_train_the_planned_steps_resume_after_a_kill_and_export_what_the_tf_kernel_scores(
         demo_records, tiny_timm_backbone, demo_dir, tmp_path):
     """`tpu2gpu train --processes 2` on the torch route: two torchrun nodes meeting at c10d's rendezvous, DDP over
-    gloo. SIGKILLed (the whole process group) once epoch 1 is checkpointed, the same command resumes at epoch 2 and
+    gloo. SIGKILLed (every process of it) once epoch 1 is checkpointed, the same command resumes at epoch 2 and
     finishes at exactly the planned 12 steps; the export is verified and the TF-only inference kernel scores it."""
     records_dir, _ = demo_records
     out = tmp_path / "train"
     command = [sys.executable, "-m", "tpu2gpu.cli", "train", "--processes", "2",
                *settings(records_dir, tiny_timm_backbone, out)]
     progress = out / "work" / "fold0" / "checkpoints" / "progress.json"
-    run = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                           start_new_session=True)
-    try:
-        deadline = time.monotonic() + 600
-        while not (progress.is_file() and json.loads(progress.read_text())["epochs_done"] >= 1):
-            assert run.poll() is None and time.monotonic() < deadline, "the run ended before epoch 1"
-            time.sleep(0.05)
-    finally:
-        kill_tree(run.pid)  # the launcher, both torchrun agents and their workers (each in a session of its own)
-        run.wait()
-    assert json.loads(progress.read_text())["epochs_done"] == 1
+    # the launcher, both torchrun agents and their workers (each in a session of its own) killed together
+    assert kill_after_epochs(command, progress, 1, 600) == 1
 
     resumed = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
     log = resumed.stdout + resumed.stderr
