@@ -69,21 +69,47 @@ def measure(mb: int, checkpoint_mb: int) -> list[dict]:
         shutil.rmtree(Path(tmp) / "out")
         pull = timed(lambda: Mirror(f"{BUCKET}/run", Path(tmp) / "out").pull(work, "checkpoints/progress.json"))
         local_copy = timed(lambda: shutil.copytree(work, Path(tmp) / "work-copy"))
-    print(f"records {size:.1f} MB in {len(files)} shards: upload {upload:.2f} s, read by tf.data {remote_read:.2f} s "
-          f"(local {local_read:.2f} s); checkpoint {checkpoint:.1f} MB: push {push:.2f} s, pull {pull:.2f} s "
-          f"(local copy {local_copy:.2f} s)", flush=True)
+    print(
+        f"records {size:.1f} MB in {len(files)} shards: upload {upload:.2f} s, read by tf.data {remote_read:.2f} s "
+        f"(local {local_read:.2f} s); checkpoint {checkpoint:.1f} MB: push {push:.2f} s, pull {pull:.2f} s "
+        f"(local copy {local_copy:.2f} s)",
+        flush=True,
+    )
     where = "fake bucket on loopback"
-    return [{"bench": f"gs:// upload of records, {size:.0f} MB ({where})", "value": size / upload,
-             "baseline": size / copy, "ratio": copy / upload, "unit": "MB/s", "baseline_name": "local copy"},
-            {"bench": f"gs:// records read by tf.data, {size:.0f} MB ({where})", "value": size / remote_read,
-             "baseline": size / local_read, "ratio": local_read / remote_read, "unit": "MB/s",
-             "baseline_name": "local files"},
-            {"bench": f"gs:// checkpoint push, {checkpoint:.0f} MB ({where})", "value": checkpoint / push,
-             "baseline": checkpoint / local_copy, "ratio": local_copy / push, "unit": "MB/s",
-             "baseline_name": "local copy"},
-            {"bench": f"gs:// checkpoint pull (resume), {checkpoint:.0f} MB ({where})", "value": checkpoint / pull,
-             "baseline": checkpoint / local_copy, "ratio": local_copy / pull, "unit": "MB/s",
-             "baseline_name": "local copy"}]
+    return [
+        {
+            "bench": f"gs:// upload of records, {size:.0f} MB ({where})",
+            "value": size / upload,
+            "baseline": size / copy,
+            "ratio": copy / upload,
+            "unit": "MB/s",
+            "baseline_name": "local copy",
+        },
+        {
+            "bench": f"gs:// records read by tf.data, {size:.0f} MB ({where})",
+            "value": size / remote_read,
+            "baseline": size / local_read,
+            "ratio": local_read / remote_read,
+            "unit": "MB/s",
+            "baseline_name": "local files",
+        },
+        {
+            "bench": f"gs:// checkpoint push, {checkpoint:.0f} MB ({where})",
+            "value": checkpoint / push,
+            "baseline": checkpoint / local_copy,
+            "ratio": local_copy / push,
+            "unit": "MB/s",
+            "baseline_name": "local copy",
+        },
+        {
+            "bench": f"gs:// checkpoint pull (resume), {checkpoint:.0f} MB ({where})",
+            "value": checkpoint / pull,
+            "baseline": checkpoint / local_copy,
+            "ratio": local_copy / pull,
+            "unit": "MB/s",
+            "baseline_name": "local copy",
+        },
+    ]
 
 
 def main() -> None:
@@ -104,8 +130,11 @@ def main() -> None:
     if unavailable():
         sys.exit(f"bench/gcs.py needs the fake bucket's network namespace: {unavailable()}")
     with tempfile.TemporaryDirectory() as tmp:
-        run = run_with_gcs([sys.executable, __file__, "--inside", "--mb", str(args.mb), "--checkpoint-mb",
-                            str(args.checkpoint_mb)], Path(tmp), [BUCKET[len("gs://"):]])
+        run = run_with_gcs(
+            [sys.executable, __file__, "--inside", "--mb", str(args.mb), "--checkpoint-mb", str(args.checkpoint_mb)],
+            Path(tmp),
+            [BUCKET[len("gs://") :]],
+        )
     print(run.stdout, end="")
     if run.returncode:
         sys.exit(f"bench/gcs.py failed (exit {run.returncode}):\n{run.stderr[-4000:]}")

@@ -47,7 +47,7 @@ def write_images(folder: Path, n: int, side: int) -> list[Path]:
     for i in range(n):
         crop = int(rng.integers(200, 427))
         top, left = rng.integers(0, 427 - crop + 1), rng.integers(0, 640 - crop + 1)
-        image = Image.fromarray(photos[i % 2][top:top + crop, left:left + crop]).resize((side, side), Image.BICUBIC)
+        image = Image.fromarray(photos[i % 2][top : top + crop, left : left + crop]).resize((side, side), Image.BICUBIC)
         paths.append(folder / f"img{i:05d}.jpg")
         image.save(paths[-1], quality=90)
     return paths
@@ -111,11 +111,13 @@ def measure(args: argparse.Namespace, tmp: Path) -> None:
         def run():
             batches = make_image_file_dataset(paths, ids, size, args.batch)
             return predict_rows(units, {size: batches})[1]
+
         return run
 
     def naive():
-        images = np.stack([np.asarray(Image.open(p).convert("RGB").resize((size, size), Image.BILINEAR))
-                           for p in paths])
+        images = np.stack(
+            [np.asarray(Image.open(p).convert("RGB").resize((size, size), Image.BILINEAR)) for p in paths]
+        )
         return keras_model.predict(images, batch_size=args.batch, verbose=0)
 
     # Same model, same images: the three paths agree (bilinear resizes differ slightly between PIL and TF).
@@ -125,15 +127,27 @@ def measure(args: argparse.Namespace, tmp: Path) -> None:
         rows["kernel+XLA"] = best_rate(kernel(True), len(paths), args.repeats)
     rows["naive keras predict"] = best_rate(naive, len(paths), args.repeats)
     devices = ", ".join(d.name for d in tf.config.list_logical_devices() if d.device_type != "CPU") or "CPU"
-    print(f"{MODELS[args.model]} at {size}x{size}, batch {args.batch}, {len(paths)} JPEGs of {int(size * 1.25)} px, "
-          f"TF {tf.__version__}, {devices}; argmax agreement kernel vs naive {agree:.3f}")
+    print(
+        f"{MODELS[args.model]} at {size}x{size}, batch {args.batch}, {len(paths)} JPEGs of {int(size * 1.25)} px, "
+        f"TF {tf.__version__}, {devices}; argmax agreement kernel vs naive {agree:.3f}"
+    )
     base = rows["naive keras predict"]
     for name, rate in rows.items():
         print(f"{name:<20} {rate:8.1f} images/s   x{rate / base:.2f}")
     for name in [n for n in rows if n.startswith("kernel")]:
-        print("RESULT " + json.dumps({"bench": f"inference {name}, {MODELS[args.model]} {size}px", "value": rows[name],
-                                      "baseline": base, "ratio": rows[name] / base, "unit": "img/s",
-                                      "baseline_name": "keras_model.predict"}))
+        print(
+            "RESULT "
+            + json.dumps(
+                {
+                    "bench": f"inference {name}, {MODELS[args.model]} {size}px",
+                    "value": rows[name],
+                    "baseline": base,
+                    "ratio": rows[name] / base,
+                    "unit": "img/s",
+                    "baseline_name": "keras_model.predict",
+                }
+            )
+        )
     per_view_rates(predict, card, paths, ids, args.batch)
 
 
@@ -152,12 +166,16 @@ def per_view_rates(predict, card, paths, ids, batch: int) -> None:
     ensemble_predict(units, lambda _: make_image_file_dataset(paths, ids, card.image_size, batch), plan=plan)
     record = plan.record()
     loop = sum(n for n, _ in plan.loop) / max(sum(s for _, s in plan.loop), 1e-9)
-    print(f"per member and view (the time plan's units, last {len(plan.loop)} batch(es) of {batch}; the loop's own "
-          f"reading and averaging {loop:.0f} images/s):")
+    print(
+        f"per member and view (the time plan's units, last {len(plan.loop)} batch(es) of {batch}; the loop's own "
+        f"reading and averaging {loop:.0f} images/s):"
+    )
     for unit in record["units"]:
         rate = unit["images_per_second"]
-        print(f"  {unit['member']}/{unit['view']:<16} {rate or float('nan'):10.1f} images/s   "
-              f"warm-up {unit['warmup_seconds']:.2f} s")
+        print(
+            f"  {unit['member']}/{unit['view']:<16} {rate or float('nan'):10.1f} images/s   "
+            f"warm-up {unit['warmup_seconds']:.2f} s"
+        )
 
 
 def main() -> None:
@@ -167,8 +185,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3, help="timed passes after the warm-up; the best counts")
     parser.add_argument("--model", choices=sorted(MODELS), default="efficientnet-b0")
-    parser.add_argument("--xla", action=argparse.BooleanOptionalAction, default=None,
-                        help="also time kernel+XLA (default: only where a GPU is present; on CPU XLA is slower)")
+    parser.add_argument(
+        "--xla",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also time kernel+XLA (default: only where a GPU is present; on CPU XLA is slower)",
+    )
     parser.add_argument("--smoke", action="store_true", help=f"toy sizes, seconds; the figures mean nothing: {SMOKE}")
     if parser.parse_known_args()[0].smoke:
         parser.set_defaults(**SMOKE)

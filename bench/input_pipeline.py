@@ -63,7 +63,7 @@ def write_records(out_dir: Path, n_images: int, n_shards: int = 8, size: int = 5
         photo = photos[i % 2]
         side = int(rng.integers(240, 427))
         top, left = rng.integers(0, 427 - side + 1), rng.integers(0, 640 - side + 1)
-        crop = Image.fromarray(photo[top:top + side, left:left + side]).resize((size, size), Image.BICUBIC)
+        crop = Image.fromarray(photo[top : top + side, left : left + side]).resize((size, size), Image.BICUBIC)
         buf = io.BytesIO()
         crop.save(buf, format="JPEG", quality=90)
         writers[i % n_shards].write(serialize_example(buf.getvalue(), f"b{i}", i % 5, RecordSchema()))
@@ -77,8 +77,9 @@ def variant_names(size: int) -> tuple[str, str]:
     return f"pipeline@{size}", f"pipeline@{size * 3 // 4}"
 
 
-def measure(cores: int, files: list[str], seconds: float, rounds: int, augmentations: bool = False,
-            size: int = 512) -> dict:
+def measure(
+    cores: int, files: list[str], seconds: float, rounds: int, augmentations: bool = False, size: int = 512
+) -> dict:
     """Runs inside a process pinned to `cores` cores (before TensorFlow is imported, so its pools size to them)."""
     os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:cores]))
     import common  # noqa: F401
@@ -90,8 +91,11 @@ def measure(cores: int, files: list[str], seconds: float, rounds: int, augmentat
 
     def decode_only() -> tf.data.Dataset:
         ds = tf.data.TFRecordDataset(files, num_parallel_reads=AUTOTUNE).repeat()
-        ds = ds.map(lambda r: tf.io.decode_jpeg(parse_record(r, RecordSchema(), True)["image"], channels=3),
-                    num_parallel_calls=AUTOTUNE, deterministic=False)
+        ds = ds.map(
+            lambda r: tf.io.decode_jpeg(parse_record(r, RecordSchema(), True)["image"], channels=3),
+            num_parallel_calls=AUTOTUNE,
+            deterministic=False,
+        )
         return ds.batch(64).prefetch(AUTOTUNE)
 
     def pipeline(size: int, *settings: str) -> tf.data.Dataset:
@@ -113,8 +117,7 @@ def measure(cores: int, files: list[str], seconds: float, rounds: int, augmentat
         variants = {"decode-only": decode_only, plain: lambda: pipeline(size, "data.augment=true")}
         variants.update({name: (lambda s=settings: pipeline(size, *s)) for name, settings in AUGMENTATIONS.items()})
     else:
-        variants = {"decode-only": decode_only, plain: lambda: pipeline(size),
-                    resized: lambda: pipeline(size * 3 // 4)}
+        variants = {"decode-only": decode_only, plain: lambda: pipeline(size), resized: lambda: pipeline(size * 3 // 4)}
     rates: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(rounds):
         for name, make in variants.items():
@@ -161,7 +164,9 @@ AUGMENTATIONS = {
     "cutmix": ["data.cutmix_prob=1"],
 }
 AUGMENTATIONS["all"] = [s for name in ("crop", "affine", "colour", "cutout") for s in AUGMENTATIONS[name]] + [
-    "data.mixup_prob=0.5", "data.cutmix_prob=0.5"]
+    "data.mixup_prob=0.5",
+    "data.cutmix_prob=0.5",
+]
 
 
 # --smoke: the same code path at toy sizes, in seconds (flags given with it still win).
@@ -171,13 +176,18 @@ SMOKE = {"images": 16, "size": 64, "seconds": 0.2, "rounds": 1, "cores": [1]}
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=512)
-    parser.add_argument("--size", type=int, default=512, help="side of the recorded JPEGs and of pipeline@size; "
-                        "the resizing variant runs at 3/4 of it")
+    parser.add_argument(
+        "--size",
+        type=int,
+        default=512,
+        help="side of the recorded JPEGs and of pipeline@size; the resizing variant runs at 3/4 of it",
+    )
     parser.add_argument("--seconds", type=float, default=4.0, help="per measurement")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--cores", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--augmentations", action="store_true", help="price each augmentation against the plain "
-                        "pipeline instead")
+    parser.add_argument(
+        "--augmentations", action="store_true", help="price each augmentation against the plain pipeline instead"
+    )
     parser.add_argument("--smoke", action="store_true", help=f"toy sizes, seconds; the figures mean nothing: {SMOKE}")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     if parser.parse_known_args()[0].smoke:
@@ -185,26 +195,42 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         spec = json.loads(args.worker)
-        print(json.dumps(measure(spec["cores"], spec["files"], args.seconds, args.rounds, args.augmentations,
-                                 spec["size"])))
+        print(
+            json.dumps(
+                measure(spec["cores"], spec["files"], args.seconds, args.rounds, args.augmentations, spec["size"])
+            )
+        )
         return
     plain, resized = variant_names(args.size)
     available = len(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory() as tmp:
         files = write_records(Path(tmp), args.images, size=args.size)
         mb = sum(os.path.getsize(f) for f in files) / 1e6
-        print(f"{args.images} JPEGs {args.size}x{args.size} in {len(files)} shards ({mb:.1f} MB); {available} cores "
-              "available")
+        print(
+            f"{args.images} JPEGs {args.size}x{args.size} in {len(files)} shards ({mb:.1f} MB); {available} cores "
+            "available"
+        )
         rows = []
         for cores in args.cores:
             if cores > available:
                 print(f"skipping {cores} cores: only {available} here")
                 continue
             spec = json.dumps({"cores": cores, "files": files, "size": args.size})
-            out = subprocess.run([sys.executable, __file__, "--seconds", str(args.seconds), "--rounds",
-                                  str(args.rounds), "--worker", spec, *(["--augmentations"] if args.augmentations
-                                                                        else [])],
-                                 capture_output=True, text=True)
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--seconds",
+                    str(args.seconds),
+                    "--rounds",
+                    str(args.rounds),
+                    "--worker",
+                    spec,
+                    *(["--augmentations"] if args.augmentations else []),
+                ],
+                capture_output=True,
+                text=True,
+            )
             if out.returncode:
                 sys.exit(f"the {cores}-core worker failed (exit {out.returncode}):\n{out.stderr[-4000:]}")
             rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
@@ -212,23 +238,38 @@ def main() -> None:
         print(f"\n{'cores':>5} {'variant':>17} {'rate':>10} {'vs plain':>9} {'vs decode':>10}")
         for r in rows:
             for name in (plain, *AUGMENTATIONS, "all on the device"):
-                print(f"{r['cores']:>5} {name:>17} {r[name]:>8.0f}/s {r[name + ' vs plain']:>9.2f} "
-                      f"{r[name + ' ratio']:>10.2f}")
+                print(
+                    f"{r['cores']:>5} {name:>17} {r[name]:>8.0f}/s {r[name + ' vs plain']:>9.2f} "
+                    f"{r[name + ' ratio']:>10.2f}"
+                )
         return
     print(f"\n{'cores':>5} {'decode-only':>12} {plain:>13} {'ratio':>6} {resized:>13} {'ratio':>6}")
     for r in rows:
         base = r["decode-only"]
-        print(f"{r['cores']:>5} {base:>10.0f}/s {r[plain]:>11.0f}/s {r[plain + ' ratio']:>6.2f} "
-              f"{r[resized]:>11.0f}/s {r[resized + ' ratio']:>6.2f}")
+        print(
+            f"{r['cores']:>5} {base:>10.0f}/s {r[plain]:>11.0f}/s {r[plain + ' ratio']:>6.2f} "
+            f"{r[resized]:>11.0f}/s {r[resized + ' ratio']:>6.2f}"
+        )
     for r in rows:
-        print("RESULT " + json.dumps({"bench": f"input pipeline {args.size}px, {r['cores']} core(s)",
-                                      "value": r[plain], "baseline": r["decode-only"],
-                                      "ratio": r[plain + " ratio"], "unit": "img/s",
-                                      "baseline_name": "JPEG decode only"}))
+        print(
+            "RESULT "
+            + json.dumps(
+                {
+                    "bench": f"input pipeline {args.size}px, {r['cores']} core(s)",
+                    "value": r[plain],
+                    "baseline": r["decode-only"],
+                    "ratio": r[plain + " ratio"],
+                    "unit": "img/s",
+                    "baseline_name": "JPEG decode only",
+                }
+            )
+        )
     if len(rows) >= 2:
-        print(f"scaling {rows[0]['cores']} -> {rows[-1]['cores']} cores: decode-only "
-              f"x{rows[-1]['decode-only'] / rows[0]['decode-only']:.2f}, {plain} "
-              f"x{rows[-1][plain] / rows[0][plain]:.2f}")
+        print(
+            f"scaling {rows[0]['cores']} -> {rows[-1]['cores']} cores: decode-only "
+            f"x{rows[-1]['decode-only'] / rows[0]['decode-only']:.2f}, {plain} "
+            f"x{rows[-1][plain] / rows[0][plain]:.2f}"
+        )
 
 
 if __name__ == "__main__":

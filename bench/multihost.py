@@ -51,8 +51,9 @@ def worker(args: argparse.Namespace) -> None:
     import numpy as np
 
     keras.utils.set_random_seed(0)
-    keras.distribution.set_distribution(keras.distribution.DataParallel(devices=jax.devices(),
-                                                                        auto_shard_dataset=False))
+    keras.distribution.set_distribution(
+        keras.distribution.DataParallel(devices=jax.devices(), auto_shard_dataset=False)
+    )
     cfg = load_config(None, ["model.backbone=keras", f"model.keras_backbone={args.backbone}"])
     model = build_keras_model(cfg.model, 10, args.image_size, "softmax", "float32")
     model.compile(keras.optimizers.Adam(1e-3), "categorical_crossentropy")
@@ -71,16 +72,30 @@ def worker(args: argparse.Namespace) -> None:
 def run_layout(processes: int, devices: int, args: argparse.Namespace, backbone: Path) -> float:
     from tpu2gpu.launcher import free_port, process_environment
 
-    command = [sys.executable, __file__, "--worker", "--backbone", str(backbone), "--image-size",
-               str(args.image_size), "--batch", str(args.batch), "--steps", str(args.steps)]
+    command = [
+        sys.executable,
+        __file__,
+        "--worker",
+        "--backbone",
+        str(backbone),
+        "--image-size",
+        str(args.image_size),
+        "--batch",
+        str(args.batch),
+        "--steps",
+        str(args.steps),
+    ]
     port = free_port()
     if processes == 1:
-        environments = [{**os.environ, "JAX_PLATFORMS": "cpu",
-                         "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}]
+        environments = [
+            {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+        ]
     else:
         environments = [process_environment(os.environ, i, processes, port, devices) for i in range(processes)]
-    children = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                for env in environments]
+    children = [
+        subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for env in environments
+    ]
     outputs = [child.communicate(timeout=600) for child in children]
     for child, (_, err) in zip(children, outputs, strict=True):
         if child.returncode:
@@ -115,9 +130,19 @@ def main() -> None:
     for name, value in figures.items():
         print(f"{name:24} {value:8.0f} img/s")
     print(f"2 processes / 1 process: {two / one:.2f}")
-    print("RESULT " + json.dumps({"bench": f"training, 2 processes x 1 device vs 1 process x 2 devices {size}",
-                                  "value": two, "baseline": one, "ratio": two / one, "unit": "img/s",
-                                  "baseline_name": "1 process x 2 devices"}))
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "bench": f"training, 2 processes x 1 device vs 1 process x 2 devices {size}",
+                "value": two,
+                "baseline": one,
+                "ratio": two / one,
+                "unit": "img/s",
+                "baseline_name": "1 process x 2 devices",
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

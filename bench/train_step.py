@@ -69,19 +69,30 @@ CHILD_FLAG = "--torch-xla-records"  # the torch_xla child: the records' folder i
 
 def settings(framework: str, args: argparse.Namespace, tmp: Path) -> list[str]:
     if args.model == "b0":
-        backbone = {"tf_keras": ["model.backbone=efficientnet", "model.efficientnet_weights=none"],
-                    "keras_jax": ["model.backbone=efficientnet", "model.efficientnet_weights=none"],
-                    "torch_xla": ["model.backbone=timm", "model.timm_model=efficientnet_b0", "model.timm_weights=none"]
-                    }[framework]
+        backbone = {
+            "tf_keras": ["model.backbone=efficientnet", "model.efficientnet_weights=none"],
+            "keras_jax": ["model.backbone=efficientnet", "model.efficientnet_weights=none"],
+            "torch_xla": ["model.backbone=timm", "model.timm_model=efficientnet_b0", "model.timm_weights=none"],
+        }[framework]
     else:
-        backbone = {"tf_keras": [f"model.hub_handle={tmp / 'backbone'}"],
-                    "keras_jax": ["model.backbone=keras", f"model.keras_backbone={tmp / 'backbone.keras'}"],
-                    "torch_xla": ["model.backbone=timm", f"model.timm_model={tmp / 'timm_backbone'}"]}[framework]
+        backbone = {
+            "tf_keras": [f"model.hub_handle={tmp / 'backbone'}"],
+            "keras_jax": ["model.backbone=keras", f"model.keras_backbone={tmp / 'backbone.keras'}"],
+            "torch_xla": ["model.backbone=timm", f"model.timm_model={tmp / 'timm_backbone'}"],
+        }[framework]
     if framework == "torch_xla":
         backbone += [f"runtime.cpu_devices={args.torch_devices}", f"train.torch_step={args.torch_step}"]
-    return [f"train.framework={framework}", *backbone, f"data.image_size={args.image_size}", "runtime.strategy=default",
-            f"train.batch_size={args.batch}", f"train.epochs={args.epochs + 1}", "train.export_float16=false",
-            f"train.steps_per_epoch={args.steps_per_epoch}", f"runtime.output_dir={tmp / 'out'}"]  # its compile cache
+    return [
+        f"train.framework={framework}",
+        *backbone,
+        f"data.image_size={args.image_size}",
+        "runtime.strategy=default",
+        f"train.batch_size={args.batch}",
+        f"train.epochs={args.epochs + 1}",
+        "train.export_float16=false",
+        f"train.steps_per_epoch={args.steps_per_epoch}",
+        f"runtime.output_dir={tmp / 'out'}",
+    ]  # its compile cache
 
 
 def measure(cfg, backend, args: argparse.Namespace, tmp: Path) -> dict:
@@ -98,8 +109,9 @@ def measure(cfg, backend, args: argparse.Namespace, tmp: Path) -> dict:
         return plan.task.target(labels, len(plan.class_names), plan.scaling)
 
     def make_dataset(ctx):
-        return make_train_dataset(records.train_files, cfg.data, InputShare(plan.global_batch, ctx), to_target,
-                                  records.schema, seed=0)
+        return make_train_dataset(
+            records.train_files, cfg.data, InputShare(plan.global_batch, ctx), to_target, records.schema, seed=0
+        )
 
     compiled = []  # torch_xla: the XLA graphs compiled so far, after each epoch
     seconds = timed_fit(backend, backend.distribute(make_dataset), plan, compiled=compiled)
@@ -110,14 +122,20 @@ def measure(cfg, backend, args: argparse.Namespace, tmp: Path) -> dict:
     in_memory = fit_in_memory(backend, arrays, plan, args.epochs + 1)  # the first compiles for arrays
     on_device = steps_on_device(backend, arrays, plan)
     runtime = backend.runtime()
-    return {"kernel": images_per_epoch / statistics.median(seconds[1:]),
-            "in_memory": images_per_epoch / statistics.median(in_memory[1:]),
-            "on_device": on_device and plan.global_batch / on_device, "optimizer_steps": optimizer_steps,
-            "planned": plan.total_steps, "steps_per_epoch": plan.steps_per_epoch,
-            "steps_per_execution": runtime.get("steps_per_execution"), "asked": cfg.train.steps_per_execution,
-            "epochs": plan.epochs, "policy": backend.precision()["policy"],
-            "compiled_first_epoch": compiled[0] if compiled else None,
-            "compiled_after": compiled[-1] - compiled[0] if compiled else None}
+    return {
+        "kernel": images_per_epoch / statistics.median(seconds[1:]),
+        "in_memory": images_per_epoch / statistics.median(in_memory[1:]),
+        "on_device": on_device and plan.global_batch / on_device,
+        "optimizer_steps": optimizer_steps,
+        "planned": plan.total_steps,
+        "steps_per_epoch": plan.steps_per_epoch,
+        "steps_per_execution": runtime.get("steps_per_execution"),
+        "asked": cfg.train.steps_per_execution,
+        "epochs": plan.epochs,
+        "policy": backend.precision()["policy"],
+        "compiled_first_epoch": compiled[0] if compiled else None,
+        "compiled_after": compiled[-1] - compiled[0] if compiled else None,
+    }
 
 
 def timed_fit(backend, data, plan, epochs: int | None = None, compiled: list | None = None) -> list[float]:
@@ -167,7 +185,7 @@ def steps_on_device(backend, arrays, plan, steps: int = 5) -> float | None:
         return None
     import jax
 
-    images, targets = (jax.device_put(a[:plan.global_batch]) for a in arrays)
+    images, targets = (jax.device_put(a[: plan.global_batch]) for a in arrays)
     model, seconds = backend.model, []
     for _ in range(steps + 1):
         start = time.perf_counter()
@@ -186,56 +204,109 @@ def torch_xla_in_child(args: argparse.Namespace, tmp: Path, step: str) -> dict |
     from tpu2gpu.backbones import save_tiny_timm_backbone
 
     save_tiny_timm_backbone(tmp / "timm_backbone")
-    sizes = [f"--image-size={args.image_size}", f"--batch={args.batch}", f"--epochs={args.epochs}",
-             f"--steps-per-epoch={args.steps_per_epoch}", f"--model={args.model}", f"--torch-step={step}",
-             f"--torch-devices={args.torch_devices}"]
+    sizes = [
+        f"--image-size={args.image_size}",
+        f"--batch={args.batch}",
+        f"--epochs={args.epochs}",
+        f"--steps-per-epoch={args.steps_per_epoch}",
+        f"--model={args.model}",
+        f"--torch-step={step}",
+        f"--torch-devices={args.torch_devices}",
+    ]
     run = subprocess.run([sys.executable, __file__, *sizes, CHILD_FLAG, str(tmp)], capture_output=True, text=True)
     if run.returncode:
         sys.exit(f"the torch_xla measurement failed:\n{run.stdout[-2000:]}{run.stderr[-3000:]}")
     figures = json.loads(run.stdout.split("FIGURES ")[1].splitlines()[0])
-    shares = re.findall(r"\[torch_xla\] epoch \d+: .*; \w+ step: (host \d+% of \d+ ms a step \(the devices computed "
-                        r"\d+ ms\))", run.stdout)
+    shares = re.findall(
+        r"\[torch_xla\] epoch \d+: .*; \w+ step: (host \d+% of \d+ ms a step \(the devices computed "
+        r"\d+ ms\))",
+        run.stdout,
+    )
     return {**figures, "host": shares[-1] if shares else None}
 
 
 def report(args: argparse.Namespace, figures: dict[str, dict]) -> None:
     size = f"({args.image_size}px, batch {args.batch}{', EfficientNet-B0' if args.model == 'b0' else ''})"
-    model = ("EfficientNet-B0, random weights" if args.model == "b0" else
-             f"tiny backbone (width {args.width}; torch_xla: timm MobileNetV3)")
-    print(f"{model} at {args.image_size}x{args.image_size}, global batch {args.batch}, one device each; {args.epochs} "
-          "timed epochs, medians")
+    model = (
+        "EfficientNet-B0, random weights"
+        if args.model == "b0"
+        else f"tiny backbone (width {args.width}; torch_xla: timm MobileNetV3)"
+    )
+    print(
+        f"{model} at {args.image_size}x{args.image_size}, global batch {args.batch}, one device each; {args.epochs} "
+        "timed epochs, medians"
+    )
     print(f"{'framework':18} {'kernel path':>12} {'in memory':>12} {'ratio':>6} {'on device':>12}  optimiser steps")
     for framework, f in figures.items():
         if f["compiled_first_epoch"] is not None:
             detail = f"XLA graphs compiled: {f['compiled_first_epoch']} in epoch 1, {f['compiled_after']} after"
         else:
-            detail = (f"steps_per_execution {f['steps_per_execution']}" +
-                      (f" (train.steps_per_execution={f['asked']})" if f["steps_per_execution"] != f["asked"] else ""))
+            detail = f"steps_per_execution {f['steps_per_execution']}" + (
+                f" (train.steps_per_execution={f['asked']})" if f["steps_per_execution"] != f["asked"] else ""
+            )
         on_device = f"{f['on_device']:6.0f} img/s" if f.get("on_device") else f"{'-':>12}"
         if f.get("host"):
             detail += f"; {1000 * args.batch / f['kernel']:.0f} ms a step, {f['host']}"
-        print(f"{framework:18} {f['kernel']:8.0f} img/s {f['in_memory']:6.0f} img/s {f['kernel'] / f['in_memory']:6.2f}"
-              f" {on_device}  {f['optimizer_steps']} of {f['planned']} planned ({f['epochs']} x "
-              f"{f['steps_per_epoch']}){skipped(f)}; {detail}")
-        print("RESULT " + json.dumps({"bench": f"training kernel path, {framework} {size}", "value": f["kernel"],
-                                      "baseline": f["in_memory"], "ratio": f["kernel"] / f["in_memory"],
-                                      "unit": "img/s", "baseline_name": "the same model on in-memory batches"}))
+        print(
+            f"{framework:18} {f['kernel']:8.0f} img/s {f['in_memory']:6.0f} img/s {f['kernel'] / f['in_memory']:6.2f}"
+            f" {on_device}  {f['optimizer_steps']} of {f['planned']} planned ({f['epochs']} x "
+            f"{f['steps_per_epoch']}){skipped(f)}; {detail}"
+        )
+        print(
+            "RESULT "
+            + json.dumps(
+                {
+                    "bench": f"training kernel path, {framework} {size}",
+                    "value": f["kernel"],
+                    "baseline": f["in_memory"],
+                    "ratio": f["kernel"] / f["in_memory"],
+                    "unit": "img/s",
+                    "baseline_name": "the same model on in-memory batches",
+                }
+            )
+        )
     if "torch_xla/compiled" in figures and "torch_xla/lazy" in figures:
         compiled, lazy = (1000 * args.batch / figures[f"torch_xla/{step}"]["kernel"] for step in ("compiled", "lazy"))
-        print(f"torch_xla compiled / lazy step on the kernel path: {compiled / lazy:.2f} ({compiled:.0f} against "
-              f"{lazy:.0f} ms a step, {args.torch_devices} XLA device(s))")
-        print("RESULT " + json.dumps({"bench": f"training, torch_xla compiled vs lazy step {size}", "value": compiled,
-                                      "baseline": lazy, "ratio": compiled / lazy, "unit": "ms/step",
-                                      "baseline_name": "train.torch_step=lazy"}))
+        print(
+            f"torch_xla compiled / lazy step on the kernel path: {compiled / lazy:.2f} ({compiled:.0f} against "
+            f"{lazy:.0f} ms a step, {args.torch_devices} XLA device(s))"
+        )
+        print(
+            "RESULT "
+            + json.dumps(
+                {
+                    "bench": f"training, torch_xla compiled vs lazy step {size}",
+                    "value": compiled,
+                    "baseline": lazy,
+                    "ratio": compiled / lazy,
+                    "unit": "ms/step",
+                    "baseline_name": "train.torch_step=lazy",
+                }
+            )
+        )
     if "tf_keras" in figures and "keras_jax" in figures:
         tf_keras, keras_jax = figures["tf_keras"], figures["keras_jax"]
         print(f"keras_jax / tf_keras on the kernel path: {keras_jax['kernel'] / tf_keras['kernel']:.2f}")
-        print("RESULT " + json.dumps({"bench": f"training, keras_jax vs tf_keras kernel path {size}",
-                                      "value": keras_jax["kernel"], "baseline": tf_keras["kernel"],
-                                      "ratio": keras_jax["kernel"] / tf_keras["kernel"], "unit": "img/s",
-                                      "baseline_name": "tf_keras"}))
-    wrong = {name: f for name, f in figures.items() if f["compiled_after"] or f["optimizer_steps"] > f["planned"] or
-             (f["optimizer_steps"] < f["planned"] and f["policy"] != "mixed_float16")}
+        print(
+            "RESULT "
+            + json.dumps(
+                {
+                    "bench": f"training, keras_jax vs tf_keras kernel path {size}",
+                    "value": keras_jax["kernel"],
+                    "baseline": tf_keras["kernel"],
+                    "ratio": keras_jax["kernel"] / tf_keras["kernel"],
+                    "unit": "img/s",
+                    "baseline_name": "tf_keras",
+                }
+            )
+        )
+    wrong = {
+        name: f
+        for name, f in figures.items()
+        if f["compiled_after"]
+        or f["optimizer_steps"] > f["planned"]
+        or (f["optimizer_steps"] < f["planned"] and f["policy"] != "mixed_float16")
+    }
     if wrong:
         sys.exit(f"the optimiser's step count is not the plan's, or a graph compiled after the first epoch: {wrong}")
 
@@ -256,9 +327,14 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3, help="timed epochs after the first (medians)")
     parser.add_argument("--steps-per-epoch", type=int, default=0, help="0: every training record once an epoch")
     parser.add_argument("--smoke", action="store_true", help=f"toy sizes, seconds; the figures mean nothing: {SMOKE}")
-    parser.add_argument("--frameworks", nargs="+", choices=(*FRAMEWORKS, "torch_xla"), default=None,
-                        help="the routes to measure (default: all; on a GPU machine with tensorflow-cpu, keras_jax: "
-                             "tf_keras would train on its CPU)")
+    parser.add_argument(
+        "--frameworks",
+        nargs="+",
+        choices=(*FRAMEWORKS, "torch_xla"),
+        default=None,
+        help="the routes to measure (default: all; on a GPU machine with tensorflow-cpu, keras_jax: "
+        "tf_keras would train on its CPU)",
+    )
     parser.add_argument("--torch-devices", type=int, default=1, help="torch_xla: XLA CPU devices (SPMD over them)")
     parser.add_argument("--torch-step", choices=("compiled", "lazy"), default="compiled", help=argparse.SUPPRESS)
     parser.add_argument(CHILD_FLAG, type=Path, help=argparse.SUPPRESS)

@@ -52,8 +52,11 @@ def write_records(folder: Path, megabytes: int, shards: int) -> tuple[dict, list
                 writer.write(serialize_example(rng.bytes(IMAGE_BYTES), f"id{index}-{k}", 0, RecordSchema()))
         entries.append({"file": path.name, "count": per_shard, "bytes": path.stat().st_size})
         files.append(path)
-    manifest = {"format": MANIFEST_FORMAT, "complete": True,
-                "splits": {"train": {"count": per_shard * shards, "shards": entries}}}
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "complete": True,
+        "splits": {"train": {"count": per_shard * shards, "shards": entries}},
+    }
     (folder / MANIFEST_NAME).write_text(json.dumps(manifest))
     return manifest, files
 
@@ -83,11 +86,23 @@ def main() -> None:
         size_check = best_of(repeats, lambda: check_shards(manifest, str(folder), ["train"]))
         full = best_of(repeats, lambda: damaged_files([str(f) for f in files]))
         plain = best_of(repeats, lambda: [f.read_bytes() for f in files])
-    print(f"{gigabytes:.3f} GB in {len(files)} shards: size check {size_check * 1e3:.2f} ms, full check {full:.2f} s "
-          f"({full / gigabytes:.2f} s per GB), plain read {plain:.2f} s ({plain / gigabytes:.2f} s per GB)")
-    print("RESULT " + json.dumps({"bench": f"full record check, {gigabytes:.2f} GB from the page cache",
-                                  "value": gigabytes * 1e3 / full, "baseline": gigabytes * 1e3 / plain,
-                                  "ratio": plain / full, "unit": "MB/s", "baseline_name": "Python read()"}))
+    print(
+        f"{gigabytes:.3f} GB in {len(files)} shards: size check {size_check * 1e3:.2f} ms, full check {full:.2f} s "
+        f"({full / gigabytes:.2f} s per GB), plain read {plain:.2f} s ({plain / gigabytes:.2f} s per GB)"
+    )
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "bench": f"full record check, {gigabytes:.2f} GB from the page cache",
+                "value": gigabytes * 1e3 / full,
+                "baseline": gigabytes * 1e3 / plain,
+                "ratio": plain / full,
+                "unit": "MB/s",
+                "baseline_name": "Python read()",
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

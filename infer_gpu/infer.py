@@ -48,23 +48,30 @@ def competition_template(cfg):
     """sample_submission.csv of the competition folder: the test ids, their order and the submission's columns."""
     competition = Path(resolve_data_path(cfg.runtime.competition_dir)) if cfg.runtime.competition_dir else None
     if competition is None or not (competition / cfg.data.test_csv).is_file():
-        raise UserError(f"no {cfg.data.test_csv} found: set runtime.competition_dir to the competition folder, which "
-                        "gives the test ids and the submission's columns")
+        raise UserError(
+            f"no {cfg.data.test_csv} found: set runtime.competition_dir to the competition folder, which "
+            "gives the test ids and the submission's columns"
+        )
     return read_template(competition / cfg.data.test_csv, cfg.data.id_column)
 
 
 def describe_members(members, precision: str) -> str:
-    computation = "float32 graphs, TensorFlow's automatic mixed precision rewrite on" if precision == "amp" \
+    computation = (
+        "float32 graphs, TensorFlow's automatic mixed precision rewrite on"
+        if precision == "amp"
         else f"{precision} computation"
-    return (f"[infer] {len(members)} {members[0].card.task} export(s), {computation}: "
-            + ", ".join(f"{m.export} (weight {m.weight:.2f})" if m.weight != 1 else str(m.export) for m in members))
+    )
+    return f"[infer] {len(members)} {members[0].card.task} export(s), {computation}: " + ", ".join(
+        f"{m.export} (weight {m.weight:.2f})" if m.weight != 1 else str(m.export) for m in members
+    )
 
 
 def write_probabilities(path: Path, template, ids, predictions, names) -> None:
     """probabilities.csv: every model output per test id, in the template's order, for blending."""
     position = {i: k for k, i in enumerate(ids)}
-    write_csv_atomically(path, [template.id_column, *names],
-                         [[i, *map(decimal_text, predictions[position[i]])] for i in template.ids])
+    write_csv_atomically(
+        path, [template.id_column, *names], [[i, *map(decimal_text, predictions[position[i]])] for i in template.ids]
+    )
 
 
 def write_time(plan, infer_cfg, strategy, path: Path) -> None:
@@ -73,14 +80,24 @@ def write_time(plan, infer_cfg, strategy, path: Path) -> None:
     if plan is None:
         path.unlink(missing_ok=True)
         return
-    expected = plan.expected(infer_cfg.expected_test_images, lambda untimed, samples: time_units(
-        untimed, samples, infer_cfg.batch_size, strategy, plan)) if infer_cfg.expected_test_images else None
+    expected = (
+        plan.expected(
+            infer_cfg.expected_test_images,
+            lambda untimed, samples: time_units(untimed, samples, infer_cfg.batch_size, strategy, plan),
+        )
+        if infer_cfg.expected_test_images
+        else None
+    )
     record = plan.record(expected)
     write_time_record(path, record)
     shed = [what for step in plan.shed for what in step["what"]]
-    print(f"[infer] time: finished at {clock_text(record['finished_at_seconds'])} of the kernel"
-          + ("" if plan.limit is None else f" ({infer_cfg.time_limit} limit)")
-          + (f"; shed {', '.join(shed)}" if shed else "; nothing shed") + f"; wrote {path}", flush=True)
+    print(
+        f"[infer] time: finished at {clock_text(record['finished_at_seconds'])} of the kernel"
+        + ("" if plan.limit is None else f" ({infer_cfg.time_limit} limit)")
+        + (f"; shed {', '.join(shed)}" if shed else "; nothing shed")
+        + f"; wrote {path}",
+        flush=True,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,8 +135,14 @@ def main(argv: list[str] | None = None) -> int:
     plan = time_plan(cfg.infer, units, rows=len(template.ids))  # infer.time_limit (common/inference/time_plan.py)
     ids, predictions = ensemble_predict(units, batches_for, strategy, plan)
     # what TensorFlow could not decode: read with Pillow, or named and given the fallback (common/inference/unread.py)
-    ids, predictions, bad = predict_unread(card, source, template, (ids, predictions), cfg.infer,
-                                           lambda batches: ensemble_predict(units, batches, strategy, plan))
+    ids, predictions, bad = predict_unread(
+        card,
+        source,
+        template,
+        (ids, predictions),
+        cfg.infer,
+        lambda batches: ensemble_predict(units, batches, strategy, plan),
+    )
     rows = submission_rows(template, ids, predictions, task, card.class_names, thresholds)
     out = output_dir(cfg.runtime.output_dir, "runs/infer")
     write_csv_atomically(out / cfg.infer.submission, template.header, rows)
@@ -127,9 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.infer.save_probabilities:
         write_probabilities(out / "probabilities.csv", template, ids, predictions, task.output_names(card.class_names))
     shed = " (before the time plan shed some)" if plan is not None and plan.shed else ""
-    print(f"[infer] {len(rows)} predictions, {len(members)} export(s) x {len(units) // len(members)} view(s){shed},"
-          f" {len(rows) / (time.perf_counter() - start):.0f} images/s overall; wrote {out / cfg.infer.submission}",
-          flush=True)
+    print(
+        f"[infer] {len(rows)} predictions, {len(members)} export(s) x {len(units) // len(members)} view(s){shed},"
+        f" {len(rows) / (time.perf_counter() - start):.0f} images/s overall; wrote {out / cfg.infer.submission}",
+        flush=True,
+    )
     write_time(plan, cfg.infer, strategy, out / TIME_RECORD)
     return 0
 

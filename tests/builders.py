@@ -29,8 +29,16 @@ TENSORFLOW_ALONE = f"import sys; sys.modules.update(dict.fromkeys({BLOCKED_IN_CH
 def checkout_copy(destination: Path, link_venv: bool = False) -> Path:
     """This checkout's tracked and unignored files (what a clone of it holds, uncommitted changes included), and with
     link_venv its .venv linked in: commands run there write runs/ and build/ there, not into the user's checkout."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                            capture_output=True, check=True).stdout.decode().split("\0")
+    listed = (
+        subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=REPO,
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for name in filter(None, listed):
         if (REPO / name).is_file():
             (destination / name).parent.mkdir(parents=True, exist_ok=True)
@@ -40,13 +48,15 @@ def checkout_copy(destination: Path, link_venv: bool = False) -> Path:
         # ./dev in the copy would install into the shared .venv from the copy, pointing its editable install there.
         assert (REPO / ".venv" / stamp).is_file(), (
             ".venv was not installed from this pyproject.toml (./dev stamps its install), and ./dev in the copy "
-            "would install it from the copy. Fix: run ./dev test (or ./dev --help) once, then pytest")
+            "would install it from the copy. Fix: run ./dev test (or ./dev --help) once, then pytest"
+        )
         (destination / ".venv").symlink_to(REPO / ".venv")
     return destination
 
 
-def kill_after_epochs(command: list[str], progress: Path, epochs: int, timeout: float = 300,
-                      env: dict | None = None) -> int:
+def kill_after_epochs(
+    command: list[str], progress: Path, epochs: int, timeout: float = 300, env: dict | None = None
+) -> int:
     """Start a training run (or the demo) in `env` (default: this one), SIGKILL it and every process it started once
     its progress.json counts `epochs` checkpointed epochs (a session that ends, or worse), and return the epochs its
     checkpoint holds."""
@@ -91,8 +101,11 @@ def run_inference_kernel(argv: list[str]) -> subprocess.CompletedProcess:
 def run_inference_kernels(argvs: list[list[str]], blocked: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     """main(argv) for each argv in turn, in one such interpreter (TensorFlow imported once), where the `blocked`
     modules cannot be imported either; it stops at the first that fails."""
-    code = (TENSORFLOW_ALONE + "".join(f"sys.modules[{name!r}] = None; " for name in blocked) +
-            f"from infer_gpu.infer import main; sys.exit(next(filter(None, map(main, {argvs!r})), 0))")
+    code = (
+        TENSORFLOW_ALONE
+        + "".join(f"sys.modules[{name!r}] = None; " for name in blocked)
+        + f"from infer_gpu.infer import main; sys.exit(next(filter(None, map(main, {argvs!r})), 0))"
+    )
     return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
 
 
@@ -187,8 +200,18 @@ def task_competition(demo_dir: Path, root: Path, task: str) -> tuple[Path, list[
 
 # Ten of Kaggle's Plant Seedlings classes, one per digit: names with spaces and hyphens, sorted in another order than
 # the digits, so the mapping from folder to class index is exercised.
-PLANTS = ("Black-grass", "Charlock", "Cleavers", "Common Chickweed", "Common wheat", "Fat Hen", "Loose Silky-bent",
-          "Maize", "Scentless Mayweed", "Shepherds Purse")
+PLANTS = (
+    "Black-grass",
+    "Charlock",
+    "Cleavers",
+    "Common Chickweed",
+    "Common wheat",
+    "Fat Hen",
+    "Loose Silky-bent",
+    "Maize",
+    "Scentless Mayweed",
+    "Shepherds Purse",
+)
 
 
 def plant_competitions(demo_dir: Path, root: Path, per_class: int, n_test: int) -> tuple[Path, Path, list[dict]]:
@@ -207,8 +230,10 @@ def plant_competitions(demo_dir: Path, root: Path, per_class: int, n_test: int) 
         for target in (folders / "train" / plant / name, with_csv / "train" / name):
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(demo_dir / "train" / name, target)
-    answers = [{"file": f"{r['id']}.png", "species": PLANTS[DIGITS.index(r["label"])]}
-               for r in read_csv(demo_dir / "solution.csv")[:n_test]]
+    answers = [
+        {"file": f"{r['id']}.png", "species": PLANTS[DIGITS.index(r["label"])]}
+        for r in read_csv(demo_dir / "solution.csv")[:n_test]
+    ]
     for competition in (folders, with_csv):
         (competition / "test").mkdir()
         for answer in answers:
@@ -224,11 +249,13 @@ def verify_batch_difference(python, export: Path) -> float:
     import os
     import subprocess
 
-    code = (TENSORFLOW_ALONE + "\nimport numpy as np, tensorflow as tf\n"
-            f"loaded = tf.saved_model.load({str(export / 'saved_model')!r})\n"
-            f"batch = np.load({str(export / 'verify_batch.npz')!r})\n"
-            "out = loaded.signatures['serving_default'](images=tf.constant(batch['images']))['predictions']\n"
-            "print(float(np.max(np.abs(out.numpy() - batch['predictions']))))")
+    code = (
+        TENSORFLOW_ALONE + "\nimport numpy as np, tensorflow as tf\n"
+        f"loaded = tf.saved_model.load({str(export / 'saved_model')!r})\n"
+        f"batch = np.load({str(export / 'verify_batch.npz')!r})\n"
+        "out = loaded.signatures['serving_default'](images=tf.constant(batch['images']))['predictions']\n"
+        "print(float(np.max(np.abs(out.numpy() - batch['predictions']))))"
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     run = subprocess.run([str(python), "-c", code], capture_output=True, text=True, cwd=export, env=env)
     assert run.returncode == 0, run.stderr[-2000:]

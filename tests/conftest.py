@@ -49,8 +49,10 @@ def demo_dir(tmp_path_factory):
     anything)."""
     from tpu2gpu.demo_data import make_demo_competition
 
-    return made_once(tmp_path_factory, "demo", lambda folder: make_demo_competition(folder / "competition")
-                     ) / "competition"
+    return (
+        made_once(tmp_path_factory, "demo", lambda folder: make_demo_competition(folder / "competition"))
+        / "competition"
+    )
 
 
 @pytest.fixture(scope="session")
@@ -59,8 +61,12 @@ def demo_records(demo_dir, tmp_path_factory):
     from common.core.config import Config
     from common.data.conversion import convert_competition
 
-    out = made_once(tmp_path_factory, "records", lambda folder: convert_competition(demo_dir, folder / "tfrec",
-                                                                                    Config().data)) / "tfrec"
+    out = (
+        made_once(
+            tmp_path_factory, "records", lambda folder: convert_competition(demo_dir, folder / "tfrec", Config().data)
+        )
+        / "tfrec"
+    )
     return out, json.loads((out / "manifest.json").read_text())
 
 
@@ -69,8 +75,10 @@ def tiny_backbone(tmp_path_factory):
     """A small SavedModel with the TF Hub feature-vector contract, loaded through hub.KerasLayer like EfficientNet."""
     from tpu2gpu.backbones import save_tiny_backbone
 
-    return made_once(tmp_path_factory, "hub", lambda folder: save_tiny_backbone(folder / "tiny_backbone", width=8)
-                     ) / "tiny_backbone"
+    return (
+        made_once(tmp_path_factory, "hub", lambda folder: save_tiny_backbone(folder / "tiny_backbone", width=8))
+        / "tiny_backbone"
+    )
 
 
 @pytest.fixture(scope="session")
@@ -78,8 +86,14 @@ def plain_backbone(tmp_path_factory):
     """The same without batch normalisation: its gradient does not depend on how a batch is split over replicas."""
     from tpu2gpu.backbones import save_tiny_backbone
 
-    return made_once(tmp_path_factory, "plain-hub", lambda folder: save_tiny_backbone(
-        folder / "plain_backbone", width=8, batch_norm=False)) / "plain_backbone"
+    return (
+        made_once(
+            tmp_path_factory,
+            "plain-hub",
+            lambda folder: save_tiny_backbone(folder / "plain_backbone", width=8, batch_norm=False),
+        )
+        / "plain_backbone"
+    )
 
 
 def made_once(tmp_path_factory, name: str, make) -> Path:
@@ -103,8 +117,12 @@ def tiny_keras_backbone(tmp_path_factory):
     """The same small network under Keras 3 as a .keras file: the keras_jax route's backbone (model.backbone=keras)."""
     from tpu2gpu.backbones import save_tiny_keras_backbone
 
-    return made_once(tmp_path_factory, "keras", lambda folder: save_tiny_keras_backbone(
-        folder / "tiny_backbone.keras", width=8)) / "tiny_backbone.keras"
+    return (
+        made_once(
+            tmp_path_factory, "keras", lambda folder: save_tiny_keras_backbone(folder / "tiny_backbone.keras", width=8)
+        )
+        / "tiny_backbone.keras"
+    )
 
 
 @pytest.fixture(scope="session")
@@ -113,8 +131,9 @@ def tiny_timm_backbone(tmp_path_factory):
     (model.backbone=timm). Made in a worker that imports torch and timm, never torch_xla (TensorFlow is loaded)."""
     from tpu2gpu.backbones import save_tiny_timm_backbone
 
-    return made_once(tmp_path_factory, "timm", lambda folder: save_tiny_timm_backbone(folder / "tiny_timm")
-                     ) / "tiny_timm"
+    return (
+        made_once(tmp_path_factory, "timm", lambda folder: save_tiny_timm_backbone(folder / "tiny_timm")) / "tiny_timm"
+    )
 
 
 @pytest.fixture(scope="session")
@@ -136,8 +155,12 @@ def real_weights():
             env = {**os.environ, "KERAS_BACKEND": "tensorflow"}
             env.pop("TF_USE_LEGACY_KERAS", None)
             partial = Path(tempfile.mkdtemp(prefix=".partial-", dir=cache))
-            run = subprocess.run([sys.executable, str(Path(__file__).parent / "real_weights.py"), str(partial)],
-                                 capture_output=True, text=True, env=env)
+            run = subprocess.run(
+                [sys.executable, str(Path(__file__).parent / "real_weights.py"), str(partial)],
+                capture_output=True,
+                text=True,
+                env=env,
+            )
             assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
             partial.rename(folder)
     return folder
@@ -149,9 +172,18 @@ def train_argv(demo_records, tiny_backbone, tmp_path):
     records_dir, _ = demo_records
 
     def argv(*overrides: str) -> list[str]:
-        base = [f"runtime.tfrecords={records_dir}", f"model.hub_handle={tiny_backbone}", "data.image_size=16",
-                "train.fold=0", "train.epochs=2", "train.steps_per_epoch=4", "train.steps_per_execution=2",
-                "train.batch_size_per_replica=16", "train.learning_rate=0.05", f"runtime.output_dir={tmp_path / 'out'}"]
+        base = [
+            f"runtime.tfrecords={records_dir}",
+            f"model.hub_handle={tiny_backbone}",
+            "data.image_size=16",
+            "train.fold=0",
+            "train.epochs=2",
+            "train.steps_per_epoch=4",
+            "train.steps_per_execution=2",
+            "train.batch_size_per_replica=16",
+            "train.learning_rate=0.05",
+            f"runtime.output_dir={tmp_path / 'out'}",
+        ]
         return [arg for item in [*base, *overrides] for arg in ("--set", item)]
 
     return argv
@@ -163,9 +195,17 @@ def trained_export(demo_records, tiny_backbone, tmp_path_factory):
     from train_tpu.train import main as train_main
 
     def train(out: Path) -> None:
-        settings = [f"runtime.tfrecords={demo_records[0]}", f"model.hub_handle={tiny_backbone}", "data.image_size=16",
-                    "train.fold=0", "train.epochs=2", "train.steps_per_epoch=4", "train.batch_size_per_replica=16",
-                    "train.learning_rate=0.05", f"runtime.output_dir={out}"]
+        settings = [
+            f"runtime.tfrecords={demo_records[0]}",
+            f"model.hub_handle={tiny_backbone}",
+            "data.image_size=16",
+            "train.fold=0",
+            "train.epochs=2",
+            "train.steps_per_epoch=4",
+            "train.batch_size_per_replica=16",
+            "train.learning_rate=0.05",
+            f"runtime.output_dir={out}",
+        ]
         assert train_main([a for s in settings for a in ("--set", s)]) == 0
 
     return made_once(tmp_path_factory, "trained", train) / "export"  # read-only: copy it before changing anything
@@ -179,9 +219,17 @@ def efficientnet_export(demo_records, tmp_path_factory):
 
     records_dir, _ = demo_records
     out = tmp_path_factory.mktemp("efficientnet")
-    settings = [f"runtime.tfrecords={records_dir}", "model.backbone=efficientnet", "model.efficientnet_weights=none",
-                "data.image_size=32", "train.fold=0", "train.epochs=1", "train.steps_per_epoch=2",
-                "train.batch_size_per_replica=8", f"runtime.output_dir={out}"]
+    settings = [
+        f"runtime.tfrecords={records_dir}",
+        "model.backbone=efficientnet",
+        "model.efficientnet_weights=none",
+        "data.image_size=32",
+        "train.fold=0",
+        "train.epochs=1",
+        "train.steps_per_epoch=2",
+        "train.batch_size_per_replica=8",
+        f"runtime.output_dir={out}",
+    ]
     assert train_main([a for s in settings for a in ("--set", s)]) == 0
     return out / "export"
 
@@ -227,8 +275,9 @@ LONGEST_FIRST = (
 )
 # Each of these parametrised tests' cases takes 14-20 CPU-s: ranked case by case, after the test of about that cost.
 LONGEST_FIRST_CASES = {
-    "test_jax_route.py::test_each_task_trains_with_keras_on_jax_and_exports_the_same_contract":
-        "test_bench.py::test_run_all_smoke_prints_a_row_of_real_figures_per_benchmark",
+    "test_jax_route.py::test_each_task_trains_with_keras_on_jax_and_exports_the_same_contract": (
+        "test_bench.py::test_run_all_smoke_prints_a_row_of_real_figures_per_benchmark"
+    ),
 }
 
 

@@ -41,10 +41,16 @@ from pathlib import Path
 NAMES = ("www.googleapis.com", "storage.googleapis.com", "oauth2.googleapis.com", "metadata.google.internal")
 TOKEN = "ya29.fake-gcs-token-4f1d"  # the one bearer token the bucket accepts (and the token endpoint gives)
 ACCOUNT = "trainer@tpu2gpu-tests.iam.gserviceaccount.com"
-GCS_ENV = {"GOOGLE_AUTH_TOKEN_FOR_TESTING": TOKEN, "NO_GCE_CHECK": "true", "GCS_REQUEST_CONNECTION_TIMEOUT_SECS": "5",
-           "GCS_WRITE_REQUEST_TIMEOUT_SECS": "10", "GCS_READ_REQUEST_TIMEOUT_SECS": "10",
-           "GCS_METADATA_REQUEST_TIMEOUT_SECS": "5", "GCS_RETRY_CONFIG_MAX_RETRIES": "1",
-           "GCS_RETRY_CONFIG_INIT_DELAY_TIME_US": "1000"}
+GCS_ENV = {
+    "GOOGLE_AUTH_TOKEN_FOR_TESTING": TOKEN,
+    "NO_GCE_CHECK": "true",
+    "GCS_REQUEST_CONNECTION_TIMEOUT_SECS": "5",
+    "GCS_WRITE_REQUEST_TIMEOUT_SECS": "10",
+    "GCS_READ_REQUEST_TIMEOUT_SECS": "10",
+    "GCS_METADATA_REQUEST_TIMEOUT_SECS": "5",
+    "GCS_RETRY_CONFIG_MAX_RETRIES": "1",
+    "GCS_RETRY_CONFIG_INIT_DELAY_TIME_US": "1000",
+}
 SCRIPT = """set -euo pipefail
 if ip -o link show | grep -qv ': lo:'; then echo "fake_gcs: not in a private network namespace" >&2; exit 97; fi
 ip link set lo up
@@ -75,10 +81,28 @@ def certificate(folder: Path) -> tuple[Path, Path]:
     """A self-signed certificate for Google's storage names (made once per folder)."""
     cert, key = folder / "gcs-cert.pem", folder / "gcs-key.pem"
     if not cert.is_file():
-        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "30", "-keyout", str(key),
-                        "-out", str(cert), "-subj", "/CN=www.googleapis.com",
-                        "-addext", "subjectAltName=" + ",".join(f"DNS:{n}" for n in NAMES[:3])],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [
+                "openssl",
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "30",
+                "-keyout",
+                str(key),
+                "-out",
+                str(cert),
+                "-subj",
+                "/CN=www.googleapis.com",
+                "-addext",
+                "subjectAltName=" + ",".join(f"DNS:{n}" for n in NAMES[:3]),
+            ],
+            check=True,
+            capture_output=True,
+        )
     return cert, key
 
 
@@ -89,17 +113,30 @@ def service_account_key(folder: Path) -> tuple[Path, Path]:
     if not key_file.is_file():
         folder.mkdir(parents=True, exist_ok=True)
         private = subprocess.run(["openssl", "genrsa", "2048"], check=True, capture_output=True, text=True).stdout
-        public.write_text(subprocess.run(["openssl", "rsa", "-pubout"], input=private, check=True, capture_output=True,
-                                         text=True).stdout)
-        key_file.write_text(json.dumps({
-            "type": "service_account", "project_id": "tpu2gpu-tests", "private_key_id": "0" * 40,
-            "private_key": private, "client_email": ACCOUNT, "client_id": "1" * 21,
-            "token_uri": "https://oauth2.googleapis.com/token"}))
+        public.write_text(
+            subprocess.run(
+                ["openssl", "rsa", "-pubout"], input=private, check=True, capture_output=True, text=True
+            ).stdout
+        )
+        key_file.write_text(
+            json.dumps(
+                {
+                    "type": "service_account",
+                    "project_id": "tpu2gpu-tests",
+                    "private_key_id": "0" * 40,
+                    "private_key": private,
+                    "client_email": ACCOUNT,
+                    "client_id": "1" * 21,
+                    "token_uri": "https://oauth2.googleapis.com/token",
+                }
+            )
+        )
     return key_file, public
 
 
-def run_with_gcs(command: list[str], folder: Path, buckets: list[str], env: dict | None = None,
-                 timeout: int = 600) -> subprocess.CompletedProcess:
+def run_with_gcs(
+    command: list[str], folder: Path, buckets: list[str], env: dict | None = None, timeout: int = 600
+) -> subprocess.CompletedProcess:
     """`command` in a network namespace of its own, with the fake GCS serving `buckets` (empty at the start). The
     bucket takes only TOKEN, which GCS_ENV hands TensorFlow; env's None values remove a variable (e.g. that one)."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -110,14 +147,29 @@ def run_with_gcs(command: list[str], folder: Path, buckets: list[str], env: dict
     hosts.write_text(f"127.0.0.1 localhost {socket.gethostname()}\n127.0.0.1 " + " ".join(NAMES) + "\n")
     script = folder / "fake_gcs.sh"
     script.write_text(SCRIPT)
-    run_env = {**os.environ, **GCS_ENV, "CURL_CA_BUNDLE": str(cert), "FAKE_GCS_KEY": str(key),
-               "FAKE_GCS_HOSTS": str(hosts), "FAKE_GCS_PYTHON": sys.executable, "FAKE_GCS_SERVER": __file__,
-               "FAKE_GCS_LOG": str(folder / "fake_gcs.log"), "FAKE_GCS_WRITES_LEFT": str(folder / "writes-left"),
-               "FAKE_GCS_BUCKETS": " ".join(f"--bucket {b}" for b in buckets), "FAKE_GCS_TOKEN": TOKEN,
-               "FAKE_GCS_ACCOUNT": ACCOUNT, "FAKE_GCS_ACCOUNT_PUBLIC_KEY": str(public)}
+    run_env = {
+        **os.environ,
+        **GCS_ENV,
+        "CURL_CA_BUNDLE": str(cert),
+        "FAKE_GCS_KEY": str(key),
+        "FAKE_GCS_HOSTS": str(hosts),
+        "FAKE_GCS_PYTHON": sys.executable,
+        "FAKE_GCS_SERVER": __file__,
+        "FAKE_GCS_LOG": str(folder / "fake_gcs.log"),
+        "FAKE_GCS_WRITES_LEFT": str(folder / "writes-left"),
+        "FAKE_GCS_BUCKETS": " ".join(f"--bucket {b}" for b in buckets),
+        "FAKE_GCS_TOKEN": TOKEN,
+        "FAKE_GCS_ACCOUNT": ACCOUNT,
+        "FAKE_GCS_ACCOUNT_PUBLIC_KEY": str(public),
+    }
     run_env = {k: v for k, v in {**run_env, **(env or {})}.items() if v is not None}
-    return subprocess.run(["unshare", "--net", "--mount", "--fork", "bash", str(script), *command], env=run_env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        ["unshare", "--net", "--mount", "--fork", "bash", str(script), *command],
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 # ------------------------------------------------------------------------------------------------------ the server
@@ -223,8 +275,11 @@ class _Access:
         with tempfile.NamedTemporaryFile() as signed:
             signed.write(raw)
             signed.flush()
-            check = subprocess.run(["openssl", "dgst", "-sha256", "-verify", self.public_key, "-signature",
-                                    signed.name], input=f"{header}.{payload}".encode(), capture_output=True)
+            check = subprocess.run(
+                ["openssl", "dgst", "-sha256", "-verify", self.public_key, "-signature", signed.name],
+                input=f"{header}.{payload}".encode(),
+                capture_output=True,
+            )
         return self.token if check.returncode == 0 else None
 
 
@@ -248,8 +303,11 @@ def checked_handler(base, access: _Access, writes: _WritesLeft):
             if self.path.startswith("/oauth2/"):  # the token endpoint of a service-account key
                 form = urllib.parse.parse_qs((_read_raw_data(self) or b"").decode())
                 token = access.grant(form)
-                return self._answer(200, {"access_token": token, "token_type": "Bearer", "expires_in": 3600}) \
-                    if token else self._answer(400, {"error": "invalid_grant"})
+                return (
+                    self._answer(200, {"access_token": token, "token_type": "Bearer", "expires_in": 3600})
+                    if token
+                    else self._answer(400, {"error": "invalid_grant"})
+                )
             if self.headers.get("Authorization") != f"Bearer {access.token}":
                 _read_raw_data(self)  # the body, read and dropped
                 return self._answer(401, {"error": {"code": 401, "message": "Invalid Credentials"}})

@@ -94,8 +94,10 @@ class KaggleRecorder:
     def _kernel_output(self, body: dict) -> dict:
         names, size = sorted(self.kernel_outputs), body.get("pageSize") or 20
         start = int(body.get("pageToken") or 0)
-        answer = {"files": [{"fileName": n, "url": f"{self.BASE}/files/{quote(n)}"}
-                            for n in names[start:start + size]], "log": self.kernel_log}
+        answer = {
+            "files": [{"fileName": n, "url": f"{self.BASE}/files/{quote(n)}"} for n in names[start : start + size]],
+            "log": self.kernel_log,
+        }
         if start + size < len(names):
             answer["nextPageToken"] = str(start + size)
         return answer
@@ -110,8 +112,12 @@ class KaggleRecorder:
 
     def _save_kernel(self, body: dict) -> dict:
         slug = body.get("slug", "owner/kernel")
-        return {"ref": f"/code/{slug}", "url": f"https://www.kaggle.com/code/{slug}",
-                "versionNumber": self.version_number, **self.save_kernel_extra}
+        return {
+            "ref": f"/code/{slug}",
+            "url": f"https://www.kaggle.com/code/{slug}",
+            "versionNumber": self.version_number,
+            **self.save_kernel_extra,
+        }
 
     def _kernel_status(self, body: dict) -> dict:
         status, message = self.statuses.pop(0) if self.statuses else ("COMPLETE", "")

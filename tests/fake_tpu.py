@@ -14,9 +14,15 @@ from pathlib import Path
 def fake_wheel(folder: Path, name: str, version: str, files: dict[str, str], requires=(), tag="py3-none-any") -> Path:
     """A minimal valid wheel (METADATA, WHEEL, RECORD with hashes) installing `files`."""
     dist = f"{name.replace('-', '_')}-{version}"
-    meta = {f"{dist}.dist-info/METADATA": "Metadata-Version: 2.1\nName: " + name + "\nVersion: " + version + "\n"
-            + "".join(f"Requires-Dist: {r}\n" for r in requires),
-            f"{dist}.dist-info/WHEEL": f"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: {tag}\n"}
+    meta = {
+        f"{dist}.dist-info/METADATA": "Metadata-Version: 2.1\nName: "
+        + name
+        + "\nVersion: "
+        + version
+        + "\n"
+        + "".join(f"Requires-Dist: {r}\n" for r in requires),
+        f"{dist}.dist-info/WHEEL": f"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: {tag}\n",
+    }
     entries = {**files, **meta}
     record = []
     for path, text in entries.items():
@@ -89,8 +95,10 @@ FAKE_TPU_PINS = ("tensorflow-tpu==2.20.0", "libtpu==0.0.21", "tf-keras==2.20.1",
 
 
 def tensorflow_wheel(folder: Path, distribution: str, version: str) -> Path:
-    files = {"tensorflow/__init__.py": _FAKE_TENSORFLOW.format(distribution=distribution, version=version),
-             "tensorflow/_stand_in_tpu.py": STAND_IN_TPU}
+    files = {
+        "tensorflow/__init__.py": _FAKE_TENSORFLOW.format(distribution=distribution, version=version),
+        "tensorflow/_stand_in_tpu.py": STAND_IN_TPU,
+    }
     return fake_wheel(folder, distribution, version, files)
 
 

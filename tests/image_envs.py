@@ -15,7 +15,8 @@ from fake_kaggle import offline
 
 CACHE = Path(os.environ.get("TPU2GPU_ENV_CACHE") or Path.home() / ".cache" / "tpu2gpu-envs")
 PYTHON_312 = os.environ.get("TPU2GPU_PYTHON312") or next(
-    (str(p) for p in sorted(Path.home().glob(".pyenv/versions/3.12*/bin/python3.12"))), shutil.which("python3.12"))
+    (str(p) for p in sorted(Path.home().glob(".pyenv/versions/3.12*/bin/python3.12"))), shutil.which("python3.12")
+)
 
 
 def environment(name: str, packages: list[str], without_deps: tuple[str, ...] = ()) -> Path:
@@ -37,10 +38,18 @@ def environment(name: str, packages: list[str], without_deps: tuple[str, ...] = 
 
 def kaggle_env(kaggle: Path, tmp: Path, **extra: str) -> dict:
     tmp.mkdir(exist_ok=True)
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "TF_USE_LEGACY_KERAS", "VIRTUAL_ENV", "KERAS_BACKEND", "XLA_FLAGS")}
-    env.update(TPU2GPU_KAGGLE_ROOT=str(kaggle), KAGGLE_KERNEL_RUN_TYPE="Batch", TMPDIR=str(tmp),
-               PYTHONDONTWRITEBYTECODE="1", **extra)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "TF_USE_LEGACY_KERAS", "VIRTUAL_ENV", "KERAS_BACKEND", "XLA_FLAGS")
+    }
+    env.update(
+        TPU2GPU_KAGGLE_ROOT=str(kaggle),
+        KAGGLE_KERNEL_RUN_TYPE="Batch",
+        TMPDIR=str(tmp),
+        PYTHONDONTWRITEBYTECODE="1",
+        **extra,
+    )
     return env
 
 
@@ -60,5 +69,10 @@ def run_inference(python: Path, folders: dict, kaggle: Path, export: Path, tmp: 
     shutil.rmtree(kaggle / "working")
     (kaggle / "working").mkdir()
     shutil.copyfile(folders["infer"] / "infer.py", kaggle / "working" / "__script__.py")
-    return subprocess.run(offline([str(python), "__script__.py"]), cwd=kaggle / "working", capture_output=True,
-                          text=True, env=kaggle_env(kaggle, tmp))
+    return subprocess.run(
+        offline([str(python), "__script__.py"]),
+        cwd=kaggle / "working",
+        capture_output=True,
+        text=True,
+        env=kaggle_env(kaggle, tmp),
+    )

@@ -69,8 +69,12 @@ def _jax_patches():
 
     dot = _operands_rounded(lax.dot_general, rounded, inexact)
     conv = _operands_rounded(convolution.conv_general_dilated, rounded, inexact)
-    return [(lax, "dot_general", dot), (jax.lax, "dot_general", dot),
-            (convolution, "conv_general_dilated", conv), (jax.lax, "conv_general_dilated", conv)]
+    return [
+        (lax, "dot_general", dot),
+        (jax.lax, "dot_general", dot),
+        (convolution, "conv_general_dilated", conv),
+        (jax.lax, "conv_general_dilated", conv),
+    ]
 
 
 def _tensorflow_patches():
@@ -98,10 +102,14 @@ def _tensorflow_patches():
         finally:
             saving.pop()
 
-    return [(gen_math_ops, name, rounding(getattr(gen_math_ops, name)))
-            for name in ("mat_mul", "batch_mat_mul", "batch_mat_mul_v2", "batch_mat_mul_v3")] + [
-            (gen_nn_ops, name, rounding(getattr(gen_nn_ops, name))) for name in ("conv2d", "depthwise_conv2d_native")
-            ] + [(tf.saved_model, "save", exact_save)]
+    return (
+        [
+            (gen_math_ops, name, rounding(getattr(gen_math_ops, name)))
+            for name in ("mat_mul", "batch_mat_mul", "batch_mat_mul_v2", "batch_mat_mul_v3")
+        ]
+        + [(gen_nn_ops, name, rounding(getattr(gen_nn_ops, name))) for name in ("conv2d", "depthwise_conv2d_native")]
+        + [(tf.saved_model, "save", exact_save)]
+    )
 
 
 @contextlib.contextmanager

@@ -37,7 +37,7 @@ def photographs(size: int = PHOTO_SIZE):
         h, w = photo.shape[:2]
         side = min(h, w)
         top, left = (h - side) // 2, (w - side) // 2
-        square = Image.fromarray(photo[top:top + side, left:left + side])
+        square = Image.fromarray(photo[top : top + side, left : left + side])
         photos.append(np.asarray(square.resize((size, size), Image.BICUBIC)))
     return np.stack(photos)
 
@@ -62,7 +62,7 @@ def write_photo_competition(root: Path, per_class: int, n_test: int, size: int =
         side = int(rng.integers(100, half))
         top = (label % 2) * half + int(rng.integers(0, half - side + 1))
         left = int(rng.integers(0, photo.shape[1] - side + 1))
-        return Image.fromarray(photo[top:top + side, left:left + side]).resize((size, size), Image.BILINEAR)
+        return Image.fromarray(photo[top : top + side, left : left + side]).resize((size, size), Image.BILINEAR)
 
     rows, answers = [], {}
     for i in range(4 * per_class):
@@ -71,8 +71,10 @@ def write_photo_competition(root: Path, per_class: int, n_test: int, size: int =
     for i in range(n_test):
         crop(i % 4).save(root / "test" / f"t{i:04d}.jpg", quality=90)
         answers[f"t{i:04d}"] = f"c{i % 4}"
-    for name, header, body in (("train.csv", ("id", "label"), rows),
-                               ("sample_submission.csv", ("id", "label"), [(i, "c0") for i in answers])):
+    for name, header, body in (
+        ("train.csv", ("id", "label"), rows),
+        ("sample_submission.csv", ("id", "label"), [(i, "c0") for i in answers]),
+    ):
         with open(root / name, "w", newline="") as f:
             csv.writer(f).writerows([header, *body])
     return answers

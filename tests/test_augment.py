@@ -62,7 +62,7 @@ def test_cutmix_pastes_exactly_the_box_its_weights_say():
         share = pasted.mean()
         if pasted.any():
             rows, cols = np.flatnonzero(pasted.any(axis=1)), np.flatnonzero(pasted.any(axis=0))
-            assert pasted[rows[0]:rows[-1] + 1, cols[0]:cols[-1] + 1].all()  # one solid rectangle
+            assert pasted[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1].all()  # one solid rectangle
             assert len(np.unique(mixed[i][pasted])) == 1  # from one other image
             partner = int(mixed[i][pasted][0, 0]) // 15 - 1
             if partner % 4 != i % 4:
@@ -80,8 +80,19 @@ def test_cutout_and_affine_keep_shape_and_change_pixels():
     assert 16 <= grey.sum() <= 2 * 8 * 8  # two holes of 8 x 8, possibly clipped or overlapping
     identity = affine_transform(32, 0.0, 0.0, 0.0, 0.0).numpy()
     np.testing.assert_allclose(identity, [1, 0, 0, 0, 1, 0, 0, 0], atol=1e-6)
-    cfg = load_config(None, ["data.rotation=30", "data.shear=10", "data.zoom=0.2", "data.shift=0.1",
-                             "data.crop_scale=0.5", "data.hue=0.05", "data.saturation=0.3", "data.cutout=1"]).data
+    cfg = load_config(
+        None,
+        [
+            "data.rotation=30",
+            "data.shear=10",
+            "data.zoom=0.2",
+            "data.shift=0.1",
+            "data.crop_scale=0.5",
+            "data.hue=0.05",
+            "data.saturation=0.3",
+            "data.cutout=1",
+        ],
+    ).data
     out = augment(image, cfg)
     assert out.shape == (32, 32, 3) and out.dtype == tf.uint8 and not np.array_equal(out.numpy(), image.numpy())
 
@@ -109,10 +120,12 @@ def test_mixing_settings_that_cannot_work_are_named():
 def test_the_pipeline_yields_static_soft_targets(demo_records):
     out, manifest = demo_records
     train_files, _ = split_files(manifest, str(out), fold=0)
-    data_cfg = load_config(None, ["data.image_size=16", "data.mixup_prob=0.5", "data.cutmix_prob=0.5",
-                                  "data.rotation=15", "data.cutout=1"]).data
-    dataset = make_train_dataset(train_files, data_cfg, InputShare(16),
-                                 lambda labels: TASKS["multiclass"].target(labels, 10, None), seed=0)
+    data_cfg = load_config(
+        None, ["data.image_size=16", "data.mixup_prob=0.5", "data.cutmix_prob=0.5", "data.rotation=15", "data.cutout=1"]
+    ).data
+    dataset = make_train_dataset(
+        train_files, data_cfg, InputShare(16), lambda labels: TASKS["multiclass"].target(labels, 10, None), seed=0
+    )
     images_spec, targets_spec = dataset.element_spec
     assert images_spec.shape == (16, 16, 16, 3) and targets_spec.shape == (16, 10)  # static for XLA
     _, targets = next(iter(dataset))
@@ -127,14 +140,31 @@ def test_mixing_trains_on_two_replicas(demo_records, tiny_backbone, tmp_path, lo
     from common.training.fold import train_fold
 
     records_dir, _ = demo_records
-    cfg = load_config(None, [f"model.hub_handle={tiny_backbone}", "data.image_size=16", "train.epochs=2",
-                             "train.steps_per_epoch=4", "train.steps_per_execution=2", f"train.loop={loop}",
-                             "train.batch_size_per_replica=8", "data.mixup_prob=0.5", "data.cutmix_prob=0.5",
-                             "data.rotation=10", "train.label_smoothing=0.1"])
+    cfg = load_config(
+        None,
+        [
+            f"model.hub_handle={tiny_backbone}",
+            "data.image_size=16",
+            "train.epochs=2",
+            "train.steps_per_epoch=4",
+            "train.steps_per_execution=2",
+            f"train.loop={loop}",
+            "train.batch_size_per_replica=8",
+            "data.mixup_prob=0.5",
+            "data.cutmix_prob=0.5",
+            "data.rotation=10",
+            "train.label_smoothing=0.1",
+        ],
+    )
     strategy = get_strategy("mirrored")
     assert strategy.num_replicas_in_sync == 2
-    result = train_fold(cfg, TFBackend(cfg, strategy, str(tiny_backbone)), record_set(str(records_dir), cfg.data, 0),
-                        tmp_path / loop, deadline=time.monotonic() + 600)
+    result = train_fold(
+        cfg,
+        TFBackend(cfg, strategy, str(tiny_backbone)),
+        record_set(str(records_dir), cfg.data, 0),
+        tmp_path / loop,
+        deadline=time.monotonic() + 600,
+    )
     history = np.genfromtxt(result.history_csv, delimiter=",", names=True)
     assert result.epochs_done == 2 and np.isfinite(history["loss"]).all()
 
@@ -149,13 +179,33 @@ def test_augment_preview_draws_the_pipelines_mixed_targets(demo_records, tmp_pat
     # image shows one class where its weight falls under 0.05 either way or its partner is of its own class. Measured
     # over 96 images each: at the default alpha 0.2, 57% of them, so 6 in a row about 1 preview in 30 (it failed so
     # once in a run of the suite); at alpha 1 (a uniform weight), 19%, and 8 in a row about 1 in 600,000.
-    cfg = load_config(None, [f"runtime.tfrecords={records_dir}", "data.image_size=32", "data.mixup_prob=1",
-                             "data.mixup_alpha=1", "data.rotation=20"])
+    cfg = load_config(
+        None,
+        [
+            f"runtime.tfrecords={records_dir}",
+            "data.image_size=32",
+            "data.mixup_prob=1",
+            "data.mixup_alpha=1",
+            "data.rotation=20",
+        ],
+    )
     titles = augment_preview(cfg, tmp_path / "preview.png", rows=2, cols=4)
     assert len(titles) == 8 and any(" + " in t for t in titles)  # two classes in a title: images were mixed
     for title in titles:
         weights = [float(part.rsplit(" ", 1)[1]) for part in title.split(" + ")]
         assert 0.94 <= sum(weights) <= 1.0 + 1e-6  # the shown weights (those >= 0.05) of a mass-1 target
-    assert main(["augment-preview", "--out", str(tmp_path / "cli.png"), "--set", f"runtime.tfrecords={records_dir}",
-                 "--set", "data.image_size=32"]) == 0
+    assert (
+        main(
+            [
+                "augment-preview",
+                "--out",
+                str(tmp_path / "cli.png"),
+                "--set",
+                f"runtime.tfrecords={records_dir}",
+                "--set",
+                "data.image_size=32",
+            ]
+        )
+        == 0
+    )
     assert (tmp_path / "cli.png").stat().st_size > 5000 and "24 training images" in capsys.readouterr().out

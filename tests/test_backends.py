@@ -93,8 +93,11 @@ THIRD_BACKEND = textwrap.dedent('''
 def test_the_route_table_gives_the_framework_choices_and_each_backend_meets_the_protocol():
     assert framework_choices() == ("auto", "tf_keras", "keras_jax", "torch_xla", "torch")
     assert {name: route.backbones for name, route in ROUTES.items()} == {
-        "tf_keras": ("hub", "efficientnet"), "keras_jax": ("efficientnet", "keras"), "torch_xla": ("timm",),
-        "torch": ("timm",)}
+        "tf_keras": ("hub", "efficientnet"),
+        "keras_jax": ("efficientnet", "keras"),
+        "torch_xla": ("timm",),
+        "torch": ("timm",),
+    }
     assert all(isinstance(route, Route) and route.start.endswith(":start") for route in ROUTES.values())
     from common.training.backends.keras_jax.backend import JaxBackend
     from common.training.backends.tf_keras.backend import TFBackend
@@ -110,29 +113,51 @@ def test_the_route_table_gives_the_framework_choices_and_each_backend_meets_the_
 
 @pytest.mark.e2e
 def test_a_third_backend_defined_in_the_tests_trains_and_its_export_feeds_the_inference_kernel(
-        demo_dir, demo_records, tiny_keras_backbone, tmp_path):
+    demo_dir, demo_records, tiny_keras_backbone, tmp_path
+):
     from infer_gpu.infer import main as infer_main
 
     records_dir, _ = demo_records
     script = tmp_path / "third_backend.py"
     script.write_text(THIRD_BACKEND)
-    settings = ["train.framework=keras_tf", "model.backbone=keras", f"model.keras_backbone={tiny_keras_backbone}",
-                "data.image_size=16", "data.flip_left_right=false", "train.fold=0", "train.epochs=4",
-                "train.batch_size_per_replica=64", "train.learning_rate=0.2", "train.export_float16=false",
-                f"runtime.tfrecords={records_dir}", f"runtime.output_dir={tmp_path / 'train'}"]
+    settings = [
+        "train.framework=keras_tf",
+        "model.backbone=keras",
+        f"model.keras_backbone={tiny_keras_backbone}",
+        "data.image_size=16",
+        "data.flip_left_right=false",
+        "train.fold=0",
+        "train.epochs=4",
+        "train.batch_size_per_replica=64",
+        "train.learning_rate=0.2",
+        "train.export_float16=false",
+        f"runtime.tfrecords={records_dir}",
+        f"runtime.output_dir={tmp_path / 'train'}",
+    ]
     env = {k: v for k, v in __import__("os").environ.items() if k not in ("KERAS_BACKEND", "XLA_FLAGS")}
     env["XLA_FLAGS"] = "--xla_backend_optimization_level=0"  # as conftest sets it: Keras 3 on TensorFlow jit-compiles
-    run = subprocess.run([sys.executable, str(script), *(a for s in settings for a in ("--set", s))], cwd=REPO,
-                         env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, str(script), *(a for s in settings for a in ("--set", s))],
+        cwd=REPO,
+        env={**env, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "framework     Keras 3.15.1 on tensorflow (train.framework=keras_tf)" in run.stdout
     export = tmp_path / "train" / "export"
     card = json.loads((export / "fold0" / "model_card.json").read_text())
-    print(f"keras_tf: validation macro_f1 {card['metrics']['macro_f1']:.4f}, export max abs difference "
-          f"{card['verification']['max_abs_diff']['float32']:.1e}, {card['metrics']['optimizer_steps']} steps")
+    print(
+        f"keras_tf: validation macro_f1 {card['metrics']['macro_f1']:.4f}, export max abs difference "
+        f"{card['verification']['max_abs_diff']['float32']:.1e}, {card['metrics']['optimizer_steps']} steps"
+    )
     # train.steps_per_execution is 32; executions are the largest divisor of the epoch not above it
-    assert card["runtime"] == {"framework": "keras_tf", "keras": "3.15.1", "keras_backend": "tensorflow",
-                               "steps_per_execution": whole_executions(32, card["metrics"]["steps_per_epoch"])}
+    assert card["runtime"] == {
+        "framework": "keras_tf",
+        "keras": "3.15.1",
+        "keras_backend": "tensorflow",
+        "steps_per_execution": whole_executions(32, card["metrics"]["steps_per_epoch"]),
+    }
     assert card["complete"] is True and card["verification"]["max_abs_diff"]["float32"] < 1e-5
     # Its own exact float32 on the host is the reference; its device is this CPU, whose float32 is exact: no gap.
     assert card["verification"]["device"] == "/job:localhost/replica:0/task:0/device:CPU:0 with TF32 on"
@@ -140,8 +165,21 @@ def test_a_third_backend_defined_in_the_tests_trains_and_its_export_feeds_the_in
     assert card["metrics"]["optimizer_steps"] == 4 * card["metrics"]["steps_per_epoch"]
     assert card["metrics"]["macro_f1"] >= 0.5  # 4 epochs from scratch on 16 px digits; chance is 0.1
 
-    assert infer_main(["--set", f"infer.exports=[{export}]", "--set", f"runtime.competition_dir={demo_dir}",
-                       "--set", f"runtime.output_dir={tmp_path / 'infer'}", "--set", "data.image_size=16"]) == 0
+    assert (
+        infer_main(
+            [
+                "--set",
+                f"infer.exports=[{export}]",
+                "--set",
+                f"runtime.competition_dir={demo_dir}",
+                "--set",
+                f"runtime.output_dir={tmp_path / 'infer'}",
+                "--set",
+                "data.image_size=16",
+            ]
+        )
+        == 0
+    )
     rows = read_csv(tmp_path / "infer" / "submission.csv")
     solution = {r["id"]: r["label"] for r in read_csv(demo_dir / "solution.csv")}
     accuracy = sum(r["label"] == solution[r["id"]] for r in rows) / len(rows)

@@ -34,10 +34,12 @@ EXPECTED = {
     "records check": r"full record check, [\d.]+ GB from the page cache",
 }
 OPTIONAL = {"inference with XLA": r"inference kernel\+XLA, (EfficientNet-B0|tiny backbone) \d+px"}
-GCS = {"gs:// upload": r"gs:// upload of records, \d+ MB \(fake bucket on loopback\)",  # as root (its namespace)
-       "gs:// read": r"gs:// records read by tf.data, \d+ MB \(fake bucket on loopback\)",
-       "gs:// push": r"gs:// checkpoint push, \d+ MB \(fake bucket on loopback\)",
-       "gs:// pull": r"gs:// checkpoint pull \(resume\), \d+ MB \(fake bucket on loopback\)"}
+GCS = {
+    "gs:// upload": r"gs:// upload of records, \d+ MB \(fake bucket on loopback\)",  # as root (its namespace)
+    "gs:// read": r"gs:// records read by tf.data, \d+ MB \(fake bucket on loopback\)",
+    "gs:// push": r"gs:// checkpoint push, \d+ MB \(fake bucket on loopback\)",
+    "gs:// pull": r"gs:// checkpoint pull \(resume\), \d+ MB \(fake bucket on loopback\)",
+}
 if not unavailable():
     EXPECTED.update(GCS)
 IN_MB_PER_S = ("records check", *GCS)
@@ -49,8 +51,10 @@ BASELINE = re.compile(r"(?P<value>\S+) (?P<unit>\S+) \((?P<name>.+)\)")
 def table_rows(stdout: str) -> list[list[str]]:
     """The cells of the markdown table's body rows."""
     lines = [line for line in stdout.splitlines() if line.startswith("|")]
-    assert lines[:2] == ["| benchmark | figure | baseline (same run) | ratio | public anchor |",
-                         "|---|---:|---:|---:|---|"], stdout
+    assert lines[:2] == [
+        "| benchmark | figure | baseline (same run) | ratio | public anchor |",
+        "|---|---:|---:|---:|---|",
+    ], stdout
     return [[cell.strip() for cell in line.strip("|").split(" | ")] for line in lines[2:]]
 
 
@@ -62,10 +66,21 @@ def positive(text: str) -> float:
 
 LIGHT = ["input_pipeline.py", "inference.py", "verify_records.py", "gcs.py"]
 HEAVY = ["train_step.py", "multihost.py"]
-ROWS = {"input_pipeline.py": ["input pipeline"], "inference.py": ["inference"], "verify_records.py": ["records check"],
-        "gcs.py": list(GCS), "multihost.py": ["multihost"],
-        "train_step.py": ["training, tf_keras", "training, keras_jax", "training, keras_jax vs tf_keras",
-                          "training, torch_xla", "training, torch_xla lazy", "training, torch_xla compiled vs lazy"]}
+ROWS = {
+    "input_pipeline.py": ["input pipeline"],
+    "inference.py": ["inference"],
+    "verify_records.py": ["records check"],
+    "gcs.py": list(GCS),
+    "multihost.py": ["multihost"],
+    "train_step.py": [
+        "training, tf_keras",
+        "training, keras_jax",
+        "training, keras_jax vs tf_keras",
+        "training, torch_xla",
+        "training, torch_xla lazy",
+        "training, torch_xla compiled vs lazy",
+    ],
+}
 
 
 def test_run_all_smoke_prints_a_row_of_real_figures_per_benchmark():
@@ -80,8 +95,13 @@ def test_the_training_benchmarks_smoke_prints_their_rows_of_real_figures():
 
 def smoke_rows(scripts: list[str]) -> None:
     """run_all.py --smoke --only these: one row of real, consistent figures per row they print, and no other."""
-    result = subprocess.run([sys.executable, "bench/run_all.py", "--smoke", "--only", ",".join(scripts)], cwd=REPO,
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "bench/run_all.py", "--smoke", "--only", ",".join(scripts)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     assert result.stdout.startswith("machine: "), result.stdout
     seen = {}
@@ -101,4 +121,3 @@ def smoke_rows(scripts: list[str]) -> None:
         assert anchor, bench
     expected = {row for script in scripts for row in ROWS[script]} & set(EXPECTED)  # gs:// where a bucket can be had
     assert set(seen) - set(OPTIONAL) == expected, f"rows {set(seen)}, expected {expected}\n{result.stdout}"
-

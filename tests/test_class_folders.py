@@ -25,19 +25,35 @@ def _settings(*settings: str) -> list[str]:
 
 
 def _records(out, manifest) -> dict[str, list[dict]]:
-    return {name: read_records([out / s["file"] for s in split["shards"]], labeled=name != "test")
-            for name, split in manifest["splits"].items()}
+    return {
+        name: read_records([out / s["file"] for s in split["shards"]], labeled=name != "test")
+        for name, split in manifest["splits"].items()
+    }
 
 
 @pytest.mark.e2e
-def test_class_folders_convert_train_and_submit_as_the_same_data_with_a_train_csv(demo_dir, tiny_backbone,
-                                                                                   tmp_path, capsys):
+def test_class_folders_convert_train_and_submit_as_the_same_data_with_a_train_csv(
+    demo_dir, tiny_backbone, tmp_path, capsys
+):
     folders, with_csv, answers = plant_competitions(demo_dir, tmp_path, per_class=20, n_test=40)
     # What a user runs: the submission's two column names and nothing else.
-    assert cli_main(["tfrecords", "--competition", str(folders), "--out", str(tmp_path / "folders-tfrec"),
-                     *_settings(*PLANT_SETTINGS)]) == 0
-    assert "train/ read as one folder per class (data.layout=auto): 200 images of 10 classes; ids are the file " \
-           "names, with their extension as in sample_submission.csv" in capsys.readouterr().err
+    assert (
+        cli_main(
+            [
+                "tfrecords",
+                "--competition",
+                str(folders),
+                "--out",
+                str(tmp_path / "folders-tfrec"),
+                *_settings(*PLANT_SETTINGS),
+            ]
+        )
+        == 0
+    )
+    assert (
+        "train/ read as one folder per class (data.layout=auto): 200 images of 10 classes; ids are the file "
+        "names, with their extension as in sample_submission.csv" in capsys.readouterr().err
+    )
     by_folders = json.loads((tmp_path / "folders-tfrec" / "manifest.json").read_text())
     by_csv = convert_competition(with_csv, tmp_path / "csv-tfrec", load_config(None, PLANT_SETTINGS).data)
     assert by_folders["source"]["layout"] == "folders" and by_csv["source"]["layout"] == "csv"
@@ -46,17 +62,34 @@ def test_class_folders_convert_train_and_submit_as_the_same_data_with_a_train_cs
     records = _records(tmp_path / "folders-tfrec", by_folders)
     assert records == _records(tmp_path / "csv-tfrec", by_csv)  # ids, labels and image bytes, fold by fold
     rows = {r["file"]: r["species"] for r in read_csv(with_csv / "train.csv")}
-    assert {r["id"]: by_folders["class_names"][int(r["label"])] for name, split in records.items()
-            if name != "test" for r in split} == rows  # each image labelled by its folder, its id the file name
+    assert {
+        r["id"]: by_folders["class_names"][int(r["label"])]
+        for name, split in records.items()
+        if name != "test"
+        for r in split
+    } == rows  # each image labelled by its folder, its id the file name
 
-    train = _settings(f"runtime.tfrecords={tmp_path / 'folders-tfrec'}", f"model.hub_handle={tiny_backbone}",
-                      "data.image_size=16", "train.fold=0", "train.batch_size_per_replica=16",
-                      "train.learning_rate=0.2", "train.epochs=8", "train.export_float16=false",
-                      f"runtime.output_dir={tmp_path / 'train'}")
+    train = _settings(
+        f"runtime.tfrecords={tmp_path / 'folders-tfrec'}",
+        f"model.hub_handle={tiny_backbone}",
+        "data.image_size=16",
+        "train.fold=0",
+        "train.batch_size_per_replica=16",
+        "train.learning_rate=0.2",
+        "train.epochs=8",
+        "train.export_float16=false",
+        f"runtime.output_dir={tmp_path / 'train'}",
+    )
     assert train_main(train) == 0
-    infer = [_settings(f"infer.exports=[{tmp_path / 'train' / 'export'}]", f"runtime.competition_dir={competition}",
-                       "data.id_column=file", f"runtime.output_dir={tmp_path / 'infer' / competition.name}")
-             for competition in (folders, with_csv)]
+    infer = [
+        _settings(
+            f"infer.exports=[{tmp_path / 'train' / 'export'}]",
+            f"runtime.competition_dir={competition}",
+            "data.id_column=file",
+            f"runtime.output_dir={tmp_path / 'infer' / competition.name}",
+        )
+        for competition in (folders, with_csv)
+    ]
     run = run_inference_kernels(infer)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     submission = (tmp_path / "infer" / "folders" / "submission.csv").read_text()
@@ -84,9 +117,17 @@ def _plant(root, entries: dict[str, list[str]], template_ids=("t0.png",)):
 
 
 def test_every_bad_entry_of_the_class_folders_is_named_in_one_error_and_nothing_is_written(tmp_path):
-    comp = _plant(tmp_path / "comp", {"": ["stray.png", "notes.txt"], "Loose Silky-bent": ["a.png", "b.png"],
-                                      "Maize": ["a.png", "readme.txt", "c.png"], "Fat Hen": [], "Charlock": ["d.png"],
-                                      "Charlock/nested": ["e.png"]})
+    comp = _plant(
+        tmp_path / "comp",
+        {
+            "": ["stray.png", "notes.txt"],
+            "Loose Silky-bent": ["a.png", "b.png"],
+            "Maize": ["a.png", "readme.txt", "c.png"],
+            "Fat Hen": [],
+            "Charlock": ["d.png"],
+            "Charlock/nested": ["e.png"],
+        },
+    )
     (comp / "train" / ".DS_Store").write_bytes(b"\0")  # what a Mac's Finder leaves: hidden, so ignored
     (comp / "train" / "Charlock" / "d.png").write_bytes(b"")  # a bad image: checked later, after the layout
     out = tmp_path / "out"
@@ -100,18 +141,24 @@ def test_every_bad_entry_of_the_class_folders_is_named_in_one_error_and_nothing_
         "  1 x not a .jpg/.jpeg/.png image: train/Maize/readme.txt\n"
         "  2 x file beside the class folders: train/notes.txt, train/stray.png\n"
         "Fix: put every image in the folder of its class under train/, remove the other files and the empty folders, "
-        "and rename one of two images of one name")
+        "and rename one of two images of one name"
+    )
     assert not out.exists() and not list(tmp_path.glob(".out*"))
 
 
 def test_stems_that_collide_are_made_unique_where_the_template_ids_have_no_extension(tmp_path):
-    comp = _plant(tmp_path / "comp", {"Maize": ["a.png", "b.png", "x.jpg"], "Cleavers": ["a.jpg", "c.png"]},
-                  template_ids=("t0",))
+    comp = _plant(
+        tmp_path / "comp", {"Maize": ["a.png", "b.png", "x.jpg"], "Cleavers": ["a.jpg", "c.png"]}, template_ids=("t0",)
+    )
     samples, names, _ = CompetitionFolder(comp, load_config(None, PLANT_SETTINGS).data).train_samples()
     assert names == ["Cleavers", "Maize"]
     assert [(s.id, s.label, s.source) for s in samples] == [
-        ("Cleavers/a.jpg", 0, "train/Cleavers/a.jpg"), ("c", 0, "train/Cleavers/c.png"),
-        ("Maize/a.png", 1, "train/Maize/a.png"), ("b", 1, "train/Maize/b.png"), ("x", 1, "train/Maize/x.jpg")]
+        ("Cleavers/a.jpg", 0, "train/Cleavers/a.jpg"),
+        ("c", 0, "train/Cleavers/c.png"),
+        ("Maize/a.png", 1, "train/Maize/a.png"),
+        ("b", 1, "train/Maize/b.png"),
+        ("x", 1, "train/Maize/x.jpg"),
+    ]
     test = CompetitionFolder(comp, load_config(None, PLANT_SETTINGS).data).test_samples()
     assert [(s.id, s.path.name) for s in test] == [("t0", "t0.png")]  # the submission's ids: the template's
 
@@ -121,8 +168,11 @@ def test_the_layout_is_chosen_by_data_layout_and_folders_refuse_what_they_cannot
     folder = CompetitionFolder(comp, load_config(None, PLANT_SETTINGS).data)
     assert folder.provenance()["layout"] == "folders"
     forced = CompetitionFolder(comp, load_config(None, [*PLANT_SETTINGS, "data.layout=csv"]).data)
-    with pytest.raises(DataError, match=r"train.csv does not exist. Fix: .* one folder per class under train/ need "
-                                        r"no CSV \(data.layout=auto or folders\)"):
+    with pytest.raises(
+        DataError,
+        match=r"train.csv does not exist. Fix: .* one folder per class under train/ need "
+        r"no CSV \(data.layout=auto or folders\)",
+    ):
         forced.train_samples()
     # Both could apply: auto reads the CSV where it exists, data.layout=folders the folders.
     write_csv(comp / "train.csv", ["file", "species"], [("a.png", "Maize")])
@@ -131,12 +181,16 @@ def test_the_layout_is_chosen_by_data_layout_and_folders_refuse_what_they_cannot
     (comp / "train" / "a.png").unlink()
     both = CompetitionFolder(comp, load_config(None, [*PLANT_SETTINGS, "data.layout=folders"]).data)
     assert [s.id for s in both.train_samples()[0]] == ["c.png", "d.png", "a.png", "b.png"]
-    for setting, match in [("data.task=multilabel", "data.task=multilabel needs a set of labels per image"),
-                           ("data.task=regression", "data.task=regression needs a number per image"),
-                           ("data.task=binary", r"data.task=binary needs a number per image. Fix: data.task=multiclass"
-                                                r" \(two folders: two classes\)"),
-                           ("data.group_column=plant", "data.group_column names columns of train.csv, and class "
-                                                       "folders have none")]:
+    for setting, match in [
+        ("data.task=multilabel", "data.task=multilabel needs a set of labels per image"),
+        ("data.task=regression", "data.task=regression needs a number per image"),
+        (
+            "data.task=binary",
+            r"data.task=binary needs a number per image. Fix: data.task=multiclass"
+            r" \(two folders: two classes\)",
+        ),
+        ("data.group_column=plant", "data.group_column names columns of train.csv, and class folders have none"),
+    ]:
         cfg = load_config(None, [*PLANT_SETTINGS, "data.layout=folders", setting]).data
         with pytest.raises(ConfigError, match=match):
             CompetitionFolder(comp, cfg).train_samples()
@@ -146,7 +200,10 @@ def test_whole_number_folders_are_classes_in_numeric_order_as_written(tmp_path):
     comp = _plant(tmp_path / "comp", {"10": ["a.png"], "2": ["b.png"], "01": ["c.png"]})
     samples, names, _ = CompetitionFolder(comp, load_config(None, PLANT_SETTINGS).data).train_samples()
     assert names == ["01", "2", "10"] and [(s.id, s.label) for s in samples] == [
-        ("c.png", 0), ("a.png", 2), ("b.png", 1)]
+        ("c.png", 0),
+        ("a.png", 2),
+        ("b.png", 1),
+    ]
 
 
 def test_an_image_that_does_not_decode_is_a_bad_image_named_by_its_file(tmp_path):

@@ -38,9 +38,11 @@ def test_the_folder_keeps_what_it_vouched_for_and_removes_every_other_entry_with
 
     reopened = CompileCache.open(folder, "keras_jax", VERSIONS)
     lines = capsys.readouterr().out.splitlines()
-    assert lines == [f"[keras_jax] compile cache: 3 entries in {folder} cut short, damaged or never vouched for (a "
-                     "run killed before its checkpoint) skipped and removed (cut-cache, damaged-cache, unknown-cache): "
-                     "compiled again"]
+    assert lines == [
+        f"[keras_jax] compile cache: 3 entries in {folder} cut short, damaged or never vouched for (a "
+        "run killed before its checkpoint) skipped and removed (cut-cache, damaged-cache, unknown-cache): "
+        "compiled again"
+    ]
     assert entries(folder) == ["good-cache"] and list(reopened.known) == ["good-cache"]
     assert list(json.loads((folder / LEDGER).read_text())["entries"]) == ["good-cache"]
 
@@ -48,7 +50,8 @@ def test_the_folder_keeps_what_it_vouched_for_and_removes_every_other_entry_with
     CompileCache.open(folder, "keras_jax", {"jax": "0.7.2", "platform": "tpu"})
     assert capsys.readouterr().out.splitlines() == [
         f"[keras_jax] compile cache: the 1 program(s) in {folder} were compiled by jax 0.7.2, platform cpu, and this "
-        "run is jax 0.7.2, platform tpu: removed, this run compiles afresh"]
+        "run is jax 0.7.2, platform tpu: removed, this run compiles afresh"
+    ]
     assert entries(folder) == []
     assert json.loads((folder / LEDGER).read_text())["versions"] == {"jax": "0.7.2", "platform": "tpu"}
 
@@ -60,7 +63,8 @@ def test_a_folder_that_cannot_be_written_or_is_off_is_no_cache_and_one_line(tmp_
     assert capsys.readouterr().out.splitlines() == [
         f"[torch_xla] compile cache: {tmp_path / 'a-file' / 'cache'} cannot be written (Not a directory): this run "
         "compiles every program without one. Fix: runtime.compile_cache=<a writable folder>, or off",
-        "[torch_xla] compile cache off (runtime.compile_cache=off): every program is compiled"]
+        "[torch_xla] compile cache off (runtime.compile_cache=off): every program is compiled",
+    ]
 
 
 def test_a_damaged_ledger_vouches_for_nothing(tmp_path, capsys):
@@ -97,9 +101,12 @@ def test_where_the_cache_lives_and_the_words_that_would_be_a_folder(tmp_path, mo
     with pytest.raises(ConfigError, match=r"config key 'runtime.compile_cache' must be str, got False \(bool\)"):
         folder("runtime.compile_cache=false")  # YAML's false: the config itself refuses it by name
     for word in ("no", "None", "disabled"):
-        with pytest.raises(ConfigError, match=rf"runtime.compile_cache='{word}' would be a folder named '{word}'\. "
-                                              rf"Fix: runtime.compile_cache=off to compile without a cache, or "
-                                              rf"\./{word} for that folder"):
+        with pytest.raises(
+            ConfigError,
+            match=rf"runtime.compile_cache='{word}' would be a folder named '{word}'\. "
+            rf"Fix: runtime.compile_cache=off to compile without a cache, or "
+            rf"\./{word} for that folder",
+        ):
             folder(f"runtime.compile_cache={word}")
 
 
@@ -112,19 +119,30 @@ def jax_fold(settings, records_dir, work_dir, fold=0, seconds=600.0):
 
     cfg = load_config(None, settings)
     backend = start_backend(cfg)
-    return train_fold(cfg, backend, record_set(str(records_dir), cfg.data, fold), work_dir,
-                      deadline=time.monotonic() + seconds)
+    return train_fold(
+        cfg, backend, record_set(str(records_dir), cfg.data, fold), work_dir, deadline=time.monotonic() + seconds
+    )
 
 
 def jax_settings(tiny_keras_backbone, cache, *extra):
-    return ["train.framework=keras_jax", "model.backbone=keras", f"model.keras_backbone={tiny_keras_backbone}",
-            "data.image_size=16", "train.steps_per_epoch=3", "train.steps_per_execution=3",
-            "train.batch_size_per_replica=8", "train.export_float16=false", f"runtime.compile_cache={cache}", *extra]
+    return [
+        "train.framework=keras_jax",
+        "model.backbone=keras",
+        f"model.keras_backbone={tiny_keras_backbone}",
+        "data.image_size=16",
+        "train.steps_per_epoch=3",
+        "train.steps_per_execution=3",
+        "train.batch_size_per_replica=8",
+        "train.export_float16=false",
+        f"runtime.compile_cache={cache}",
+        *extra,
+    ]
 
 
 @pytest.mark.e2e
 def test_keras_jax_folds_and_a_resumed_fold_take_their_programs_from_the_cache_and_a_bad_cache_costs_a_compile(
-        demo_records, tiny_keras_backbone, tmp_path, capsys):
+    demo_records, tiny_keras_backbone, tmp_path, capsys
+):
     records_dir, _ = demo_records
     cache = tmp_path / "cache"
     settings = jax_settings(tiny_keras_backbone, cache, "train.epochs=2")
@@ -134,10 +152,14 @@ def test_keras_jax_folds_and_a_resumed_fold_take_their_programs_from_the_cache_a
     assert first.compiles.programs > 0 and first.compiles.from_cache == 0  # a new cache: everything compiles
     log = capsys.readouterr().out
     assert f"[keras_jax] compile cache: {cache / 'keras_jax'} (0 program(s) in it)" in log
-    assert re.search(r"\[train\] epoch 1: step 3, all in the first execution; val_macro_f1 [\d.]+ \(best [\d.]+ at "
-                     r"epoch 1\); [\d.]+ s: first execution [\d.]+ s \(3 step\(s\)\), training [\d.]+ s, "
-                     r"compile [\d.]+ s \(\d+ program\(s\), 0 from the cache\), "
-                     r"validation [\d.]+ s, best-epoch save [\d.]+ s, checkpoint [\d.]+ s$", log, re.M), log
+    assert re.search(
+        r"\[train\] epoch 1: step 3, all in the first execution; val_macro_f1 [\d.]+ \(best [\d.]+ at "
+        r"epoch 1\); [\d.]+ s: first execution [\d.]+ s \(3 step\(s\)\), training [\d.]+ s, "
+        r"compile [\d.]+ s \(\d+ program\(s\), 0 from the cache\), "
+        r"validation [\d.]+ s, best-epoch save [\d.]+ s, checkpoint [\d.]+ s$",
+        log,
+        re.M,
+    ), log
     assert f"[train] the fold compiled {first.compiles.programs} program(s) in " in log
 
     # Another fold, and fold 0 resumed for its second epoch, each with a model of its own: every program the fold
@@ -147,8 +169,10 @@ def test_keras_jax_folds_and_a_resumed_fold_take_their_programs_from_the_cache_a
     for result in (second, resumed):
         assert result.compiles.programs > 0 and result.compiles.from_cache == result.compiles.programs
     assert resumed.epochs_done == 2
-    print(f"keras_jax: fold 1 compiled {first.compiles.describe()}; another fold {second.compiles.describe()}; "
-          f"resumed {resumed.compiles.describe()}")
+    print(
+        f"keras_jax: fold 1 compiled {first.compiles.describe()}; another fold {second.compiles.describe()}; "
+        f"resumed {resumed.compiles.describe()}"
+    )
 
     # A damaged entry: skipped and removed, one line; the fold compiles it again and trains.
     folder = cache / "keras_jax"
@@ -165,13 +189,15 @@ def test_keras_jax_folds_and_a_resumed_fold_take_their_programs_from_the_cache_a
     (folder / LEDGER).write_text(json.dumps({**ledger, "versions": {**ledger["versions"], "jax": "0.4.35"}}))
     foreign = jax_fold(settings, records_dir, tmp_path / "foreign", fold=1)
     log = capsys.readouterr().out
-    assert re.search(rf"\[keras_jax\] compile cache: the \d+ program\(s\) in {folder} were compiled by jax 0\.4\.35, ",
-                     log), log
+    assert re.search(
+        rf"\[keras_jax\] compile cache: the \d+ program\(s\) in {folder} were compiled by jax 0\.4\.35, ", log
+    ), log
     assert foreign.compiles.from_cache == 0 and foreign.epochs_done == 2
 
     # A cache that cannot be written: the fold trains without one (the path runtime.compile_cache=off takes too).
     (tmp_path / "a-file").write_text("")
-    without = jax_fold([*settings, f"runtime.compile_cache={tmp_path / 'a-file'}"], records_dir, tmp_path / "without",
-                       fold=1)
+    without = jax_fold(
+        [*settings, f"runtime.compile_cache={tmp_path / 'a-file'}"], records_dir, tmp_path / "without", fold=1
+    )
     assert without.compiles.from_cache == 0 and without.epochs_done == 2
     assert "cannot be written (Not a directory): this run compiles every program without one" in capsys.readouterr().out

@@ -70,35 +70,57 @@ def test_parse_override_reads_yaml_values():
 def test_string_and_choice_settings_take_the_word_as_written(tmp_path):
     """YAML 1.1 reads off, no, on, yes as booleans and null as None; a string or choice setting keeps the word (in an
     override and in a file), a bool setting reads those words as booleans, and a wrong type is still named."""
-    words = ["infer.check_images=off", "data.label_column=no", "data.id_column=yes", "kaggle.owner=null",
-             "model.hub_handle=on", "model.trainable=off", "infer.xla=yes", "kaggle.private=no"]
+    words = [
+        "infer.check_images=off",
+        "data.label_column=no",
+        "data.id_column=yes",
+        "kaggle.owner=null",
+        "model.hub_handle=on",
+        "model.trainable=off",
+        "infer.xla=yes",
+        "kaggle.private=no",
+    ]
     cfg = load_config(None, words)
-    assert (cfg.infer.check_images, cfg.data.label_column, cfg.data.id_column, cfg.kaggle.owner,
-            cfg.model.hub_handle) == ("off", "no", "yes", "null", "on")
+    assert (
+        cfg.infer.check_images,
+        cfg.data.label_column,
+        cfg.data.id_column,
+        cfg.kaggle.owner,
+        cfg.model.hub_handle,
+    ) == ("off", "no", "yes", "null", "on")
     assert (cfg.model.trainable, cfg.infer.xla, cfg.kaggle.private) == (False, True, False)
     path = tmp_path / "words.yaml"
     path.write_text("infer:\n  check_images: off\n  xla: on\ndata:\n  label_column: null\nruntime:\n  tfrecords:\n")
     from_file = load_config(path)
-    assert (from_file.infer.check_images, from_file.infer.xla, from_file.data.label_column,
-            from_file.runtime.tfrecords) == ("off", True, "null", "")
-    for override, message in [("infer.check_images=3", "config key 'infer.check_images' must be one of ['warn', "
-                               "'strict', 'off'], got 3"), ("train.epochs=off", "must be int, got 'off'"),
-                              ("model.trainable=maybe", "config key 'model.trainable' must be bool, got 'maybe'"),
-                              ("data.label_column=[a, b]", "config key 'data.label_column' must be str")]:
+    assert (
+        from_file.infer.check_images,
+        from_file.infer.xla,
+        from_file.data.label_column,
+        from_file.runtime.tfrecords,
+    ) == ("off", True, "null", "")
+    for override, message in [
+        ("infer.check_images=3", "config key 'infer.check_images' must be one of ['warn', 'strict', 'off'], got 3"),
+        ("train.epochs=off", "must be int, got 'off'"),
+        ("model.trainable=maybe", "config key 'model.trainable' must be bool, got 'maybe'"),
+        ("data.label_column=[a, b]", "config key 'data.label_column' must be str"),
+    ]:
         with pytest.raises(ConfigError) as err:
             load_config(None, [override])
         assert message in str(err.value)
 
 
-@pytest.mark.parametrize(("override", "message"), [
-    ("train.epochs=0", "config key 'train.epochs' is 0, outside its range [1, inf)"),
-    ("train.steps_per_execution=0", "config key 'train.steps_per_execution' is 0, outside its range [1, inf)"),
-    ("model.dropout=1", "config key 'model.dropout' is 1.0, outside its range [0, 1)"),
-    ("infer.batch_size=0", "config key 'infer.batch_size' is 0, outside its range [1, inf)"),
-    ("data.image_size=0", "config key 'data.image_size' is 0, outside its range [8, 4096]"),
-    ("train.learning_rate=0", "config key 'train.learning_rate' is 0.0, outside its range (0, inf)"),
-    ("infer.tta=[flip, transpose]", "config key 'infer.tta' names unknown views ['flip']"),
-])
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("train.epochs=0", "config key 'train.epochs' is 0, outside its range [1, inf)"),
+        ("train.steps_per_execution=0", "config key 'train.steps_per_execution' is 0, outside its range [1, inf)"),
+        ("model.dropout=1", "config key 'model.dropout' is 1.0, outside its range [0, 1)"),
+        ("infer.batch_size=0", "config key 'infer.batch_size' is 0, outside its range [1, inf)"),
+        ("data.image_size=0", "config key 'data.image_size' is 0, outside its range [8, 4096]"),
+        ("train.learning_rate=0", "config key 'train.learning_rate' is 0.0, outside its range (0, inf)"),
+        ("infer.tta=[flip, transpose]", "config key 'infer.tta' names unknown views ['flip']"),
+    ],
+)
 def test_values_out_of_range_are_named_with_the_range(override, message):
     with pytest.raises(ConfigError) as err:
         load_config(None, [override])
@@ -112,10 +134,15 @@ def test_integer_class_names_are_read_as_names():
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize(("entry", "override"), [
-    ("train", "train.epochs=0"), ("train", "train.steps_per_execution=0"), ("train", "model.dropout=1"),
-    ("infer", "infer.batch_size=0"),
-])
+@pytest.mark.parametrize(
+    ("entry", "override"),
+    [
+        ("train", "train.epochs=0"),
+        ("train", "train.steps_per_execution=0"),
+        ("train", "model.dropout=1"),
+        ("infer", "infer.batch_size=0"),
+    ],
+)
 def test_entry_points_exit_2_naming_the_key(entry, override):
     import subprocess
     import sys
@@ -160,8 +187,11 @@ def test_ranges_are_read_as_written():
 def test_task_choices_are_the_tasks_known_when_the_value_is_set(monkeypatch):
     from common.tasks.types import TASKS
 
-    with pytest.raises(ConfigError, match=r"config key 'data.task' must be one of \['multiclass', 'binary', "
-                                          r"'multilabel', 'regression'\], got 'ordinal'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"config key 'data.task' must be one of \['multiclass', 'binary', "
+        r"'multilabel', 'regression'\], got 'ordinal'",
+    ):
         load_config(None, ["data.task=ordinal"])
     monkeypatch.setitem(TASKS, "ordinal", TASKS["regression"])  # a fifth task, added at run time
     assert load_config(None, ["data.task=ordinal"]).data.task == "ordinal"

@@ -25,8 +25,10 @@ from train_tpu.train import main as train_main
 from builders import kill_after_epochs, read_csv, write_competition, write_csv
 
 REPO = Path(__file__).resolve().parents[1]
-FIX = ("Fix: upload the dataset again (an upload or a copy cut short leaves a shard short or damaged), or write the "
-       "records again (`tpu2gpu tfrecords`) and attach them")
+FIX = (
+    "Fix: upload the dataset again (an upload or a copy cut short leaves a shard short or damaged), or write the "
+    "records again (`tpu2gpu tfrecords`) and attach them"
+)
 
 
 def records_copy(demo_records, tmp_path: Path) -> tuple[Path, dict]:
@@ -45,8 +47,9 @@ def truncate(path: Path) -> tuple[int, int]:
 
 
 @pytest.mark.e2e
-def test_a_truncated_and_a_missing_shard_stop_the_kernel_before_a_model_is_built(train_argv, demo_records, tmp_path,
-                                                                                  capsys):
+def test_a_truncated_and_a_missing_shard_stop_the_kernel_before_a_model_is_built(
+    train_argv, demo_records, tmp_path, capsys
+):
     records, manifest = records_copy(demo_records, tmp_path)
     short, missing = records / first_shard(manifest, "fold1"), records / first_shard(manifest, "fold2")
     recorded, found = truncate(short)
@@ -54,16 +57,19 @@ def test_a_truncated_and_a_missing_shard_stop_the_kernel_before_a_model_is_built
     missing.unlink()
     assert guarded("train_tpu", train_main, train_argv(f"runtime.tfrecords={records}")) == 2
     captured = capsys.readouterr()
-    assert captured.err == (f"train_tpu: error: 2 TFRecord shard(s) of {records} do not match its manifest.json "
-                            f"(checked before any record is read):\n  {short}: {found} bytes, the manifest recorded "
-                            f"{recorded}\n  {missing}: missing ({missing_bytes} bytes expected)\n{FIX}\n")
+    assert captured.err == (
+        f"train_tpu: error: 2 TFRecord shard(s) of {records} do not match its manifest.json "
+        f"(checked before any record is read):\n  {short}: {found} bytes, the manifest recorded "
+        f"{recorded}\n  {missing}: missing ({missing_bytes} bytes expected)\n{FIX}\n"
+    )
     assert "[train] precision" not in captured.out  # printed once the model is built
     assert not (tmp_path / "out" / "work" / "fold0" / "checkpoints").exists()
 
 
 @pytest.mark.e2e
-def test_a_corrupt_record_ends_the_fold_naming_its_shard_and_the_repaired_run_resumes(train_argv, demo_records,
-                                                                                      tmp_path, capsys):
+def test_a_corrupt_record_ends_the_fold_naming_its_shard_and_the_repaired_run_resumes(
+    train_argv, demo_records, tmp_path, capsys
+):
     records, manifest = records_copy(demo_records, tmp_path)
     argv = train_argv(f"runtime.tfrecords={records}", "train.epochs=4")
     progress = tmp_path / "out" / "work" / "fold0" / "checkpoints" / "progress.json"
@@ -73,8 +79,9 @@ def test_a_corrupt_record_ends_the_fold_naming_its_shard_and_the_repaired_run_re
     damaged = records / first_shard(manifest, "fold1")  # same size, 16 bytes flipped in the middle
     original = damaged.read_bytes()
     middle = len(original) // 2
-    damaged.write_bytes(original[:middle] + bytes(b ^ 0xFF for b in original[middle:middle + 16])
-                        + original[middle + 16:])
+    damaged.write_bytes(
+        original[:middle] + bytes(b ^ 0xFF for b in original[middle : middle + 16]) + original[middle + 16 :]
+    )
     assert guarded("train_tpu", train_main, argv) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"train_tpu: error: fold 0 met a damaged record in {damaged}: corrupted record at byte ")
@@ -98,10 +105,22 @@ def test_the_inference_kernel_names_a_truncated_test_shard(trained_export, demo_
     shard = records / first_shard(manifest, "test")
     recorded, found = truncate(shard)
     with pytest.raises(DataError) as err:
-        infer_main(["--set", f"infer.exports=[{trained_export}]", "--set", f"runtime.competition_dir={demo_dir}",
-                    "--set", f"runtime.tfrecords={records}", "--set", f"runtime.output_dir={tmp_path / 'out'}"])
-    assert str(err.value) == (f"1 TFRecord shard(s) of {records} do not match its manifest.json (checked before any "
-                              f"record is read):\n  {shard}: {found} bytes, the manifest recorded {recorded}\n{FIX}")
+        infer_main(
+            [
+                "--set",
+                f"infer.exports=[{trained_export}]",
+                "--set",
+                f"runtime.competition_dir={demo_dir}",
+                "--set",
+                f"runtime.tfrecords={records}",
+                "--set",
+                f"runtime.output_dir={tmp_path / 'out'}",
+            ]
+        )
+    assert str(err.value) == (
+        f"1 TFRecord shard(s) of {records} do not match its manifest.json (checked before any "
+        f"record is read):\n  {shard}: {found} bytes, the manifest recorded {recorded}\n{FIX}"
+    )
     assert not (tmp_path / "out").exists()
 
 
@@ -111,8 +130,9 @@ def test_the_scan_of_foreign_records_names_a_damaged_file(demo_records, tmp_path
     truncate(short)
     with pytest.raises(DataError) as err:
         scan_records([whole, short], RecordSchema())
-    assert str(err.value).startswith(f"1 TFRecord file(s) do not read back whole:\n  {short}: truncated record at "
-                                     "byte ")
+    assert str(err.value).startswith(
+        f"1 TFRecord file(s) do not read back whole:\n  {short}: truncated record at byte "
+    )
     assert str(err.value).endswith(FIX)
     assert not (records / ".tpu2gpu-scan.json").exists()  # nothing cached from a failed scan
 
@@ -131,7 +151,8 @@ def test_every_bad_train_csv_row_is_named_at_once_before_any_image_is_read(tmp_p
         "train.csv has 4 bad row(s), found in one pass before any image was read:\n"
         "  2 x empty label in column 'label': line 5 (id 'img003'), line 10 (id 'img008')\n"
         "  2 x duplicated id: line 8 (id 'img001', first on line 3), line 13 (id 'img002', first on line 4)\n"
-        "Fix: correct or remove those rows of train.csv")
+        "Fix: correct or remove those rows of train.csv"
+    )
     assert not (tmp_path / "out").exists()
 
 
@@ -139,8 +160,9 @@ def test_every_bad_train_csv_row_is_named_at_once_before_any_image_is_read(tmp_p
 def tmpfs(disk: Path, size: str):
     """A tmpfs of `size` at `disk` (root only: mounted here, unmounted after), holding one file of the user's."""
     disk.mkdir()
-    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)], capture_output=True,
-                           text=True)
+    mount = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)], capture_output=True, text=True
+    )
     if mount.returncode != 0:
         pytest.skip(f"a tmpfs cannot be mounted here ({mount.stderr.strip()}): run as root")
     (disk / "kept.txt").write_text("the folder's other files stay")
@@ -161,9 +183,11 @@ def test_a_conversion_onto_a_full_disk_is_refused_before_writing_with_both_figur
         convert_competition(demo_dir, tiny_disk / "records", load_config(None, []).data)
     needed = str(err.value).split("need about ")[1].split(",")[0]
     assert float(needed.split()[0]) > 1.0 and needed.endswith(" MB")
-    assert str(err.value) == (f"the records of 1797 images need about {needed}, and {tiny_disk} has 1.0 MB free; "
-                              "nothing was written. Fix: free space there, or write to a folder on a larger disk (on "
-                              "Kaggle /kaggle/working holds about 20 GB)")
+    assert str(err.value) == (
+        f"the records of 1797 images need about {needed}, and {tiny_disk} has 1.0 MB free; "
+        "nothing was written. Fix: free space there, or write to a folder on a larger disk (on "
+        "Kaggle /kaggle/working holds about 20 GB)"
+    )
     assert [p.name for p in tiny_disk.iterdir()] == ["kept.txt"]
 
 
@@ -171,33 +195,41 @@ def test_a_write_that_runs_out_of_space_is_one_line_and_leaves_nothing(tiny_disk
     with pytest.raises(UserError) as err, staged_dir(tiny_disk / "export") as tmp:
         (tmp / "big.bin").write_bytes(b"\0" * 2_000_000)
     assert str(err.value).startswith(f"{tiny_disk} ran out of space while export was written there (")
-    assert str(err.value).endswith("free once its partial copy was removed); nothing of it was kept. Fix: free space "
-                                   "there, or write to a folder on a larger disk")
+    assert str(err.value).endswith(
+        "free once its partial copy was removed); nothing of it was kept. Fix: free space "
+        "there, or write to a folder on a larger disk"
+    )
     assert [p.name for p in tiny_disk.iterdir()] == ["kept.txt"]
 
 
 @pytest.mark.e2e
 def test_the_full_check_reads_every_record_before_training_and_the_command_does_it_before_an_upload(
-        train_argv, demo_records, tmp_path, capsys):
+    train_argv, demo_records, tmp_path, capsys
+):
     records, manifest = records_copy(demo_records, tmp_path)
     from tpu2gpu.cli import main as cli_main
 
     assert cli_main(["verify-records", "--records", str(records), "--full"]) == 0
-    assert capsys.readouterr().out.startswith(f"6 shards of {records} (fold0, fold1, fold2, fold3, fold4, test): "
-                                              "present and of the size the manifest recorded, and every record read "
-                                              "back whole (")
+    assert capsys.readouterr().out.startswith(
+        f"6 shards of {records} (fold0, fold1, fold2, fold3, fold4, test): "
+        "present and of the size the manifest recorded, and every record read "
+        "back whole ("
+    )
     damaged = records / first_shard(manifest, "fold3")  # same size: only reading its records finds it
     data = damaged.read_bytes()
     damaged.write_bytes(data[:1000] + bytes(b ^ 0xFF for b in data[1000:1016]) + data[1016:])
     assert cli_main(["verify-records", "--records", str(records)]) == 0  # the size check alone passes it
     assert cli_main(["verify-records", "--records", str(records), "--full"]) == 2
-    assert (f"1 TFRecord shard(s) of {records} hold a damaged record (verify-records --full read every record):\n  "
-            f"{damaged}: corrupted record at byte ") in capsys.readouterr().err
-    assert guarded("train_tpu", train_main, train_argv(f"runtime.tfrecords={records}",
-                                                       "data.verify_records=full")) == 2
+    assert (
+        f"1 TFRecord shard(s) of {records} hold a damaged record (verify-records --full read every record):\n  "
+        f"{damaged}: corrupted record at byte "
+    ) in capsys.readouterr().err
+    assert guarded("train_tpu", train_main, train_argv(f"runtime.tfrecords={records}", "data.verify_records=full")) == 2
     captured = capsys.readouterr()
-    assert captured.err.startswith(f"train_tpu: error: 1 TFRecord shard(s) of {records} hold a damaged record "
-                                   f"(data.verify_records=full read every record):\n  {damaged}: corrupted record at ")
+    assert captured.err.startswith(
+        f"train_tpu: error: 1 TFRecord shard(s) of {records} hold a damaged record "
+        f"(data.verify_records=full read every record):\n  {damaged}: corrupted record at "
+    )
     assert "[train] precision" not in captured.out  # before any model is built
 
 
@@ -208,7 +240,9 @@ def test_a_checkpoint_that_runs_out_of_space_is_one_line_and_the_last_one_stays(
         err = capsys.readouterr().err
         checkpoints = disk / "work" / "fold0" / "checkpoints"
         assert err.startswith(f"train_tpu: error: {disk / 'work' / 'fold0'} ran out of space while fold 0 trained (")
-        assert err.endswith("free); a rerun resumes from its checkpoint after epoch 1. Fix: free space there, or set "
-                            "runtime.scratch_dir to a larger disk\n")
+        assert err.endswith(
+            "free); a rerun resumes from its checkpoint after epoch 1. Fix: free space there, or set "
+            "runtime.scratch_dir to a larger disk\n"
+        )
         assert json.loads((checkpoints / "progress.json").read_text())["epochs_done"] == 1
         assert not list(checkpoints.glob("*_temp"))  # the half-written one is gone

@@ -128,7 +128,8 @@ def test_per_replica_datasets_under_mirrored_strategy(demo_records):
     strategy = get_strategy("mirrored")
     data_cfg = load_config(None, ["data.image_size=32"]).data
     dist = strategy.distribute_datasets_from_function(
-        lambda ctx: make_train_dataset(train_files, data_cfg, InputShare(16, ctx)))
+        lambda ctx: make_train_dataset(train_files, data_cfg, InputShare(16, ctx))
+    )
     images, labels = next(iter(dist))
     local = strategy.experimental_local_results(images)
     assert len(local) == 2 and all(t.shape == (8, 32, 32, 3) for t in local)  # global 16 = 2 replicas x 8
@@ -154,12 +155,16 @@ def test_foreign_records_are_counted_and_their_labels_checked_before_training(tm
     schema = RecordSchema(image="image", label="class", id="id")
     for split, labels in (("train", [0, 1, 2, 3, 0, 1, 2]), ("val", [3, 2, 1])):
         (tmp_path / split).mkdir()
-        for part, chunk in enumerate((labels[: len(labels) // 2], labels[len(labels) // 2:])):
+        for part, chunk in enumerate((labels[: len(labels) // 2], labels[len(labels) // 2 :])):
             with tf.io.TFRecordWriter(str(tmp_path / split / f"{split}-0000{part}-of-00002.tfrecord")) as writer:
                 for i, label in enumerate(chunk):
                     writer.write(serialize_example(image_bytes(i, 24), f"{split}{part}{i}", label, schema))
-    settings = ["data.label_feature=class", "data.class_names=[a, b, c, d]", "data.train_files=train/*.tfrecord",
-                "data.val_files=val/*.tfrecord"]
+    settings = [
+        "data.label_feature=class",
+        "data.class_names=[a, b, c, d]",
+        "data.train_files=train/*.tfrecord",
+        "data.val_files=val/*.tfrecord",
+    ]
     records = record_set(str(tmp_path), load_config(None, settings).data, 0)
     assert (records.train_count, records.val_count) == (7, 3)
     assert (tmp_path / "train" / SCAN_CACHE).is_file()  # the next run reads the counts from here
@@ -167,10 +172,16 @@ def test_foreign_records_are_counted_and_their_labels_checked_before_training(tm
 
     with tf.io.TFRecordWriter(str(tmp_path / "train" / "train-00002-of-00002.tfrecord")) as writer:
         writer.write(serialize_example(image_bytes(9, 24), "bad", 7, schema))
-    with pytest.raises(DataError, match=r"train-00002-of-00002.tfrecord \(data.train_files\) holds label\(s\) \[7\], "
-                                        r"outside the 4 classes of data.class_names"):
+    with pytest.raises(
+        DataError,
+        match=r"train-00002-of-00002.tfrecord \(data.train_files\) holds label\(s\) \[7\], "
+        r"outside the 4 classes of data.class_names",
+    ):
         record_set(str(tmp_path), load_config(None, settings).data, 0)
     (tmp_path / "train" / "train-00002-of-00002.tfrecord").unlink()
-    with pytest.raises(DataError, match=r"the records have no feature 'label' \(data.label_feature\); they hold "
-                                        r"\['class', 'id', 'image'\]"):
+    with pytest.raises(
+        DataError,
+        match=r"the records have no feature 'label' \(data.label_feature\); they hold "
+        r"\['class', 'id', 'image'\]",
+    ):
         record_set(str(tmp_path), load_config(None, [*settings[1:]]).data, 0)

@@ -50,6 +50,7 @@ def turns_of(out: np.ndarray, image: np.ndarray, flips: bool = False) -> int | N
 
 def ramp_span(out: np.ndarray, image: np.ndarray) -> float:
     """The share of the image's left-to-right rise the output still spans (1: the whole width; a crop or zoom: less)."""
+
     def rise(x):
         profile = x.astype(float).mean(axis=(0, 2))
         return profile[-2] - profile[1]
@@ -65,8 +66,10 @@ def hsv(images: np.ndarray) -> np.ndarray:
 
 def test_flips_and_quarter_turns_draw_every_kind_on_both():
     images = fixed_batch()
-    for settings, flips, kinds in ((["data.flip_left_right=true"], True, {0, 1}), (["data.rotate90=true"], False,
-                                                                                      {0, 1, 2, 3})):
+    for settings, flips, kinds in (
+        (["data.flip_left_right=true"], True, {0, 1}),
+        (["data.rotate90=true"], False, {0, 1, 2, 3}),
+    ):
         for out in both(settings, images):
             drawn = [turns_of(o, i, flips) for o, i in zip(out, images, strict=True)]
             assert None not in drawn and set(drawn) == kinds, (settings, drawn)
@@ -130,29 +133,54 @@ def test_the_device_resamples_as_tensorflows_projective_transform():
 
     images = fixed_batch(4).astype(np.float32)
     angle, scale, centre = math.radians(30), 1.2, (SIZE - 1) / 2
-    forward = np.array([[1, 0, centre + 3], [0, 1, centre - 2], [0, 0, 1]]) @ np.array(
-        [[math.cos(angle), -math.sin(angle), 0], [math.sin(angle), math.cos(angle), 0], [0, 0, 1]]) @ np.diag(
-        [scale, scale, 1]) @ np.array([[1, 0, -centre], [0, 1, -centre], [0, 0, 1]])
+    forward = (
+        np.array([[1, 0, centre + 3], [0, 1, centre - 2], [0, 0, 1]])
+        @ np.array([[math.cos(angle), -math.sin(angle), 0], [math.sin(angle), math.cos(angle), 0], [0, 0, 1]])
+        @ np.diag([scale, scale, 1])
+        @ np.array([[1, 0, -centre], [0, 1, -centre], [0, 0, 1]])
+    )
     inverse = np.linalg.inv(forward)
     host = tf.raw_ops.ImageProjectiveTransformV3(
-        images=images, transforms=np.tile((inverse / inverse[2, 2]).reshape(9)[:8], (4, 1)).astype(np.float32),
-        output_shape=[SIZE, SIZE], fill_value=0.0, interpolation="BILINEAR", fill_mode="REFLECT").numpy()
-    device = resample(torch.from_numpy(images).permute(0, 3, 1, 2),
-                      torch.from_numpy(np.tile(inverse, (4, 1, 1))).float(), "reflection").permute(0, 2, 3, 1)
+        images=images,
+        transforms=np.tile((inverse / inverse[2, 2]).reshape(9)[:8], (4, 1)).astype(np.float32),
+        output_shape=[SIZE, SIZE],
+        fill_value=0.0,
+        interpolation="BILINEAR",
+        fill_mode="REFLECT",
+    ).numpy()
+    device = resample(
+        torch.from_numpy(images).permute(0, 3, 1, 2),
+        torch.from_numpy(np.tile(inverse, (4, 1, 1))).float(),
+        "reflection",
+    ).permute(0, 2, 3, 1)
     assert np.abs(device.numpy() - host).max() < 0.5  # float32 rounding of the coordinates, on 0-255 values
 
 
 @pytest.mark.e2e
-def test_the_torch_route_trains_a_fold_with_the_augmentation_on_the_device(demo_records, tiny_timm_backbone, tmp_path,
-                                                                           capsys):
+def test_the_torch_route_trains_a_fold_with_the_augmentation_on_the_device(
+    demo_records, tiny_timm_backbone, tmp_path, capsys
+):
     from train_tpu.train import main
 
     records_dir, _ = demo_records
-    settings = ["train.framework=torch", "model.backbone=timm", f"model.timm_model={tiny_timm_backbone}",
-                "data.image_size=16", "data.augment_on=device", "data.rotation=15", "data.brightness=0.1",
-                "data.cutout=1", "train.fold=0", "train.epochs=2", "train.steps_per_epoch=4", "train.batch_size=32",
-                "train.learning_rate=0.01", "train.export_float16=false", f"runtime.tfrecords={records_dir}",
-                f"runtime.output_dir={tmp_path / 'out'}"]
+    settings = [
+        "train.framework=torch",
+        "model.backbone=timm",
+        f"model.timm_model={tiny_timm_backbone}",
+        "data.image_size=16",
+        "data.augment_on=device",
+        "data.rotation=15",
+        "data.brightness=0.1",
+        "data.cutout=1",
+        "train.fold=0",
+        "train.epochs=2",
+        "train.steps_per_epoch=4",
+        "train.batch_size=32",
+        "train.learning_rate=0.01",
+        "train.export_float16=false",
+        f"runtime.tfrecords={records_dir}",
+        f"runtime.output_dir={tmp_path / 'out'}",
+    ]
     assert main([a for s in settings for a in ("--set", s)]) == 0
     card = (tmp_path / "out" / "export" / "fold0" / "model_card.json").read_text()
     assert '"augment_on": "device"' in card and '"optimizer_steps": 8' in card

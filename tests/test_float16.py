@@ -37,12 +37,12 @@ def sharp_model(policy: str, offset: float) -> tf.keras.Model:
     try:
         images = tf.keras.Input((SIZE, SIZE, 3), dtype=tf.uint8, name="image")
         x = tf.keras.layers.Rescaling(1.0 / 255.0, dtype="float32", name="to_unit_range")(images)
-        x = tf.keras.layers.Conv2D(8, 3, kernel_initializer=tf.keras.initializers.GlorotUniform(seed=1),
-                                   name="conv")(x)
+        x = tf.keras.layers.Conv2D(8, 3, kernel_initializer=tf.keras.initializers.GlorotUniform(seed=1), name="conv")(x)
         x = tf.keras.layers.GlobalAveragePooling2D(name="pool")(x)
         x = tf.keras.layers.Dropout(0.0, name="head_dropout")(x)
-        x = tf.keras.layers.Dense(len(CLASS_NAMES), name="head_logits",
-                                  kernel_initializer=tf.keras.initializers.GlorotUniform(seed=2))(x)
+        x = tf.keras.layers.Dense(
+            len(CLASS_NAMES), name="head_logits", kernel_initializer=tf.keras.initializers.GlorotUniform(seed=2)
+        )(x)
         outputs = tf.keras.layers.Activation("softmax", dtype="float32", name="predictions")(x)
         model = tf.keras.Model(images, outputs)
     finally:
@@ -65,11 +65,12 @@ def test_the_tensor_core_emulation_accumulates_in_float32_and_rounds_what_float1
     closer to float32 than a float16 accumulation of the same sum, and every compute op of its trace is float32."""
     tf.keras.mixed_precision.set_global_policy("mixed_float16")
     try:
-        dense = tf.keras.Sequential([tf.keras.Input((4096,)), tf.keras.layers.Dense(1, use_bias=False,
-                                                                                    kernel_initializer="ones")])
+        dense = tf.keras.Sequential(
+            [tf.keras.Input((4096,)), tf.keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")]
+        )
     finally:
         tf.keras.mixed_precision.set_global_policy("float32")
-    x = np.full((1, 4096), 1.0 + 2.0 ** -10, np.float32)  # representable in float16; the sum is 4100 exactly
+    x = np.full((1, 4096), 1.0 + 2.0**-10, np.float32)  # representable in float16; the sum is 4100 exactly
     emulated = tensor_core_outputs(dense, x)
     assert emulated.dtype == np.float32 and emulated[0, 0] == 4100.0  # float16 holds 4100 (steps of 4 there)
     # Summed in float16 instead, each step past 2048 rounds the running total: 4096, not 4100.
@@ -90,9 +91,11 @@ def test_a_float16_signature_that_misses_its_tolerance_is_left_out_and_the_float
     assert check["arithmetic"] == "float16 storage, float32 accumulation, as tensor cores compute"
     assert check["tolerance"] == 1e-2 and check["images"] == 8 and check["max_abs_diff"] > 0.1, check
     note = written.precision["float16_signature"]
-    assert note.startswith(f"not exported: on the verify images it differs by {check['max_abs_diff']:.1e} from the "
-                           "float32 outputs (float16 storage, float32 accumulation, as tensor cores compute; "
-                           "tolerance 1e-02)"), note
+    assert note.startswith(
+        f"not exported: on the verify images it differs by {check['max_abs_diff']:.1e} from the "
+        "float32 outputs (float16 storage, float32 accumulation, as tensor cores compute; "
+        "tolerance 1e-02)"
+    ), note
     assert f"[train] float16 signature {note}" in log
     saved = json.loads((export / "model_card.json").read_text())
     assert saved["complete"] is True and saved["precisions"] == {"float32": "serving_default"}
@@ -105,33 +108,43 @@ def test_a_float16_signature_that_misses_its_tolerance_is_left_out_and_the_float
     kept = export_models(tmp_path / "mild", mild, ExportContents(card(), verify), export_float16=True)
     assert kept.precisions == {"float32": "serving_default", "float16": "serving_float16"}
     assert kept.precision["float16_check"]["max_abs_diff"] < 1e-2
-    assert kept.precision["float16_signature"].startswith("exported: its graph runs 100% of the compute ops in "
-                                                          "float16, ")
+    assert kept.precision["float16_signature"].startswith(
+        "exported: its graph runs 100% of the compute ops in float16, "
+    )
     assert kept.verification["max_abs_diff"]["float16"] < 1e-2  # this CPU's float16 kernels, recorded
 
 
 def test_the_inference_kernel_falls_back_to_float32_where_the_float16_signature_differs_on_its_first_batch(
-        demo_dir, tmp_path):
+    demo_dir, tmp_path
+):
     """An export whose float16 signature was written anyway (as an older export's, or one whose verify images were
     kinder than the test set): the kernel asked for float16 compares it on the first test batch, says so in one line
     and predicts in float32, and its submission is the float32 one's."""
     sharp16, sharp32, verify = sharp_model("mixed_float16", 3000.0), sharp_model("float32", 3000.0), images(0)
-    contents = ExportContents(dataclasses.replace(card(), precision={"float16_signature": "written by the test"}),
-                              verify, expected=host_reference(sharp32, verify))
+    contents = ExportContents(
+        dataclasses.replace(card(), precision={"float16_signature": "written by the test"}),
+        verify,
+        expected=host_reference(sharp32, verify),
+    )
     assert np.abs(tensor_core_outputs(sharp16, verify) - contents.expected).max() > 0.1
     export = tmp_path / "export" / "fold0"
     write_export(export, sharp32, contents, float16_model=sharp16)
 
     def argv(precision: str, out: str) -> list[str]:
-        settings = [f"infer.exports=[{export.parent}]", f"runtime.competition_dir={demo_dir}",
-                    f"runtime.output_dir={tmp_path / out}", f"infer.precision={precision}"]
+        settings = [
+            f"infer.exports=[{export.parent}]",
+            f"runtime.competition_dir={demo_dir}",
+            f"runtime.output_dir={tmp_path / out}",
+            f"infer.precision={precision}",
+        ]
         return [a for s in settings for a in ("--set", s)]
 
     run = run_inference_kernels([argv("float16", "half"), argv("float32", "full")])
     assert run.returncode == 0, run.stderr[-3000:]
     line = next(x for x in run.stdout.splitlines() if x.startswith("[infer] float16 signature"))
     assert line.startswith(f"[infer] float16 signature of {export} differs by ") and line.endswith(
-        " from its float32 one on the first 128 test image(s) (tolerance 1e-02): every export predicts in float32")
+        " from its float32 one on the first 128 test image(s) (tolerance 1e-02): every export predicts in float32"
+    )
     assert float(line.split("differs by ")[1].split()[0]) > 0.1
     half, full = ((tmp_path / out / "submission.csv").read_text() for out in ("half", "full"))
     assert half == full and len(half.splitlines()) == 361
@@ -139,7 +152,8 @@ def test_the_inference_kernel_falls_back_to_float32_where_the_float16_signature_
 
 @pytest.mark.slow
 def test_the_training_kernel_whose_float16_signature_misses_exits_0_with_a_verified_float32_export(
-        demo_records, tmp_path, monkeypatch, capsys):
+    demo_records, tmp_path, monkeypatch, capsys
+):
     """Slow (33 s on 2 cores: EfficientNet-B0 traced and trained a step): the kernel's side of
     test_a_float16_signature_that_misses_its_tolerance_is_left_out_and_the_float32_export_kept, which checks the same
     export in the default run (and the real-weights probes of tests/test_real_weights.py meet either outcome through
@@ -148,9 +162,17 @@ def test_the_training_kernel_whose_float16_signature_misses_exits_0_with_a_verif
     from train_tpu.train import main as train_main
 
     monkeypatch.setattr("common.export.writer.FLOAT16_TOLERANCE", 0.0)
-    settings = [f"runtime.tfrecords={demo_records[0]}", "model.backbone=efficientnet",
-                "model.efficientnet_weights=none", "data.image_size=32", "train.fold=0", "train.epochs=1",
-                "train.steps_per_epoch=1", "train.batch_size_per_replica=8", f"runtime.output_dir={tmp_path}"]
+    settings = [
+        f"runtime.tfrecords={demo_records[0]}",
+        "model.backbone=efficientnet",
+        "model.efficientnet_weights=none",
+        "data.image_size=32",
+        "train.fold=0",
+        "train.epochs=1",
+        "train.steps_per_epoch=1",
+        "train.batch_size_per_replica=8",
+        f"runtime.output_dir={tmp_path}",
+    ]
     assert train_main([a for s in settings for a in ("--set", s)]) == 0
     log = capsys.readouterr().out
     card = json.loads((tmp_path / "export" / "fold0" / "model_card.json").read_text())
@@ -158,7 +180,9 @@ def test_the_training_kernel_whose_float16_signature_misses_exits_0_with_a_verif
     assert card["complete"] is True and card["precisions"] == {"float32": "serving_default"}
     assert check["max_abs_diff"] > 0 and check["tolerance"] == 0.0
     note = card["precision"]["float16_signature"]
-    assert note.startswith(f"not exported: on the verify images it differs by {check['max_abs_diff']:.1e} from the "
-                           "float32 outputs (float16 storage, float32 accumulation, as tensor cores compute; "), note
+    assert note.startswith(
+        f"not exported: on the verify images it differs by {check['max_abs_diff']:.1e} from the "
+        "float32 outputs (float16 storage, float32 accumulation, as tensor cores compute; "
+    ), note
     assert f"[train] float16 signature {note}" in log
     assert "[train] fold 0: export verified and complete" in log

@@ -100,10 +100,19 @@ except DataError as err:
 
 def training_settings(backbone: Path, records: str, out: str) -> str:
     """Two short epochs of fold 0, reproducible (train.seed, a fixed read order, no augmentation)."""
-    items = [f"runtime.tfrecords={records}", f"runtime.output_dir={out}", "train.fold=0",
-             f"model.hub_handle={backbone}", "data.image_size=16", "train.epochs=2", "train.steps_per_epoch=20",
-             "train.batch_size_per_replica=8", "train.export_float16=false", "data.deterministic=true",
-             "data.augment=false"]
+    items = [
+        f"runtime.tfrecords={records}",
+        f"runtime.output_dir={out}",
+        "train.fold=0",
+        f"model.hub_handle={backbone}",
+        "data.image_size=16",
+        "train.epochs=2",
+        "train.steps_per_epoch=20",
+        "train.batch_size_per_replica=8",
+        "train.export_float16=false",
+        "data.deterministic=true",
+        "data.augment=false",
+    ]
     return " ".join(f"--set {item}" for item in items)
 
 
@@ -118,16 +127,33 @@ def test_a_run_in_a_bucket_converts_trains_is_killed_resumes_from_the_bucket_and
     infer = TENSORFLOW_ALONE + (
         "from infer_gpu.infer import main; pairs = list(zip(sys.argv[1::2], sys.argv[2::2])); "
         "sys.exit(next(filter(None, (main(['--set', f'infer.exports=[{e}]', '--set', f'runtime.output_dir={o}', "
-        "'--set', 'runtime.competition_dir=comp', '--set', 'runtime.tfrecords=']) for e, o in pairs)), 0))")
-    env = {"PYTHON": sys.executable, "CONVERT": CONVERT, "AFTER": AFTER, "NO_MANIFEST": NO_MANIFEST, "INFER": infer,
-           "RUN": BUCKET_RUN,
-           "TRAIN": training_settings(tiny_backbone, "gs://bars-bucket/tfr", BUCKET_RUN),
-           "LOCAL_TRAIN": training_settings(tiny_backbone, "tfr", "local")}
+        "'--set', 'runtime.competition_dir=comp', '--set', 'runtime.tfrecords=']) for e, o in pairs)), 0))"
+    )
+    env = {
+        "PYTHON": sys.executable,
+        "CONVERT": CONVERT,
+        "AFTER": AFTER,
+        "NO_MANIFEST": NO_MANIFEST,
+        "INFER": infer,
+        "RUN": BUCKET_RUN,
+        "TRAIN": training_settings(tiny_backbone, "gs://bars-bucket/tfr", BUCKET_RUN),
+        "LOCAL_TRAIN": training_settings(tiny_backbone, "tfr", "local"),
+    }
     run = run_with_gcs(["bash", "-c", f"cd {tmp_path} && {JOURNEY}"], tmp_path / "gcs", ["bars-bucket"], env)
     logs = {p.stem: p.read_text() for p in tmp_path.glob("*.log")}
     report = run.stdout + run.stderr + "".join(f"\n--- {k}\n{v[-2500:]}" for k, v in logs.items())
-    for step in ("CONVERT", "RESUMED", "LOCAL_RESUMED", "INFER_THREE", "AFTER",
-                 "REPAIRED", "EMPTIED", "REFILLED", "INFER_REFILLED", "NO_MANIFEST"):
+    for step in (
+        "CONVERT",
+        "RESUMED",
+        "LOCAL_RESUMED",
+        "INFER_THREE",
+        "AFTER",
+        "REPAIRED",
+        "EMPTIED",
+        "REFILLED",
+        "INFER_REFILLED",
+        "NO_MANIFEST",
+    ):
         assert f"{step} 0" in run.stdout, report
     assert "CUT 2" in run.stdout, report
     assert "KILLED killed.log" in run.stdout and "KILLED local-killed.log" in run.stdout, report
@@ -144,21 +170,28 @@ def test_a_run_in_a_bucket_converts_trains_is_killed_resumes_from_the_bucket_and
     assert re.search(r"\[gcs\] gs://bars-bucket/run/work/fold0: \d+ file\(s\), [\d.]+ MB, pushed", logs["killed"])
     resumed = logs["resumed"]
     assert "[gcs] gs://bars-bucket: access granted with the token in GOOGLE_AUTH_TOKEN_FOR_TESTING" in resumed
-    assert ("[gcs] gs://bars-bucket/run/work/fold0: taken from the bucket into "
-            "runs/gcs/output/bars-bucket/run/work/fold0") in resumed
+    assert (
+        "[gcs] gs://bars-bucket/run/work/fold0: taken from the bucket into runs/gcs/output/bars-bucket/run/work/fold0"
+    ) in resumed
     assert "[train] resuming from the checkpoint after epoch 1" in resumed
     assert "[train] epoch 2:" in resumed and "[train] epoch 1:" not in resumed
 
     # What the bucket holds: the export (its card), the history, the report; no checkpoint once exported.
     after = logs["after"]
     bucket = json.loads(after.split("BUCKET ")[1].splitlines()[0])
-    assert {"export/fold0/model_card.json", "export/fold0/saved_model/saved_model.pb", "export/fold0/history.csv",
-            "export/training_report.json", "work/fold0/history.csv"} <= set(bucket), bucket
+    assert {
+        "export/fold0/model_card.json",
+        "export/fold0/saved_model/saved_model.pb",
+        "export/fold0/history.csv",
+        "export/training_report.json",
+        "work/fold0/history.csv",
+    } <= set(bucket), bucket
     assert not [name for name in bucket if "checkpoints/" in name], bucket
     card = json.loads((tmp_path / "runs/gcs/output/bars-bucket/run/export/fold0/model_card.json").read_text())
     assert card["complete"] and card["config"]["runtime"]["output_dir"] == BUCKET_RUN
-    assert [row["epoch"] for row in csv_rows(tmp_path / "runs/gcs/output/bars-bucket/run/export/fold0/history.csv")] \
-        == ["0", "1"]
+    assert [
+        row["epoch"] for row in csv_rows(tmp_path / "runs/gcs/output/bars-bucket/run/export/fold0/history.csv")
+    ] == ["0", "1"]
 
     # The inference kernel (TensorFlow alone) scores the export from the bucket as from its local copy, and as the
     # same run on local paths: the same probabilities to the last printed digit.
@@ -168,34 +201,43 @@ def test_a_run_in_a_bucket_converts_trains_is_killed_resumes_from_the_bucket_and
     assert len(from_bucket.splitlines()) == 5
     for other in ("infer-local", "infer-local-run"):
         assert (tmp_path / other / "probabilities.csv").read_text() == from_bucket, other
-        assert (tmp_path / other / "submission.csv").read_text() == (tmp_path / "infer-gcs" / "submission.csv"
-                                                                      ).read_text()
+        assert (tmp_path / other / "submission.csv").read_text() == (
+            tmp_path / "infer-gcs" / "submission.csv"
+        ).read_text()
 
     # Uploads cut short are refused by name.
-    assert ("NO CARD gs://bars-bucket/run/export/fold0 holds a SavedModel without its model_card.json: its upload "
-            "was cut short, so it is not taken for an export. Fix: run the training again with the same "
-            "runtime.output_dir (it uploads that fold again)") in after
-    assert ("NO MANIFEST gs://bars-bucket/tfr has no manifest.json, so data.class_names must list the classes"
-            ) in logs["no-manifest"]
+    assert (
+        "NO CARD gs://bars-bucket/run/export/fold0 holds a SavedModel without its model_card.json: its upload "
+        "was cut short, so it is not taken for an export. Fix: run the training again with the same "
+        "runtime.output_dir (it uploads that fold again)"
+    ) in after
+    assert ("NO MANIFEST gs://bars-bucket/tfr has no manifest.json, so data.class_names must list the classes") in logs[
+        "no-manifest"
+    ]
     assert not Path("gs:").exists() and not (tmp_path / "gs:").exists()
 
     # The bucket is the truth, the local copy a cache. Following that fix: the complete local export is pushed, card
     # last, and nothing is trained again.
     local = "runs/gcs/output/bars-bucket/run/export/fold0"
     for log in ("repaired", "cut", "refilled"):
-        assert ("[gcs] gs://bars-bucket/run/export/fold0 has no model_card.json (an upload cut short, or a folder "
-                f"emptied): the complete local copy {local} is pushed, its model_card.json last") in logs[log], log
+        assert (
+            "[gcs] gs://bars-bucket/run/export/fold0 has no model_card.json (an upload cut short, or a folder "
+            f"emptied): the complete local copy {local} is pushed, its model_card.json last"
+        ) in logs[log], log
         assert "[train] epoch" not in logs[log], log
     for log in ("repaired", "refilled"):
         assert re.search(r"\[gcs\] gs://bars-bucket/run/export/fold0: \d+ file\(s\), [\d.]+ MB, pushed", logs[log])
         assert "[train] fold 0: already exported in" in logs[log], log
     # The folder emptied by hand, then a push refused after 3 objects (the write check took one): one error naming
     # what the bucket holds and the fix; the fix, followed, completes the bucket.
-    assert ("train_tpu: error: pushing runs/gcs/output/bars-bucket/run/export/fold0 to the bucket failed after 2 of "
-            ) in logs["cut"], logs["cut"][-2000:]
-    assert ("it holds gs://bars-bucket/run/export/fold0 without its model_card.json, which no reader takes for "
-            "complete. Fix: run the same command again once the bucket answers: it pushes what the bucket lacks from "
-            "the local copy in runs/gcs/output/bars-bucket/run") in logs["cut"]
+    assert (
+        "train_tpu: error: pushing runs/gcs/output/bars-bucket/run/export/fold0 to the bucket failed after 2 of "
+    ) in logs["cut"], logs["cut"][-2000:]
+    assert (
+        "it holds gs://bars-bucket/run/export/fold0 without its model_card.json, which no reader takes for "
+        "complete. Fix: run the same command again once the bucket answers: it pushes what the bucket lacks from "
+        "the local copy in runs/gcs/output/bars-bucket/run"
+    ) in logs["cut"]
     # The inference kernel takes the export the last repair pushed from the bucket: the same submission as before.
     assert "[gcs] gs://bars-bucket/run/export: 1 export(s)" in logs["infer-refilled"]
     for name in ("probabilities.csv", "submission.csv"):
@@ -235,13 +277,19 @@ def test_a_credential_the_bucket_refuses_ends_the_job_before_training_and_no_sec
     report = run.stdout + run.stderr + "".join(f"\n--- {k}\n{v[-2500:]}" for k, v in logs.items())
     assert "WRONG_TOKEN 2" in run.stdout and "WRONG_KEY 2" in run.stdout and "RIGHT_KEY 0" in run.stdout, report
 
-    assert ("train_tpu: error: gs://bars-bucket refused reading gs://bars-bucket/tfr (HTTP 401) with the token in "
-            "GOOGLE_AUTH_TOKEN_FOR_TESTING. Fix: export GOOGLE_APPLICATION_CREDENTIALS=") in logs["wrong-token"]
+    assert (
+        "train_tpu: error: gs://bars-bucket refused reading gs://bars-bucket/tfr (HTTP 401) with the token in "
+        "GOOGLE_AUTH_TOKEN_FOR_TESTING. Fix: export GOOGLE_APPLICATION_CREDENTIALS="
+    ) in logs["wrong-token"]
     assert "=== fold" not in logs["wrong-token"] and not (tmp_path / "runs").exists()
-    assert (f"tpu2gpu tfrecords: error: gs://bars-bucket refused writing to gs://bars-bucket/tfr (HTTP 401) with the "
-            f"key file GOOGLE_APPLICATION_CREDENTIALS names ({stranger}). Fix:") in logs["wrong-key"]
-    assert "[gcs] gs://bars-bucket: access granted with the key file GOOGLE_APPLICATION_CREDENTIALS names" in \
-        logs["right-key"]
+    assert (
+        f"tpu2gpu tfrecords: error: gs://bars-bucket refused writing to gs://bars-bucket/tfr (HTTP 401) with the "
+        f"key file GOOGLE_APPLICATION_CREDENTIALS names ({stranger}). Fix:"
+    ) in logs["wrong-key"]
+    assert (
+        "[gcs] gs://bars-bucket: access granted with the key file GOOGLE_APPLICATION_CREDENTIALS names"
+        in logs["right-key"]
+    )
     assert "TFRecords and manifest.json in gs://bars-bucket/tfr" in logs["right-key"]
 
     # No secret anywhere: the token the bucket accepts, the wrong one, and each key's private part.
@@ -295,14 +343,19 @@ print("START_OVER", here.exists(), left)
 def test_checkpoints_settle_toward_the_side_ahead_and_start_over_removes_both(tmp_path):
     """A local checkpoint ahead of the bucket's (a push that never started) is pushed before training goes on; a
     bucket ahead of the local copy is taken; runtime.start_over removes the fold's checkpoint from both."""
-    run = run_with_gcs(["bash", "-c", f'cd {tmp_path} && "$PYTHON" -c "$SETTLE"'], tmp_path / "gcs", ["bars-bucket"],
-                       {"PYTHON": sys.executable, "SETTLE": SETTLE})
+    run = run_with_gcs(
+        ["bash", "-c", f'cd {tmp_path} && "$PYTHON" -c "$SETTLE"'],
+        tmp_path / "gcs",
+        ["bars-bucket"],
+        {"PYTHON": sys.executable, "SETTLE": SETTLE},
+    )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
-    assert ("[gcs] gs://bars-bucket/run/work/fold0 is behind the local copy (1 against 2): the complete local copy "
-            "here/work/fold0 is pushed, its checkpoints/progress.json last") in run.stdout
+    assert (
+        "[gcs] gs://bars-bucket/run/work/fold0 is behind the local copy (1 against 2): the complete local copy "
+        "here/work/fold0 is pushed, its checkpoints/progress.json last"
+    ) in run.stdout
     assert 'AHEAD weights after epoch 2 | {"epochs_done": 2}' in run.stdout
     assert "[gcs] gs://bars-bucket/run/work/fold0: taken from the bucket into here/work/fold0" in run.stdout
     assert "BEHIND weights after epoch 3" in run.stdout
     assert "[train] fold 0: runtime.start_over=true: its export and checkpoints removed" in run.stdout
     assert "START_OVER False []" in run.stdout  # nothing left here, no object left in the bucket
-

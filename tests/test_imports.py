@@ -27,11 +27,28 @@ FLOORS = {
     "common.data": ("common", "common.core", "common.tasks"),
     "common.training": ("common", "common.core", "common.tasks", "common.export", "common.launch", "common.data"),
     "common.inference": ("common", "common.core", "common.tasks", "common.export", "common.data"),
-    "train_tpu": ("common", "common.core", "common.tasks", "common.export", "common.launch", "common.data",
-                  "common.training"),
+    "train_tpu": (
+        "common",
+        "common.core",
+        "common.tasks",
+        "common.export",
+        "common.launch",
+        "common.data",
+        "common.training",
+    ),
     "infer_gpu": ("common", "common.core", "common.tasks", "common.export", "common.data", "common.inference"),
-    "tpu2gpu": ("common", "common.core", "common.tasks", "common.export", "common.launch", "common.data",
-                "common.training", "common.inference", "train_tpu", "infer_gpu"),
+    "tpu2gpu": (
+        "common",
+        "common.core",
+        "common.tasks",
+        "common.export",
+        "common.launch",
+        "common.data",
+        "common.training",
+        "common.inference",
+        "train_tpu",
+        "infer_gpu",
+    ),
 }
 
 
@@ -54,7 +71,7 @@ def import_graph(root: Path, packages) -> dict[str, set[str]]:
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:  # relative: from . import x, from .y import z
-                    anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                     base = ".".join(anchor + ([base] if base else []))
                 targets.add(base)
                 targets |= {f"{base}.{alias.name}" for alias in node.names}
@@ -72,7 +89,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(node)
         for target in sorted(graph[node]):
             if state.get(target) == 1:
-                return path[path.index(target):] + [target]
+                return path[path.index(target) :] + [target]
             if target not in state and (found := visit(target)):
                 return found
         path.pop()
@@ -101,8 +118,11 @@ def climbing_imports(graph: dict[str, set[str]], floors) -> list[str]:
         if here is None:
             found.append(f"{module} is on no floor")
             continue
-        found += [f"{module} -> {target}" for target in sorted(targets)
-                  if floor_of(target, floors) not in (here, *floors[here])]
+        found += [
+            f"{module} -> {target}"
+            for target in sorted(targets)
+            if floor_of(target, floors) not in (here, *floors[here])
+        ]
     return found
 
 
@@ -121,8 +141,13 @@ def non_stdlib_imports(root: Path, modules: list[str]) -> list[str]:
             return any(origin.startswith(path) for path in installed)
         print(sorted(m for m in loaded if installed_package(m)))
     """)
-    result = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
-                            env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+    )
     assert result.returncode == 0, result.stderr
     return ast.literal_eval(result.stdout.strip().splitlines()[-1])
 
@@ -155,12 +180,22 @@ def test_each_floor_imports_only_the_floors_below_it():
     graph = import_graph(REPO, PACKAGES)
     # The two rules the floors were drawn for, each in its own words: core stands on nothing above it, and the GPU
     # kernel's code (its entry point, inference, the export it loads) never reaches the TPU launcher.
-    core = sorted(f"{m} -> {t}" for m, targets in graph.items() if m.startswith("common.core") for t in targets
-                  if not t.startswith("common.core"))
+    core = sorted(
+        f"{m} -> {t}"
+        for m, targets in graph.items()
+        if m.startswith("common.core")
+        for t in targets
+        if not t.startswith("common.core")
+    )
     assert not core, "common/core imports what stands above it: " + ", ".join(core)
     gpu_side = ("infer_gpu", "common.inference", "common.export")
-    launcher = sorted(f"{m} -> {t}" for m, targets in graph.items() if m.startswith(gpu_side) for t in targets
-                      if t.startswith("common.launch"))
+    launcher = sorted(
+        f"{m} -> {t}"
+        for m, targets in graph.items()
+        if m.startswith(gpu_side)
+        for t in targets
+        if t.startswith("common.launch")
+    )
     assert not launcher, "the GPU side imports the TPU launcher (common/launch): " + ", ".join(launcher)
     assert {floor_of(module, FLOORS) for module in graph} == set(FLOORS)  # every module on a floor, none empty
     climbing = climbing_imports(graph, FLOORS)
@@ -172,7 +207,7 @@ def test_the_floor_check_finds_an_import_that_climbs(tmp_path):
         "common/__init__.py": "import os\n",
         "common/core/__init__.py": "",
         "common/core/config.py": "from common.core import errors\n\n\ndef names():\n"
-                                 "    from common.tasks.types import TASKS  # hidden in a function\n    return TASKS\n",
+        "    from common.tasks.types import TASKS  # hidden in a function\n    return TASKS\n",
         "common/core/errors.py": "from .. import launch  # relative, two levels up\n",
         "common/tasks/__init__.py": "",
         "common/tasks/types.py": "from common.core.config import names\nTASKS = {}\n",
@@ -186,14 +221,19 @@ def test_the_floor_check_finds_an_import_that_climbs(tmp_path):
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
-    floors = {name: FLOORS[name] for name in ("common", "common.core", "common.tasks", "common.export", "common.launch",
-                                              "infer_gpu")}
+    floors = {
+        name: FLOORS[name]
+        for name in ("common", "common.core", "common.tasks", "common.export", "common.launch", "infer_gpu")
+    }
     graph = import_graph(tmp_path, ["common", "infer_gpu"])
     assert climbing_imports(graph, floors) == [
         "common.core.config -> common.tasks.types",  # in a function
-        "common.core.errors -> common", "common.core.errors -> common.launch",  # relative
+        "common.core.errors -> common",
+        "common.core.errors -> common.launch",  # relative
         "common.export.card -> common.launch",
-        "infer_gpu.infer -> common.launch", "infer_gpu.infer -> common.launch.kernel"]
+        "infer_gpu.infer -> common.launch",
+        "infer_gpu.infer -> common.launch.kernel",
+    ]
     (tmp_path / "common/core/config.py").write_text("from common.core import errors\n")
     (tmp_path / "common/core/errors.py").write_text("import sys\n")
     (tmp_path / "common/export/card.py").write_text("from common.core.errors import UserError\n")
@@ -205,18 +245,24 @@ def test_the_floor_check_finds_an_import_that_climbs(tmp_path):
 
 # A config each owner refuses: a task tasks does not know, a route launch does not have, a backbone its route does
 # not train.
-OWNED = {"data.task": ["data.task=ordinal"], "train.framework": ["train.framework=keras_tf"],
-         "model.backbone": ["model.backbone=timm", "train.framework=tf_keras"]}
+OWNED = {
+    "data.task": ["data.task=ordinal"],
+    "train.framework": ["train.framework=keras_tf"],
+    "model.backbone": ["model.backbone=timm", "train.framework=tf_keras"],
+}
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize(("entry", "keys"), [
-    ("train_tpu.train", ("data.task", "train.framework", "model.backbone")),
-    ("tpu2gpu.cli", ("data.task", "train.framework", "model.backbone")),
-    # A built kernel's first reading, before its runtime is ready: the routes (standard library), not the tasks
-    # (NumPy, which the TPU stack install may replace); the entry point reads the config again with both.
-    ("common.launch.kernel", ("train.framework", "model.backbone")),
-])
+@pytest.mark.parametrize(
+    ("entry", "keys"),
+    [
+        ("train_tpu.train", ("data.task", "train.framework", "model.backbone")),
+        ("tpu2gpu.cli", ("data.task", "train.framework", "model.backbone")),
+        # A built kernel's first reading, before its runtime is ready: the routes (standard library), not the tasks
+        # (NumPy, which the TPU stack install may replace); the entry point reads the config again with both.
+        ("common.launch.kernel", ("train.framework", "model.backbone")),
+    ],
+)
 def test_an_entry_point_imports_the_owners_of_the_keys_it_reads(entry, keys):
     """What data.task, train.framework and model.backbone mean reaches the config only from their owners, on import
     (common/core/fields.py): an entry point that reads a config imports them first, or a wrong value goes on."""

@@ -21,8 +21,9 @@ def test_the_emulated_tpu_float32_rounds_jax_and_tensorflow_products_unless_exac
     exact_conv = tf.nn.conv2d(images, kernel, 1, "SAME").numpy()
 
     def jax_conv():
-        return np.asarray(jax.lax.conv_general_dilated(images, kernel, (1, 1), "SAME",
-                                                       dimension_numbers=("NHWC", "HWIO", "NHWC")))
+        return np.asarray(
+            jax.lax.conv_general_dilated(images, kernel, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        )
 
     def far(x, reference=exact):
         return float(np.max(np.abs(np.asarray(x, np.float64) - reference)))
@@ -38,10 +39,19 @@ def test_the_emulated_tpu_float32_rounds_jax_and_tensorflow_products_unless_exac
         assert tf.config.experimental.tensor_float_32_execution_enabled()  # restored
     after = jnp.matmul(a, b)
 
-    rounded = {"jax": far(jax_default), "jax jit": far(jax_jit), "jax conv": far(jax_conv_default, exact_conv),
-               "tf": far(tf32_on), "tf conv": far(tf_conv_on, exact_conv)}
-    exact_again = {"jax highest": far(jax_highest), "jax conv highest": far(jax_conv_highest, exact_conv),
-                   "tf with TF32 off": far(tf32_off), "jax after the block": far(after)}
+    rounded = {
+        "jax": far(jax_default),
+        "jax jit": far(jax_jit),
+        "jax conv": far(jax_conv_default, exact_conv),
+        "tf": far(tf32_on),
+        "tf conv": far(tf_conv_on, exact_conv),
+    }
+    exact_again = {
+        "jax highest": far(jax_highest),
+        "jax conv highest": far(jax_conv_highest, exact_conv),
+        "tf with TF32 off": far(tf32_off),
+        "jax after the block": far(after),
+    }
     print(f"bfloat16-rounded operands: {rounded}; exact float32: {exact_again}")
     assert min(rounded.values()) > 1e-2, rounded  # measured 0.12-0.14 for these sums of 256 and 144 products
     assert max(exact_again.values()) < 1e-4, exact_again  # float32 rounding of the same sums: about 2e-5

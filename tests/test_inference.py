@@ -28,8 +28,17 @@ REPO = Path(__file__).resolve().parents[1]
 # What the inference kernel must run without: Keras 2 and TF Hub (the GPU image may lack them) and pkg_resources (TF
 # Hub's import of it; setuptools 82 removed it), scikit-learn (folds and metrics are training's), and every training
 # module.
-TRAINING_ONLY = ("tf_keras", "tensorflow_hub", "pkg_resources", "sklearn", "common.training", "common.data.conversion",
-                 "common.data.images", "train_tpu", "tpu2gpu")  # common.training: the package and all below it
+TRAINING_ONLY = (
+    "tf_keras",
+    "tensorflow_hub",
+    "pkg_resources",
+    "sklearn",
+    "common.training",
+    "common.data.conversion",
+    "common.data.images",
+    "train_tpu",
+    "tpu2gpu",
+)  # common.training: the package and all below it
 BLOCK_TRAINING = f"import sys; sys.modules.update(dict.fromkeys({TRAINING_ONLY!r})); "
 
 
@@ -39,8 +48,13 @@ def _argv(*settings):
 
 def test_trained_export_to_a_valid_submission_without_any_training_dependency(trained_export, demo_dir, tmp_path):
     out = tmp_path / "out"
-    argv = _argv(f"infer.exports=[{trained_export}]", f"runtime.competition_dir={demo_dir}",
-                 f"runtime.output_dir={out}", "infer.tta=[identity, flip_up_down]", "infer.batch_size=50")
+    argv = _argv(
+        f"infer.exports=[{trained_export}]",
+        f"runtime.competition_dir={demo_dir}",
+        f"runtime.output_dir={out}",
+        "infer.tta=[identity, flip_up_down]",
+        "infer.batch_size=50",
+    )
     code = BLOCK_TRAINING + f"from infer_gpu.infer import main; sys.exit(main({argv!r}))"
     run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -77,8 +91,7 @@ def test_tta_and_ensemble_arithmetic(trained_export, demo_dir):
     _, tta = ensemble_probabilities([predict], batches, tta=["identity", "flip_left_right"])
     np.testing.assert_allclose(tta, (single + flipped) / 2, atol=1e-6)  # views are averaged before the argmax
     assert not np.allclose(flipped, single)  # the flip is a different view, so the average means something
-    _, mirrored = ensemble_probabilities([predict], batches, tta=["identity", "flip_left_right"],
-                                         strategy=_mirrored())
+    _, mirrored = ensemble_probabilities([predict], batches, tta=["identity", "flip_left_right"], strategy=_mirrored())
     np.testing.assert_allclose(mirrored, tta, atol=1e-5)  # split over two replicas, same numbers, same order
 
     def flipped_predict(images):  # a second "export": the same model on the mirrored image
@@ -110,8 +123,13 @@ def _fails(tmp_path, error, match, *settings):
 
 def test_no_export_found(tmp_path, demo_dir):
     (tmp_path / "empty").mkdir()
-    _fails(tmp_path, ExportError, r"no export \(a folder with model_card.json\) found under .*empty.*dataset_sources",
-           f"infer.exports=[{tmp_path / 'empty'}]", f"runtime.competition_dir={demo_dir}")
+    _fails(
+        tmp_path,
+        ExportError,
+        r"no export \(a folder with model_card.json\) found under .*empty.*dataset_sources",
+        f"infer.exports=[{tmp_path / 'empty'}]",
+        f"runtime.competition_dir={demo_dir}",
+    )
 
 
 def test_export_not_marked_complete(tmp_path, trained_export, demo_dir):
@@ -119,48 +137,87 @@ def test_export_not_marked_complete(tmp_path, trained_export, demo_dir):
     shutil.copytree(trained_export / "fold0", broken)
     card = json.loads((broken / "model_card.json").read_text())
     (broken / "model_card.json").write_text(json.dumps({**card, "complete": False}))
-    _fails(tmp_path, ExportError, "is not marked complete", f"infer.exports=[{tmp_path / 'export'}]",
-           f"runtime.competition_dir={demo_dir}")
+    _fails(
+        tmp_path,
+        ExportError,
+        "is not marked complete",
+        f"infer.exports=[{tmp_path / 'export'}]",
+        f"runtime.competition_dir={demo_dir}",
+    )
 
 
 def test_classes_that_disagree_with_sample_submission(tmp_path, trained_export, competition_copy):
     rows = read_csv(competition_copy / "sample_submission.csv")
     write_csv(competition_copy / "sample_submission.csv", ["id", "label"], [(r["id"], "cat") for r in rows])
-    _fails(tmp_path, DataError, r"uses labels \['cat'\] in column 'label' that the model does not know",
-           f"infer.exports=[{trained_export}]", f"runtime.competition_dir={competition_copy}")
+    _fails(
+        tmp_path,
+        DataError,
+        r"uses labels \['cat'\] in column 'label' that the model does not know",
+        f"infer.exports=[{trained_export}]",
+        f"runtime.competition_dir={competition_copy}",
+    )
 
 
 @pytest.mark.parametrize(("size", "mode", "shown"), [(64, "RGB", "64x64 RGB"), (32, "L", "32x32 L")])
-def test_test_images_unlike_the_training_images(tmp_path, trained_export, competition_copy, size, mode, shown,
-                                                capsys):
+def test_test_images_unlike_the_training_images(tmp_path, trained_export, competition_copy, size, mode, shown, capsys):
     victim = sorted((competition_copy / "test").iterdir())[3]
     Image.new(mode, (size, size)).save(victim)
-    _fails(tmp_path, DataError, rf"1 test image\(s\) are unlike the training images, which were 32x32 RGB .*\n  "
-                                rf".*{victim.name}: {shown}\n",
-           f"infer.exports=[{trained_export}]", f"runtime.competition_dir={competition_copy}",
-           "infer.check_images=strict")
+    _fails(
+        tmp_path,
+        DataError,
+        rf"1 test image\(s\) are unlike the training images, which were 32x32 RGB .*\n  "
+        rf".*{victim.name}: {shown}\n",
+        f"infer.exports=[{trained_export}]",
+        f"runtime.competition_dir={competition_copy}",
+        "infer.check_images=strict",
+    )
     # By default (a code competition's hidden test set): counted in a warning, and a valid submission.
     out = tmp_path / "out2"
-    assert infer_main(_argv(f"infer.exports=[{trained_export}]", f"runtime.competition_dir={competition_copy}",
-                            f"runtime.output_dir={out}")) == 0
+    assert (
+        infer_main(
+            _argv(
+                f"infer.exports=[{trained_export}]",
+                f"runtime.competition_dir={competition_copy}",
+                f"runtime.output_dir={out}",
+            )
+        )
+        == 0
+    )
     assert len(read_csv(out / "submission.csv")) == 360
-    assert f"[infer] warning: 1 of 360 test images differ from the training images (1 x {shown})" in \
-        capsys.readouterr().out
+    assert (
+        f"[infer] warning: 1 of 360 test images differ from the training images (1 x {shown})"
+        in capsys.readouterr().out
+    )
 
 
 def test_a_test_id_missing_from_the_records(tmp_path, trained_export, competition_copy, demo_records):
     records_dir, _ = demo_records
     rows = [(r["id"], r["label"]) for r in read_csv(competition_copy / "sample_submission.csv")]
     write_csv(competition_copy / "sample_submission.csv", ["id", "label"], [*rows, ("digit_9999", rows[0][1])])
-    _fails(tmp_path, DataError, r"1 of 361 test images cannot be read by TensorFlow or Pillow:\n  digit_9999 \(.*\): "
-           "not in the test records", f"infer.exports=[{trained_export}]",
-           f"runtime.competition_dir={competition_copy}", f"runtime.tfrecords={records_dir}",
-           "infer.on_bad_image=error")
+    _fails(
+        tmp_path,
+        DataError,
+        r"1 of 361 test images cannot be read by TensorFlow or Pillow:\n  digit_9999 \(.*\): "
+        "not in the test records",
+        f"infer.exports=[{trained_export}]",
+        f"runtime.competition_dir={competition_copy}",
+        f"runtime.tfrecords={records_dir}",
+        "infer.on_bad_image=error",
+    )
     # From the complete records, the same ids as from the images.
     out = tmp_path / "from_records"
     write_csv(competition_copy / "sample_submission.csv", ["id", "label"], rows)
-    assert infer_main(_argv(f"infer.exports=[{trained_export}]", f"runtime.competition_dir={competition_copy}",
-                            f"runtime.tfrecords={records_dir}", f"runtime.output_dir={out}")) == 0
+    assert (
+        infer_main(
+            _argv(
+                f"infer.exports=[{trained_export}]",
+                f"runtime.competition_dir={competition_copy}",
+                f"runtime.tfrecords={records_dir}",
+                f"runtime.output_dir={out}",
+            )
+        )
+        == 0
+    )
     assert [r["id"] for r in read_csv(out / "submission.csv")] == [r[0] for r in rows]
 
 
@@ -171,7 +228,8 @@ def test_the_inference_kernel_and_its_config_load_with_every_training_dependency
         "'--set', 'data.task=multilabel', '--set', 'train.epochs=3']); "
         "print(cfg.infer.tta, cfg.infer.cut_folds, cfg.data.task, cfg.train.epochs); "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('common', 'sklearn', 'tf_keras', 'tensorflow_hub') "
-        "and sys.modules[m] is not None))")
+        "and sys.modules[m] is not None))"
+    )
     run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
     values, modules = run.stdout.strip().splitlines()[-2:]
@@ -179,13 +237,36 @@ def test_the_inference_kernel_and_its_config_load_with_every_training_dependency
     # The loader, not the writer; gs:// (exports in a bucket); nothing of the TPU launcher (common/launch): the config
     # takes no route from it, and guarded lives in common.core.errors.
     assert eval(modules) == [
-        "common", "common.core", "common.core.atomic", "common.core.candidates", "common.core.config",
-        "common.core.errors", "common.core.fields", "common.core.gcs", "common.core.paths", "common.core.platform",
-        "common.core.strategy", "common.data", "common.data.pipeline", "common.data.records", "common.data.samples",
-        "common.data.sources", "common.data.teardown", "common.export", "common.export.card", "common.export.loader",
-        "common.inference", "common.inference.ensemble", "common.inference.predict", "common.inference.submission",
-        "common.inference.time_plan", "common.inference.unread", "common.tasks", "common.tasks.parts",
-        "common.tasks.types"]
+        "common",
+        "common.core",
+        "common.core.atomic",
+        "common.core.candidates",
+        "common.core.config",
+        "common.core.errors",
+        "common.core.fields",
+        "common.core.gcs",
+        "common.core.paths",
+        "common.core.platform",
+        "common.core.strategy",
+        "common.data",
+        "common.data.pipeline",
+        "common.data.records",
+        "common.data.samples",
+        "common.data.sources",
+        "common.data.teardown",
+        "common.export",
+        "common.export.card",
+        "common.export.loader",
+        "common.inference",
+        "common.inference.ensemble",
+        "common.inference.predict",
+        "common.inference.submission",
+        "common.inference.time_plan",
+        "common.inference.unread",
+        "common.tasks",
+        "common.tasks.parts",
+        "common.tasks.types",
+    ]
 
 
 @pytest.mark.slow
@@ -201,15 +282,22 @@ def test_a_float16_signature_only_where_the_saved_graph_computes_in_float16(effi
     card, predict32 = load_export(export)
     assert card.precisions == {"float32": "serving_default", "float16": "serving_float16"}
     float16_ops = saved_census(export / "saved_model", "serving_float16")
-    assert float16_ops == {"Conv2D": {"float16": 65}, "DepthwiseConv2dNative": {"float16": 16},
-                           "MatMul": {"float16": 1}}
+    assert float16_ops == {
+        "Conv2D": {"float16": 65},
+        "DepthwiseConv2dNative": {"float16": 16},
+        "MatMul": {"float16": 1},
+    }
     assert saved_census(export / "saved_model", "serving_default") == {
-        "Conv2D": {"float32": 65}, "DepthwiseConv2dNative": {"float32": 16}, "MatMul": {"float32": 1}}
+        "Conv2D": {"float32": 65},
+        "DepthwiseConv2dNative": {"float32": 16},
+        "MatMul": {"float32": 1},
+    }
     assert card.precision["signatures"]["serving_float16"] == {"float16_share": 1.0, "ops": float16_ops}
     check = card.precision["float16_check"]["max_abs_diff"]
     assert card.precision["float16_signature"] == (
         f"exported: its graph runs 100% of the compute ops in float16, {check:.1e} from the float32 outputs on the "
-        "verify images (float16 storage, float32 accumulation, as tensor cores compute)")
+        "verify images (float16 storage, float32 accumulation, as tensor cores compute)"
+    )
     assert card.verification["max_abs_diff"]["float16"] < 1e-2
     _, predict16 = load_export(export, "float16")
     images = np.load(export / "verify_batch.npz")["images"]
@@ -219,10 +307,22 @@ def test_a_float16_signature_only_where_the_saved_graph_computes_in_float16(effi
     small = tmp_path / "competition"
     small.mkdir()
     (small / "test").symlink_to(demo_dir / "test")
-    write_csv(small / "sample_submission.csv", ["id", "label"],
-              [[r["id"], r["label"]] for r in read_csv(demo_dir / "sample_submission.csv")[:24]])
-    assert infer_main(_argv(f"infer.exports=[{efficientnet_export}]", f"runtime.competition_dir={small}",
-                            "infer.precision=float16", f"runtime.output_dir={tmp_path / 'out'}")) == 0
+    write_csv(
+        small / "sample_submission.csv",
+        ["id", "label"],
+        [[r["id"], r["label"]] for r in read_csv(demo_dir / "sample_submission.csv")[:24]],
+    )
+    assert (
+        infer_main(
+            _argv(
+                f"infer.exports=[{efficientnet_export}]",
+                f"runtime.competition_dir={small}",
+                "infer.precision=float16",
+                f"runtime.output_dir={tmp_path / 'out'}",
+            )
+        )
+        == 0
+    )
     assert len(read_csv(tmp_path / "out" / "submission.csv")) == 24
     assert inference_precision("auto", [card]) == "float32"  # no GPU here: float16 only pays on tensor cores
 
@@ -237,20 +337,30 @@ def test_a_tf_hub_backbone_gets_no_float16_signature(trained_export):
     assert hub_card.precisions == {"float32": "serving_default"}
     assert hub_card.precision["trained"] == {"policy": "float32", "backbone": "float32", "head": "float32"}
     assert hub_card.precision["float16_signature"].startswith(
-        "not exported: its graph would run 25% of the compute ops in float16 (the backbone computes in float32)")
+        "not exported: its graph would run 25% of the compute ops in float16 (the backbone computes in float32)"
+    )
     assert saved_census(trained_export / "fold0" / "saved_model", "serving_default") == {
-        "Conv2D": {"float32": 3}, "MatMul": {"float32": 1}}
+        "Conv2D": {"float32": 3},
+        "MatMul": {"float32": 1},
+    }
     with pytest.raises(ExportError, match="not every export has a float16 signature \\(not exported: its graph"):
         inference_precision("float16", [hub_card])
 
 
-def test_amp_runs_the_float32_signature_with_the_automatic_mixed_precision_rewrite_on(trained_export, demo_dir,
-                                                                                      tmp_path):
-    argv = _argv(f"infer.exports=[{trained_export}]", f"runtime.competition_dir={demo_dir}",
-                 f"runtime.output_dir={tmp_path}", "infer.precision=amp")
-    code = ("import sys, tensorflow as tf; from infer_gpu.infer import main; code = main(" + repr(argv) + "); "
-            "print('amp option:', tf.config.optimizer.get_experimental_options().get('auto_mixed_precision')); "
-            "sys.exit(code)")
+def test_amp_runs_the_float32_signature_with_the_automatic_mixed_precision_rewrite_on(
+    trained_export, demo_dir, tmp_path
+):
+    argv = _argv(
+        f"infer.exports=[{trained_export}]",
+        f"runtime.competition_dir={demo_dir}",
+        f"runtime.output_dir={tmp_path}",
+        "infer.precision=amp",
+    )
+    code = (
+        "import sys, tensorflow as tf; from infer_gpu.infer import main; code = main(" + repr(argv) + "); "
+        "print('amp option:', tf.config.optimizer.get_experimental_options().get('auto_mixed_precision')); "
+        "sys.exit(code)"
+    )
     run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "float32 graphs, TensorFlow's automatic mixed precision rewrite on" in run.stdout

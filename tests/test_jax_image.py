@@ -41,13 +41,27 @@ REPO = Path(__file__).resolve().parents[1]
 # docker-python tpu/: tensorflow-cpu 2.20.0, keras newest, jax resolved with its libtpu pin (0.7.2); JAX's CPU build.
 # Keras: the newest on PyPI when the venv is made (TPU2GPU_KERAS pins another), as the image installs it.
 KERAS = os.environ.get("TPU2GPU_KERAS", "keras")
-TPU_IMAGE = ["tensorflow-cpu==2.20.0", KERAS, f"jax=={os.environ.get('TPU2GPU_JAX', '0.7.2')}",
-             "scikit-learn", "matplotlib", "pillow"]
+TPU_IMAGE = [
+    "tensorflow-cpu==2.20.0",
+    KERAS,
+    f"jax=={os.environ.get('TPU2GPU_JAX', '0.7.2')}",
+    "scikit-learn",
+    "matplotlib",
+    "pillow",
+]
 TENSORFLOWS = ("2.16.2", "2.17.1", "2.18.1", "2.19.1", "2.20.0")
-PROJECT = ["kaggle.owner=tester", "kaggle.competition=digit-comp", "train.framework=auto", "model.backbone=keras",
-           "model.keras_backbone=/kaggle/input/datasets/tester/tiny-keras-backbone/tiny_backbone.keras",
-           "kaggle.dataset_sources=[tester/tiny-keras-backbone]", "runtime.competition_dir=digit-comp",
-           "runtime.tfrecords=", "runtime.output_dir=", "train.batch_size=64"]
+PROJECT = [
+    "kaggle.owner=tester",
+    "kaggle.competition=digit-comp",
+    "train.framework=auto",
+    "model.backbone=keras",
+    "model.keras_backbone=/kaggle/input/datasets/tester/tiny-keras-backbone/tiny_backbone.keras",
+    "kaggle.dataset_sources=[tester/tiny-keras-backbone]",
+    "runtime.competition_dir=digit-comp",
+    "runtime.tfrecords=",
+    "runtime.output_dir=",
+    "train.batch_size=64",
+]
 # One global batch for both routes (64: the demo's on one replica), so they train the same schedule: two JAX devices
 # would otherwise double it and halve the steps.
 
@@ -71,10 +85,16 @@ def test_the_built_kernels_train_on_keras_jax_where_no_tensorflow_tpu_stack_can_
     (kaggle / "working").mkdir()
     shutil.copyfile(folders["train"] / "train.py", kaggle / "working" / "__script__.py")
     env = kaggle_env(kaggle, tmp_path / "tmp", ISTPUVM="1", XLA_FLAGS="--xla_force_host_platform_device_count=2")
-    train = subprocess.run(offline([str(image), "__script__.py"]), cwd=kaggle / "working", env=env,
-                           capture_output=True, text=True)
-    print("\n".join(line for line in train.stdout.splitlines() if line.startswith(("[tpu]", "framework", "devices",
-                                                                                   "[train] fold", "tensorflow"))))
+    train = subprocess.run(
+        offline([str(image), "__script__.py"]), cwd=kaggle / "working", env=env, capture_output=True, text=True
+    )
+    print(
+        "\n".join(
+            line
+            for line in train.stdout.splitlines()
+            if line.startswith(("[tpu]", "framework", "devices", "[train] fold", "tensorflow"))
+        )
+    )
     assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
     assert "[tpu] train.framework=auto: taking the Keras 3 on JAX route instead" in train.stdout
     assert "devices       2 x cpu (cpu); DataParallel" in train.stdout
@@ -84,8 +104,10 @@ def test_the_built_kernels_train_on_keras_jax_where_no_tensorflow_tpu_stack_can_
     assert card["runtime"]["tpu_stack"]["reason"].startswith("this TPU machine lacks the TPU stack")
     # Every epoch trained the planned steps (the fold stops at the first that does not): 17 steps of 64 x 15 epochs.
     metrics = card["metrics"]
-    print(f"Keras {card['runtime']['keras']}: {metrics['optimizer_steps']} optimiser steps, {metrics['epochs']} "
-          f"epochs of {metrics['steps_per_epoch']}, steps per execution {card['runtime']['steps_per_execution']}")
+    print(
+        f"Keras {card['runtime']['keras']}: {metrics['optimizer_steps']} optimiser steps, {metrics['epochs']} "
+        f"epochs of {metrics['steps_per_epoch']}, steps per execution {card['runtime']['steps_per_execution']}"
+    )
     assert metrics["optimizer_steps"] == metrics["epochs"] * metrics["steps_per_epoch"] == 15 * 17
     print(f"keras_jax export: max abs difference from the JAX model {card['verification']['max_abs_diff']}")
 
@@ -112,35 +134,62 @@ def test_the_built_kernels_train_on_keras_jax_where_no_tensorflow_tpu_stack_can_
 # keras-hub as the TPU image's keras-nlp pulls it, newest, with its requirements but tensorflow-text (which requires
 # the whole tensorflow package beside the image's tensorflow-cpu): its preprocessing layers refuse to build without it.
 KERAS_HUB = "keras-hub==0.32.0"
-KERAS_HUB_REQUIRES = ["absl-py", "packaging", "regex", "rich", "kagglehub!=1.0.1", "kagglesdk==0.1.28",
-                      "sentencepiece", "tokenizers"]
+KERAS_HUB_REQUIRES = [
+    "absl-py",
+    "packaging",
+    "regex",
+    "rich",
+    "kagglehub!=1.0.1",
+    "kagglesdk==0.1.28",
+    "sentencepiece",
+    "tokenizers",
+]
 
 
 @pytest.mark.jax_image
-def test_the_built_training_kernel_trains_a_kerashub_preset_on_an_image_without_tensorflow_text(tmp_path,
-                                                                                                real_weights):
+def test_the_built_training_kernel_trains_a_kerashub_preset_on_an_image_without_tensorflow_text(tmp_path, real_weights):
     from real_weights import write_photo_competition
 
-    image = environment(f"tpu-image-{TPU_IMAGE[2].replace('==', '')}-{KERAS.replace('==', '')}-"
-                        f"{KERAS_HUB.replace('==', '')}", [*TPU_IMAGE, *KERAS_HUB_REQUIRES], without_deps=(KERAS_HUB,))
+    image = environment(
+        f"tpu-image-{TPU_IMAGE[2].replace('==', '')}-{KERAS.replace('==', '')}-{KERAS_HUB.replace('==', '')}",
+        [*TPU_IMAGE, *KERAS_HUB_REQUIRES],
+        without_deps=(KERAS_HUB,),
+    )
     probe = "import importlib.util as u; print([n for n in ('tensorflow_text', 'tf_keras') if u.find_spec(n)])"
     assert subprocess.run([image, "-c", probe], capture_output=True, text=True).stdout.strip() == "[]"
     kaggle = tmp_path / "kaggle"
     write_photo_competition(kaggle / "input" / "competitions" / "photo-comp", per_class=48, n_test=16)
     shutil.copytree(real_weights / "keras_hub", kaggle / "input" / "datasets" / "tester" / "lite0-preset")
-    project = ["kaggle.owner=tester", "kaggle.competition=photo-comp", "train.framework=auto", "model.backbone=keras",
-               "model.keras_backbone=/kaggle/input/datasets/tester/lite0-preset",
-               "kaggle.dataset_sources=[tester/lite0-preset]", "runtime.competition_dir=photo-comp",
-               "runtime.tfrecords=", "runtime.output_dir=", "model.trainable=false", "model.dropout=0",
-               "data.image_size=64", "data.convert_size=64", "data.folds=3", "train.fold=0", "train.epochs=4",
-               "train.batch_size=32", "train.learning_rate=0.02", "train.lr_reference_batch=32",
-               "train.warmup_epochs=0", "train.steps_per_execution=4"]
+    project = [
+        "kaggle.owner=tester",
+        "kaggle.competition=photo-comp",
+        "train.framework=auto",
+        "model.backbone=keras",
+        "model.keras_backbone=/kaggle/input/datasets/tester/lite0-preset",
+        "kaggle.dataset_sources=[tester/lite0-preset]",
+        "runtime.competition_dir=photo-comp",
+        "runtime.tfrecords=",
+        "runtime.output_dir=",
+        "model.trainable=false",
+        "model.dropout=0",
+        "data.image_size=64",
+        "data.convert_size=64",
+        "data.folds=3",
+        "train.fold=0",
+        "train.epochs=4",
+        "train.batch_size=32",
+        "train.learning_rate=0.02",
+        "train.lr_reference_batch=32",
+        "train.warmup_epochs=0",
+        "train.steps_per_execution=4",
+    ]
     folders = build(load_config(None, project), tmp_path / "build")
     (kaggle / "working").mkdir()
     shutil.copyfile(folders["train"] / "train.py", kaggle / "working" / "__script__.py")
     env = kaggle_env(kaggle, tmp_path / "tmp", ISTPUVM="1", XLA_FLAGS="--xla_force_host_platform_device_count=2")
-    train = subprocess.run(offline([str(image), "__script__.py"]), cwd=kaggle / "working", env=env,
-                           capture_output=True, text=True)
+    train = subprocess.run(
+        offline([str(image), "__script__.py"]), cwd=kaggle / "working", env=env, capture_output=True, text=True
+    )
     print("\n".join(line for line in train.stdout.splitlines() if line.startswith(("[train] epoch", "[train] fold"))))
     assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
     card = json.loads((kaggle / "working" / "export" / "fold0" / "model_card.json").read_text())
@@ -154,12 +203,28 @@ def tf_route_export(out: Path, demo_dir: Path) -> Path:
     from tpu2gpu.backbones import save_tiny_backbone
 
     backbone = save_tiny_backbone(out / "backbone")
-    settings = [f"runtime.competition_dir={demo_dir}", f"runtime.tfrecords={out / 'records'}",
-                f"model.hub_handle={backbone}", f"runtime.output_dir={out / 'train'}", "train.batch_size=64"]
+    settings = [
+        f"runtime.competition_dir={demo_dir}",
+        f"runtime.tfrecords={out / 'records'}",
+        f"model.hub_handle={backbone}",
+        f"runtime.output_dir={out / 'train'}",
+        "train.batch_size=64",
+    ]
     from common.data.conversion import convert_competition
 
     convert_competition(demo_dir, out / "records", load_config(REPO / "configs" / "demo.yaml").data)
-    run = subprocess.run([sys.executable, "-m", "train_tpu.train", "--config", str(REPO / "configs" / "demo.yaml"),
-                          *(a for s in settings for a in ("--set", s))], cwd=REPO, capture_output=True, text=True)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "train_tpu.train",
+            "--config",
+            str(REPO / "configs" / "demo.yaml"),
+            *(a for s in settings for a in ("--set", s)),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     return out / "train" / "export"

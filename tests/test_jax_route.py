@@ -30,37 +30,60 @@ BARS = {"binary": ("roc_auc", 0.9), "multilabel": ("samples_f1", 0.8), "regressi
 
 
 def jax_settings(backbone: Path, *extra: str) -> list[str]:
-    settings = ["train.framework=keras_jax", "model.backbone=keras", f"model.keras_backbone={backbone}",
-                "data.image_size=16", "data.flip_left_right=false", "train.fold=0", "train.epochs=6",
-                "train.batch_size_per_replica=32", "train.learning_rate=0.2", "train.steps_per_execution=8",
-                "train.export_float16=false", *extra]
+    settings = [
+        "train.framework=keras_jax",
+        "model.backbone=keras",
+        f"model.keras_backbone={backbone}",
+        "data.image_size=16",
+        "data.flip_left_right=false",
+        "train.fold=0",
+        "train.epochs=6",
+        "train.batch_size_per_replica=32",
+        "train.learning_rate=0.2",
+        "train.steps_per_execution=8",
+        "train.export_float16=false",
+        *extra,
+    ]
     return [a for s in settings for a in ("--set", s)]
 
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("task", ["binary", "multilabel", "regression"])
-def test_each_task_trains_with_keras_on_jax_and_exports_the_same_contract(task, tmp_path, demo_dir,
-                                                                           tiny_keras_backbone, capsys):
+def test_each_task_trains_with_keras_on_jax_and_exports_the_same_contract(
+    task, tmp_path, demo_dir, tiny_keras_backbone, capsys
+):
     """Multiclass on keras_jax (the demo's digits as they are) learns to its bar in tests/test_multihost.py, in one
     process and in two, and on real weights in tests/test_real_weights.py; its export is checked there too."""
     from tpu2gpu.cli import main as cli_main
 
     competition, _ = task_competition(demo_dir, tmp_path / "competition", task)
     id_col, target_col = SHAPES[task][:2]
-    flags = jax_settings(tiny_keras_backbone, f"data.task={task}", f"data.id_column={id_col}",
-                         f"data.label_column={target_col}")
-    assert cli_main(["tfrecords", "--competition", str(competition), "--out", str(tmp_path / "records"),
-                     *flags]) == 0
+    flags = jax_settings(
+        tiny_keras_backbone, f"data.task={task}", f"data.id_column={id_col}", f"data.label_column={target_col}"
+    )
+    assert cli_main(["tfrecords", "--competition", str(competition), "--out", str(tmp_path / "records"), *flags]) == 0
     with tpu_float32():  # trained at a TPU's default float32: the export is checked against the exact model
-        assert train_main([*flags, "--set", f"runtime.tfrecords={tmp_path / 'records'}", "--set",
-                           f"runtime.output_dir={tmp_path / 'train'}"]) == 0
+        assert (
+            train_main(
+                [
+                    *flags,
+                    "--set",
+                    f"runtime.tfrecords={tmp_path / 'records'}",
+                    "--set",
+                    f"runtime.output_dir={tmp_path / 'train'}",
+                ]
+            )
+            == 0
+        )
     log = capsys.readouterr().out
     assert re.search(r"\[keras_jax\] epoch 2: the step waited for input \d+% of \d+ ms a step", log), log[-3000:]
     card = json.loads((tmp_path / "train" / "export" / "fold0" / "model_card.json").read_text())
     metric, bar = BARS[task]
     value = card["metrics"][metric]
-    print(f"{task} on keras_jax: validation {metric} {value:.4f}; export max abs difference from the JAX model "
-          f"{card['verification']['max_abs_diff']['float32']:.2e}")
+    print(
+        f"{task} on keras_jax: validation {metric} {value:.4f}; export max abs difference from the JAX model "
+        f"{card['verification']['max_abs_diff']['float32']:.2e}"
+    )
     assert card["metric"]["name"] == metric
     assert (value <= bar) if metric == "rmse" else (value >= bar), (metric, value)
     assert card["runtime"]["framework"] == "keras_jax" and card["runtime"]["distribution"] == "DataParallel"
@@ -91,8 +114,16 @@ def test_keras_jax_refuses_what_it_cannot_train(tmp_path, demo_records, tiny_bac
     with pytest.raises(ConfigError, match="train.loop='custom' is the tf_keras route's"):
         start_backend(cfg)
     records_dir, _ = demo_records
-    argv = ["--set", "train.framework=keras_jax", "--set", f"model.hub_handle={tiny_backbone}", "--set",
-            f"runtime.tfrecords={records_dir}", "--set", f"runtime.output_dir={tmp_path}"]
+    argv = [
+        "--set",
+        "train.framework=keras_jax",
+        "--set",
+        f"model.hub_handle={tiny_backbone}",
+        "--set",
+        f"runtime.tfrecords={records_dir}",
+        "--set",
+        f"runtime.output_dir={tmp_path}",
+    ]
     with pytest.raises(ConfigError, match="model.backbone=hub is a TF Hub SavedModel, which Keras 3 on JAX cannot"):
         train_main(argv)
     assert not (tmp_path / "export").exists()
@@ -119,13 +150,17 @@ def test_keras_applications_efficientnet_settings_are_checked_before_anything_is
     b1 = tmp_path / "efficientnetb1_notop.h5"
     with initial_values_replaced():
         keras.applications.EfficientNetB1(include_top=False, weights=None, input_shape=(32, 32, 3)).save(b1)
-    with pytest.raises(ConfigError, match=r"could not be loaded into EfficientNetB0 \(ValueError: .*\)\. Fix: with the "
-                                          r"internet off, attach keras.applications' notop weights file of "
-                                          r"EfficientNetB0"):
+    with pytest.raises(
+        ConfigError,
+        match=r"could not be loaded into EfficientNetB0 \(ValueError: .*\)\. Fix: with the "
+        r"internet off, attach keras.applications' notop weights file of "
+        r"EfficientNetB0",
+    ):
         model(f"model.efficientnet_weights={b1}")
     with pytest.raises(ConfigError, match="is neither a .keras file nor a KerasHub preset folder"):
-        build_keras_model(load_config(None, ["model.backbone=keras",
-                                             f"model.keras_backbone={tmp_path}/missing.keras"]).model, 3, 32)
+        build_keras_model(
+            load_config(None, ["model.backbone=keras", f"model.keras_backbone={tmp_path}/missing.keras"]).model, 3, 32
+        )
 
 
 def test_a_presets_scale_and_offset_are_read_from_its_files_in_each_form_keras_hub_saves(tmp_path):
@@ -148,19 +183,30 @@ def test_a_presets_scale_and_offset_are_read_from_its_files_in_each_form_keras_h
 
     efficientnet = {"scale": [1 / 127.5] * 3, "offset": [-1.0] * 3, "image_size": [224, 224]}
     assert preset_scale_and_offset(preset("converter", image_converter={"config": efficientnet})) == (
-        [1 / 127.5] * 3, [-1.0] * 3)
+        [1 / 127.5] * 3,
+        [-1.0] * 3,
+    )
     nested = preset("nested", preprocessor={"config": {"image_converter": {"config": {"scale": 1 / 255}}}})
     assert preset_scale_and_offset(nested) == (1 / 255, 0.0)
-    older = preset("older", image_converter={"config": {"scale": 1 / 255, "mean": [0.5, 0.5, 0.5],
-                                                        "variance": [0.25, 0.25, 0.25]}})
+    older = preset(
+        "older", image_converter={"config": {"scale": 1 / 255, "mean": [0.5, 0.5, 0.5], "variance": [0.25, 0.25, 0.25]}}
+    )
     scale, offset = preset_scale_and_offset(older)
     assert np.allclose(scale, [2 / 255] * 3) and np.allclose(offset, [-1.0] * 3)
-    timm = preset("timm", config={"architecture": "efficientnet_lite0", "pretrained_cfg": {
-        "mean": [0.5] * 3, "std": [0.25] * 3, "input_size": [3, 224, 224]}})
+    timm = preset(
+        "timm",
+        config={
+            "architecture": "efficientnet_lite0",
+            "pretrained_cfg": {"mean": [0.5] * 3, "std": [0.25] * 3, "input_size": [3, 224, 224]},
+        },
+    )
     scale, offset = preset_scale_and_offset(timm)
     assert np.allclose(scale, [4 / 255] * 3) and np.allclose(offset, [-2.0] * 3)
-    with pytest.raises(ConfigError, match=r"names no image converter \(image_converter.json, .*\), so how its pixels "
-                                          r"are scaled is unknown\. Fix: attach the image classifier's preset"):
+    with pytest.raises(
+        ConfigError,
+        match=r"names no image converter \(image_converter.json, .*\), so how its pixels "
+        r"are scaled is unknown\. Fix: attach the image classifier's preset",
+    ):
         preset_scale_and_offset(preset("backbone-only", config={"class_name": "EfficientNetBackbone"}))
 
 
@@ -222,8 +268,9 @@ def test_a_keras_applications_weights_file_normalises_as_the_download_does_and_c
         models.append(build_keras_model(model_cfg("none"), 3, 32))
     give_weights(models[1], models[0].get_weights())
     for model in models:
-        normalise = next(layer for layer in model.get_layer("efficientnetb0").layers
-                         if isinstance(layer, keras.layers.Normalization))
+        normalise = next(
+            layer for layer in model.get_layer("efficientnetb0").layers if isinstance(layer, keras.layers.Normalization)
+        )
         np.testing.assert_allclose(np.asarray(normalise(pixels)).reshape(2, 3), (pixels - mean) / stddev, rtol=1e-6)
 
 
@@ -238,8 +285,10 @@ def test_keras_applications_efficientnet_builds_under_jax_and_follows_the_policy
 
     import numpy as np
 
-    cfg = load_config(None, ["model.backbone=efficientnet", "model.efficientnet_weights=none",
-                             f"model.efficientnet_variant={variant}"])
+    cfg = load_config(
+        None,
+        ["model.backbone=efficientnet", "model.efficientnet_weights=none", f"model.efficientnet_variant={variant}"],
+    )
     model = build_keras_model(cfg.model, 3, 32, policy="mixed_bfloat16")
     assert precision_by_part(model) == {"backbone": "bfloat16", "head": "bfloat16"}
     outputs = model.predict(np.zeros((2, 32, 32, 3), np.uint8), verbose=0)
@@ -269,8 +318,16 @@ def test_a_keras_jax_checkpoint_restores_model_optimiser_and_epochs(tmp_path, ti
 
     import numpy as np
 
-    cfg = load_config(None, ["train.framework=keras_jax", "model.backbone=keras",
-                             f"model.keras_backbone={tiny_keras_backbone}", "data.image_size=16", "train.epochs=2"])
+    cfg = load_config(
+        None,
+        [
+            "train.framework=keras_jax",
+            "model.backbone=keras",
+            f"model.keras_backbone={tiny_keras_backbone}",
+            "data.image_size=16",
+            "train.epochs=2",
+        ],
+    )
 
     class Records:
         train_count, class_names = 64, ["a", "b", "c"]
@@ -292,5 +349,6 @@ def test_a_keras_jax_checkpoint_restores_model_optimiser_and_epochs(tmp_path, ti
     assert int(resumed.model.optimizer.iterations.numpy()) == 3
     for saved, restored in zip(trained.model.optimizer.variables, resumed.model.optimizer.variables, strict=True):
         np.testing.assert_array_equal(np.asarray(saved.value), np.asarray(restored.value))
-    np.testing.assert_allclose(resumed.model.predict(images, verbose=0), trained.model.predict(images, verbose=0),
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        resumed.model.predict(images, verbose=0), trained.model.predict(images, verbose=0), atol=1e-6
+    )

@@ -18,11 +18,21 @@ from fake_kaggle import KaggleRecorder, offline
 from fake_tpu import FAKE_TPU_PINS, tpu_wheels
 
 MODEL_HANDLE = "tpu2gpu/tiny-backbone/tensorflow2/demo/1"
-PROJECT = ["kaggle.owner=tester", "kaggle.competition=digit-comp", f"kaggle.model_sources=[{MODEL_HANDLE}]",
-           "kaggle.dataset_sources=[tester/extra-data/3]", f"model.hub_handle={MODEL_HANDLE}",
-           "kaggle.tpu_wheels=tpu-wheels",
-           "data.image_size=16", "train.fold=0", "train.epochs=2", "train.steps_per_epoch=4",
-           "train.batch_size_per_replica=16", "train.learning_rate=0.05", "train.export_float16=false"]
+PROJECT = [
+    "kaggle.owner=tester",
+    "kaggle.competition=digit-comp",
+    f"kaggle.model_sources=[{MODEL_HANDLE}]",
+    "kaggle.dataset_sources=[tester/extra-data/3]",
+    f"model.hub_handle={MODEL_HANDLE}",
+    "kaggle.tpu_wheels=tpu-wheels",
+    "data.image_size=16",
+    "train.fold=0",
+    "train.epochs=2",
+    "train.steps_per_epoch=4",
+    "train.batch_size_per_replica=16",
+    "train.learning_rate=0.05",
+    "train.export_float16=false",
+]
 
 REPO = Path(__file__).resolve().parents[1]
 TIMM = ("model.backbone=timm", "model.timm_model=/kaggle/input/extra-data/tiny_timm")  # a save_for_hf folder attached
@@ -115,10 +125,17 @@ def test_submit_sends_the_version_the_push_recorded(tmp_path, recorder, capsys):
     assert "[push] infer kernel version 7" in capsys.readouterr().out
     assert main(["submit", "--build", build_dir, "-m", "fold 0", *flags()]) == 0
     assert body_of(recorder, "CreateCodeSubmission") == {
-        "competitionName": "digit-comp", "kernelOwner": "tester", "kernelSlug": "tpu2gpu-infer", "kernelVersion": 7,
-        "fileName": "submission.csv", "submissionDescription": "fold 0"}
-    assert "$ kaggle competitions submit digit-comp -k tester/tpu2gpu-infer -f submission.csv -v 7 -m 'fold 0'" in \
-        capsys.readouterr().out
+        "competitionName": "digit-comp",
+        "kernelOwner": "tester",
+        "kernelSlug": "tpu2gpu-infer",
+        "kernelVersion": 7,
+        "fileName": "submission.csv",
+        "submissionDescription": "fold 0",
+    }
+    assert (
+        "$ kaggle competitions submit digit-comp -k tester/tpu2gpu-infer -f submission.csv -v 7 -m 'fold 0'"
+        in capsys.readouterr().out
+    )
     recorder.requests.clear()
     assert main(["submit", "--build", build_dir, "--version", "9", *flags()]) == 0  # a typed version wins
     assert body_of(recorder, "CreateCodeSubmission")["kernelVersion"] == 9
@@ -146,8 +163,7 @@ def test_file_competition_uploads_the_fetched_submission(tmp_path, recorder, cap
 
 
 def _served_export(trained_export) -> dict[str, bytes]:
-    return {f"export/{p.relative_to(trained_export)}": p.read_bytes() for p in trained_export.rglob("*")
-            if p.is_file()}
+    return {f"export/{p.relative_to(trained_export)}": p.read_bytes() for p in trained_export.rglob("*") if p.is_file()}
 
 
 @pytest.mark.e2e
@@ -158,14 +174,31 @@ def test_workflow_submit_runs_every_step_through_the_real_cli(tmp_path, recorder
     recorder.version_number = 5
     recorder.kernel_outputs = {**_served_export(trained_export), "submission.csv": b"id,label\nt000,3\n"}
     recorder.statuses = [("QUEUED", ""), ("RUNNING", ""), ("COMPLETE", ""), ("RUNNING", ""), ("COMPLETE", "")]
-    argv = ["workflow", "--submit", "--interval", "0", "--build", str(tmp_path / "build"), "--out",
-            str(tmp_path / "train"), "--infer-out", str(tmp_path / "infer"), "-m", "run 1",
-            *flags(f"kaggle.code_competition={str(code_competition).lower()}")]
+    argv = [
+        "workflow",
+        "--submit",
+        "--interval",
+        "0",
+        "--build",
+        str(tmp_path / "build"),
+        "--out",
+        str(tmp_path / "train"),
+        "--infer-out",
+        str(tmp_path / "infer"),
+        "-m",
+        "run 1",
+        *flags(f"kaggle.code_competition={str(code_competition).lower()}"),
+    ]
     assert main(argv) == 0
-    train_then_publish = ["SaveKernel", *["GetKernelSessionStatus"] * 3, "ListKernelSessionOutput",
-                          "GetDatasetStatus", "GetDatasetStatus"]  # ours (404: new), then the CLI's own check
+    train_then_publish = [
+        "SaveKernel",
+        *["GetKernelSessionStatus"] * 3,
+        "ListKernelSessionOutput",
+        "GetDatasetStatus",
+        "GetDatasetStatus",
+    ]  # ours (404: new), then the CLI's own check
     called = methods(recorder)
-    assert called[:len(train_then_publish)] == train_then_publish
+    assert called[: len(train_then_publish)] == train_then_publish
     assert "CreateDataset" in called and called.count("SaveKernel") == 2
     uploaded = {name for name, _ in recorder.uploads}
     assert {"fold0.zip", "training_report.json"} <= uploaded  # the SavedModel folder went up zipped
@@ -186,8 +219,18 @@ def test_every_dry_run_command_is_one_the_real_cli_accepts(tmp_path, recorder, t
 
     train_out = tmp_path / "train"
     shutil.copytree(trained_export, train_out / "export")
-    argv = ["workflow", "--dry-run", "--submit", "--build", str(tmp_path / "b"), "--out", str(train_out),
-            "-m", "run 1", *flags()]
+    argv = [
+        "workflow",
+        "--dry-run",
+        "--submit",
+        "--build",
+        str(tmp_path / "b"),
+        "--out",
+        str(train_out),
+        "-m",
+        "run 1",
+        *flags(),
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     commands = [line[2:] for line in out.splitlines() if line.startswith("$ ")]
@@ -201,8 +244,10 @@ def test_every_dry_run_command_is_one_the_real_cli_accepts(tmp_path, recorder, t
         "kaggle kernels status tester/tpu2gpu-infer",
     ]
     # No push ran, so the code submission's version is unknown: said, not invented.
-    assert "# then: kaggle competitions submit digit-comp -k tester/tpu2gpu-infer -f submission.csv -v <the " \
-           "version the push above reports>" in out
+    assert (
+        "# then: kaggle competitions submit digit-comp -k tester/tpu2gpu-infer -f submission.csv -v <the "
+        "version the push above reports>" in out
+    )
     recorder.datasets["tester/tpu2gpu-model"] = "READY"
     metadata = tmp_path / "b" / "dataset" / "dataset-metadata.json"
     shutil.copyfile(metadata, train_out / "export" / "dataset-metadata.json")
@@ -248,8 +293,9 @@ def test_publish_wheels_creates_then_versions_the_wheels_dataset(tmp_path, recor
     wheels = tpu_wheels(tmp_path / "tpu-wheels")
     assert main(["publish-wheels", "--wheels", str(wheels), *flags()]) == 2
     assert "holds no dataset-metadata.json" in capsys.readouterr().err
-    (wheels / "dataset-metadata.json").write_text(json.dumps(
-        {"title": "tpu wheels", "id": "tester/tpu-wheels", "licenses": [{"name": "other"}]}))
+    (wheels / "dataset-metadata.json").write_text(
+        json.dumps({"title": "tpu wheels", "id": "tester/tpu-wheels", "licenses": [{"name": "other"}]})
+    )
     assert main(["publish-wheels", "--wheels", str(wheels), *flags()]) == 0
     assert sorted(name for name, _ in recorder.uploads) == sorted(p.name for p in wheels.glob("*.whl"))
     assert body_of(recorder, "CreateDataset")["slug"] == "tpu-wheels"
@@ -262,24 +308,35 @@ def test_publish_wheels_creates_then_versions_the_wheels_dataset(tmp_path, recor
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize(("override", "message"), [
-    ("kaggle.train_title=abc", "title: 'abc' is under 5 characters"),
-    ("kaggle.train_title=My Training Run", "title: 'My Training Run' slugifies to 'my-training-run', not the slug"),
-    ("kaggle.dataset_sources=[just-a-slug]", "dataset_sources: 'just-a-slug' is malformed"),
-    (f"kaggle.model_sources=[google/efficientnet/tensorflow2,{MODEL_HANDLE}]", "model_sources: "
-     "'google/efficientnet/tensorflow2' is malformed; it must be 'owner/model/framework/variation/version'"),
-    (f"kaggle.model_sources=[google/efficientnet/tensorflow2/b0/latest,{MODEL_HANDLE}]", "with an integer version"),
-    ("kaggle.infer_internet=true", "enable_internet: true on the inference kernel of a code competition"),
-    ("kaggle.owner=", "id: '/tpu2gpu-train' must be 'owner/slug'"),
-    ("kaggle.train_accelerator=TPU", "machine_shape: 'TPU' is not one of"),
-    ("kaggle.train_accelerator=NvidiaTeslaP100", "kaggle.train_accelerator=NvidiaTeslaP100: Kaggle's image no longer "
-     "runs on a P100 (its PyTorch is built without sm_60: the first CUDA op fails with "
-     "cudaErrorNoKernelImageForDevice, kaggle-cli #1151), and P100s are being phased out. Fix: "
-     "kaggle.train_accelerator=NvidiaTeslaT4 (GPU T4 x2)"),
-    ("kaggle.infer_accelerator=NvidiaTeslaP100", "kaggle.infer_accelerator=NvidiaTeslaP100: Kaggle's image no longer "
-     "runs on a P100"),
-    ("kaggle.dataset_title=model", "dataset title: 'model' must be 6-50 characters"),
-])
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("kaggle.train_title=abc", "title: 'abc' is under 5 characters"),
+        ("kaggle.train_title=My Training Run", "title: 'My Training Run' slugifies to 'my-training-run', not the slug"),
+        ("kaggle.dataset_sources=[just-a-slug]", "dataset_sources: 'just-a-slug' is malformed"),
+        (
+            f"kaggle.model_sources=[google/efficientnet/tensorflow2,{MODEL_HANDLE}]",
+            "model_sources: "
+            "'google/efficientnet/tensorflow2' is malformed; it must be 'owner/model/framework/variation/version'",
+        ),
+        (f"kaggle.model_sources=[google/efficientnet/tensorflow2/b0/latest,{MODEL_HANDLE}]", "with an integer version"),
+        ("kaggle.infer_internet=true", "enable_internet: true on the inference kernel of a code competition"),
+        ("kaggle.owner=", "id: '/tpu2gpu-train' must be 'owner/slug'"),
+        ("kaggle.train_accelerator=TPU", "machine_shape: 'TPU' is not one of"),
+        (
+            "kaggle.train_accelerator=NvidiaTeslaP100",
+            "kaggle.train_accelerator=NvidiaTeslaP100: Kaggle's image no longer "
+            "runs on a P100 (its PyTorch is built without sm_60: the first CUDA op fails with "
+            "cudaErrorNoKernelImageForDevice, kaggle-cli #1151), and P100s are being phased out. Fix: "
+            "kaggle.train_accelerator=NvidiaTeslaT4 (GPU T4 x2)",
+        ),
+        (
+            "kaggle.infer_accelerator=NvidiaTeslaP100",
+            "kaggle.infer_accelerator=NvidiaTeslaP100: Kaggle's image no longer runs on a P100",
+        ),
+        ("kaggle.dataset_title=model", "dataset title: 'model' must be 6-50 characters"),
+    ],
+)
 def test_metadata_errors_at_build_time(tmp_path, override, message):
     good = build(load_config(None, PROJECT), tmp_path / "build")
     before = {p: p.read_bytes() for p in good["train"].parent.rglob("*") if p.is_file()}
@@ -307,27 +364,45 @@ def test_the_default_config_does_not_buildoffline(tmp_path):
         "the training kernel runs on a TPU (kaggle.train_accelerator=TpuV5E8), whose Kaggle image has no TPU build of "
         "TensorFlow, and has no way to install one. Fix: attach the TPU stack's wheels (`tpu2gpu wheels`, `tpu2gpu "
         "publish-wheels`, then kaggle.tpu_wheels=<its slug>) or set kaggle.train_internet=true; if the image already "
-        "has a TPU build, kaggle.tpu_runtime=image"]
+        "has a TPU build, kaggle.tpu_runtime=image",
+    ]
     assert not (tmp_path / "build").exists()
 
 
-@pytest.mark.parametrize(("overrides", "problem"), [
-    (["model.hub_handle=runs/demo/backbone"], "model.hub_handle='runs/demo/backbone' is a local path, which does not "
-     "exist on Kaggle"),
-    (["model.hub_handle=https://tfhub.dev/google/efficientnet/b0/feature-vector/1"], "is downloaded at run time, but "
-     "kaggle.train_internet is false. Fix: use the model's Kaggle Models handle"),
-    (["model.backbone=efficientnet"], "model.efficientnet_weights='imagenet' is downloaded at run time"),
-    (["model.backbone=efficientnet", "model.efficientnet_weights=weights/b0.h5"], "model.efficientnet_weights="
-     "'weights/b0.h5' is a local file"),
-    (["runtime.tfrecords=runs/demo/tfrecords"], "runtime.tfrecords='runs/demo/tfrecords' is not attached to the "
-     "training kernel"),
-    (["kaggle.tpu_wheels="], "has no way to install one"),
-    (["kaggle.train_accelerator=NvidiaTeslaT4", *TIMM, "train.framework=torch_xla"], "train.framework=torch_xla on "
-     "kaggle.train_accelerator=NvidiaTeslaT4: torch_xla runs on a TPU, and has no CUDA devices. Fix: "
-     "train.framework=torch"),
-    ([*TIMM, "train.framework=torch"], "train.framework=torch on kaggle.train_accelerator=TpuV5E8 would train on the "
-     "TPU VM's CPU. Fix: train.framework=torch_xla (the TPU's chips) or auto"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "problem"),
+    [
+        (
+            ["model.hub_handle=runs/demo/backbone"],
+            "model.hub_handle='runs/demo/backbone' is a local path, which does not exist on Kaggle",
+        ),
+        (
+            ["model.hub_handle=https://tfhub.dev/google/efficientnet/b0/feature-vector/1"],
+            "is downloaded at run time, but kaggle.train_internet is false. Fix: use the model's Kaggle Models handle",
+        ),
+        (["model.backbone=efficientnet"], "model.efficientnet_weights='imagenet' is downloaded at run time"),
+        (
+            ["model.backbone=efficientnet", "model.efficientnet_weights=weights/b0.h5"],
+            "model.efficientnet_weights='weights/b0.h5' is a local file",
+        ),
+        (
+            ["runtime.tfrecords=runs/demo/tfrecords"],
+            "runtime.tfrecords='runs/demo/tfrecords' is not attached to the training kernel",
+        ),
+        (["kaggle.tpu_wheels="], "has no way to install one"),
+        (
+            ["kaggle.train_accelerator=NvidiaTeslaT4", *TIMM, "train.framework=torch_xla"],
+            "train.framework=torch_xla on "
+            "kaggle.train_accelerator=NvidiaTeslaT4: torch_xla runs on a TPU, and has no CUDA devices. Fix: "
+            "train.framework=torch",
+        ),
+        (
+            [*TIMM, "train.framework=torch"],
+            "train.framework=torch on kaggle.train_accelerator=TpuV5E8 would train on the "
+            "TPU VM's CPU. Fix: train.framework=torch_xla (the TPU's chips) or auto",
+        ),
+    ],
+)
 def test_build_refuses_what_the_training_kernel_could_not_reach(tmp_path, overrides, problem):
     with pytest.raises(MetadataError, match="the training kernel could not run on Kaggle") as err:
         build(load_config(None, [*PROJECT, *overrides]), tmp_path / "build")
@@ -335,22 +410,57 @@ def test_build_refuses_what_the_training_kernel_could_not_reach(tmp_path, overri
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("overrides, internet, machine, datasets", [
-    (["kaggle.tpu_wheels=", "kaggle.train_internet=true", "model.backbone=efficientnet"],  # pip and weights online
-     True, "TpuV5E8", ["tester/extra-data/3"]),
-    (["kaggle.tpu_wheels=", "kaggle.tpu_runtime=image"],  # an image that has its TPU build
-     False, "TpuV5E8", ["tester/extra-data/3"]),
-    (["runtime.tfrecords=extra-data", "model.backbone=efficientnet",
-      "model.efficientnet_weights=/kaggle/input/extra-data/b0.h5"],
-     False, "TpuV5E8", ["tester/extra-data/3", "tester/tpu-wheels"]),
-    # A GPU kernel asks for the GPUs and carries no TPU wheels, on every route.
-    (["kaggle.train_accelerator=NvidiaTeslaT4"], False, "NvidiaTeslaT4", ["tester/extra-data/3"]),
-    (["kaggle.train_accelerator=NvidiaTeslaT4", "train.framework=keras_jax", "model.backbone=efficientnet",
-      "model.efficientnet_weights=/kaggle/input/extra-data/b0.h5"], False, "NvidiaTeslaT4", ["tester/extra-data/3"]),
-    (["kaggle.train_accelerator=NvidiaTeslaT4", *TIMM, "train.framework=torch"], False, "NvidiaTeslaT4",
-     ["tester/extra-data/3"]),
-    (["kaggle.train_accelerator=NvidiaTeslaT4", *TIMM], False, "NvidiaTeslaT4", ["tester/extra-data/3"]),  # auto
-])
+@pytest.mark.parametrize(
+    "overrides, internet, machine, datasets",
+    [
+        (
+            [
+                "kaggle.tpu_wheels=",
+                "kaggle.train_internet=true",
+                "model.backbone=efficientnet",
+            ],  # pip and weights online
+            True,
+            "TpuV5E8",
+            ["tester/extra-data/3"],
+        ),
+        (
+            ["kaggle.tpu_wheels=", "kaggle.tpu_runtime=image"],  # an image that has its TPU build
+            False,
+            "TpuV5E8",
+            ["tester/extra-data/3"],
+        ),
+        (
+            [
+                "runtime.tfrecords=extra-data",
+                "model.backbone=efficientnet",
+                "model.efficientnet_weights=/kaggle/input/extra-data/b0.h5",
+            ],
+            False,
+            "TpuV5E8",
+            ["tester/extra-data/3", "tester/tpu-wheels"],
+        ),
+        # A GPU kernel asks for the GPUs and carries no TPU wheels, on every route.
+        (["kaggle.train_accelerator=NvidiaTeslaT4"], False, "NvidiaTeslaT4", ["tester/extra-data/3"]),
+        (
+            [
+                "kaggle.train_accelerator=NvidiaTeslaT4",
+                "train.framework=keras_jax",
+                "model.backbone=efficientnet",
+                "model.efficientnet_weights=/kaggle/input/extra-data/b0.h5",
+            ],
+            False,
+            "NvidiaTeslaT4",
+            ["tester/extra-data/3"],
+        ),
+        (
+            ["kaggle.train_accelerator=NvidiaTeslaT4", *TIMM, "train.framework=torch"],
+            False,
+            "NvidiaTeslaT4",
+            ["tester/extra-data/3"],
+        ),
+        (["kaggle.train_accelerator=NvidiaTeslaT4", *TIMM], False, "NvidiaTeslaT4", ["tester/extra-data/3"]),  # auto
+    ],
+)
 def test_build_accepts_what_kaggle_can_reach(tmp_path, overrides, internet, machine, datasets):
     folders = build(load_config(None, [*PROJECT, *overrides]), tmp_path / "build")
     meta = json.loads((folders["train"] / "kernel-metadata.json").read_text())
@@ -365,7 +475,8 @@ def test_flowers_config_builds_and_the_demo_build_says_what_it_is(tmp_path, caps
     folders = build(load_config("configs/flowers.yaml", ["kaggle.owner=tester"]), tmp_path / "flowers")
     meta = json.loads((folders["train"] / "kernel-metadata.json").read_text())
     assert meta["dataset_sources"] == ["tester/tpu2gpu-tpu-wheels"] and meta["competition_sources"] == [
-        "tpu-getting-started"]
+        "tpu-getting-started"
+    ]
     build(load_config("configs/demo.yaml"), tmp_path / "demo", demo=True)
     out = capsys.readouterr().out
     assert f"[build] demo build in {tmp_path / 'demo'}: for reading, not for pushing" in out
@@ -379,8 +490,13 @@ def test_two_builds_are_byte_identical(tmp_path):
     cfg = load_config(None, PROJECT)
     first, second = build(cfg, tmp_path / "one"), build(cfg, tmp_path / "two")
     files = sorted(p.relative_to(tmp_path / "one") for p in (tmp_path / "one").rglob("*") if p.is_file())
-    assert [str(f) for f in files] == ["dataset/dataset-metadata.json", "infer/infer.py",
-                                       "infer/kernel-metadata.json", "train/kernel-metadata.json", "train/train.py"]
+    assert [str(f) for f in files] == [
+        "dataset/dataset-metadata.json",
+        "infer/infer.py",
+        "infer/kernel-metadata.json",
+        "train/kernel-metadata.json",
+        "train/train.py",
+    ]
     for f in files:
         assert (tmp_path / "one" / f).read_bytes() == (tmp_path / "two" / f).read_bytes(), f
     assert (first["train"], second["train"]) == (tmp_path / "one" / "train", tmp_path / "two" / "train")
@@ -394,22 +510,30 @@ def test_simulated_kaggle_run_of_both_built_kernels(tmp_path, demo_dir, tiny_bac
     shutil.copytree(tiny_backbone, kaggle / "input" / "models" / MODEL_HANDLE.replace("tensorflow2", "TensorFlow2"))
     (kaggle / "working").mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TF_USE_LEGACY_KERAS")}
-    env.update(TPU2GPU_KAGGLE_ROOT=str(kaggle), KAGGLE_KERNEL_RUN_TYPE="Batch", PYTHONDONTWRITEBYTECODE="1",
-               TMPDIR=str(tmp_path / "tmp"))
+    env.update(
+        TPU2GPU_KAGGLE_ROOT=str(kaggle),
+        KAGGLE_KERNEL_RUN_TYPE="Batch",
+        PYTHONDONTWRITEBYTECODE="1",
+        TMPDIR=str(tmp_path / "tmp"),
+    )
     (tmp_path / "tmp").mkdir()
 
     # The training kernel: its script alone, run from /kaggle/working, no network.
     script = kaggle / "working" / "__script__.py"
     shutil.copyfile(folders["train"] / "train.py", script)
-    train = subprocess.run(offline([sys.executable, str(script)]), cwd=kaggle / "working", env=env,
-                           capture_output=True, text=True)
+    train = subprocess.run(
+        offline([sys.executable, str(script)]), cwd=kaggle / "working", env=env, capture_output=True, text=True
+    )
     assert train.returncode == 0, train.stdout[-2000:] + train.stderr[-3000:]
     assert f"common from {tmp_path / 'tmp'}/tpu2gpu-" in train.stdout  # the bundle's code, not this checkout
     export = kaggle / "working" / "export"
     card = json.loads((export / "fold0" / "model_card.json").read_text())
     assert card["complete"] and card["config"]["runtime"]["competition_dir"] == "digit-comp"
-    assert card["verification"]["environment"] == {"CUDA_VISIBLE_DEVICES": "-1", "TPU_LOAD_LIBRARY": "0",
-                                                   "TPU_SKIP_MDS_QUERY": "1"}  # the check ran on the CPU alone
+    assert card["verification"]["environment"] == {
+        "CUDA_VISIBLE_DEVICES": "-1",
+        "TPU_LOAD_LIBRARY": "0",
+        "TPU_SKIP_MDS_QUERY": "1",
+    }  # the check ran on the CPU alone
     # The kernel's output is /kaggle/working: the export only. Records and checkpoints went to /kaggle/temp.
     assert sorted(p.name for p in (kaggle / "working").iterdir()) == ["__script__.py", "export"]
     assert (kaggle / "temp" / "tfrecords" / "manifest.json").is_file() and (kaggle / "temp" / "work").is_dir()
@@ -419,8 +543,9 @@ def test_simulated_kaggle_run_of_both_built_kernels(tmp_path, demo_dir, tiny_bac
     shutil.rmtree(kaggle / "working")
     (kaggle / "working").mkdir()
     shutil.copyfile(folders["infer"] / "infer.py", kaggle / "working" / "__script__.py")
-    infer = subprocess.run(offline([sys.executable, "__script__.py"]), cwd=kaggle / "working", env=env,
-                           capture_output=True, text=True)
+    infer = subprocess.run(
+        offline([sys.executable, "__script__.py"]), cwd=kaggle / "working", env=env, capture_output=True, text=True
+    )
     assert infer.returncode == 0, infer.stdout[-2000:] + infer.stderr[-3000:]
     submission = read_csv(kaggle / "working" / "submission.csv")
     template = read_csv(demo_dir / "sample_submission.csv")
@@ -465,9 +590,20 @@ def test_verify_export_before_publishing(trained_export, tmp_path, capsys):
 def test_the_export_check_runs_on_the_cpu_alone():
     from common.core.children import bundle_root, cpu_only_environment
 
-    tpu_vm = {"ISTPUVM": "1", "TPU_ACCELERATOR_TYPE": "v5litepod-8", "TPU_WORKER_ID": "0", "PATH": "/usr/bin",
-              "CUDA_VISIBLE_DEVICES": "0,1", "PYTHONPATH": "/extra"}
+    tpu_vm = {
+        "ISTPUVM": "1",
+        "TPU_ACCELERATOR_TYPE": "v5litepod-8",
+        "TPU_WORKER_ID": "0",
+        "PATH": "/usr/bin",
+        "CUDA_VISIBLE_DEVICES": "0,1",
+        "PYTHONPATH": "/extra",
+    }
     env = cpu_only_environment(tpu_vm)
-    assert env == {"PATH": "/usr/bin", "CUDA_VISIBLE_DEVICES": "-1", "TPU_LOAD_LIBRARY": "0",
-                   "TPU_SKIP_MDS_QUERY": "1", "PYTHONPATH": f"{bundle_root()}{os.pathsep}/extra"}
+    assert env == {
+        "PATH": "/usr/bin",
+        "CUDA_VISIBLE_DEVICES": "-1",
+        "TPU_LOAD_LIBRARY": "0",
+        "TPU_SKIP_MDS_QUERY": "1",
+        "PYTHONPATH": f"{bundle_root()}{os.pathsep}/extra",
+    }
     assert bundle_root() == str(REPO)  # the folder that holds `common`: here the repository, in a kernel its zip

@@ -32,8 +32,16 @@ def test_tf_keras_under_mixed_float16_skips_the_step_whose_gradients_overflow(ti
 
     import tensorflow as tf
 
-    cfg = load_config(None, [f"model.hub_handle={tiny_backbone}", "data.image_size=16", "train.epochs=2",
-                             "train.precision=mixed_float16", "train.steps_per_execution=1"])
+    cfg = load_config(
+        None,
+        [
+            f"model.hub_handle={tiny_backbone}",
+            "data.image_size=16",
+            "train.epochs=2",
+            "train.precision=mixed_float16",
+            "train.steps_per_execution=1",
+        ],
+    )
     backend = TFBackend(cfg, tf.distribute.get_strategy(), hub_handle=str(tiny_backbone))
     tf.keras.mixed_precision.set_global_policy("mixed_float16")  # what the route's start sets on a GPU
     try:
@@ -47,7 +55,8 @@ def test_tf_keras_under_mixed_float16_skips_the_step_whose_gradients_overflow(ti
     assert describe_precision(backend, cfg) == (
         "[train] precision: backbone float32, head float16 (policy mixed_float16; a TF Hub backbone keeps its "
         "SavedModel's dtypes: it computes at float32 speed on a GPU. For float16: model.backbone=efficientnet, or "
-        "train.framework=keras_jax (a KerasHub preset) or torch (a timm model))")
+        "train.framework=keras_jax (a KerasHub preset) or torch (a timm model))"
+    )
     optimizer._loss_scale.current_loss_scale.assign(1e30)  # every float16 gradient of the head now overflows
     before = weights_of(model)
     model.train_on_batch(IMAGES, TARGETS)
@@ -66,9 +75,17 @@ def test_keras_jax_under_mixed_float16_skips_the_step_whose_gradients_overflow(t
 
     import keras
 
-    cfg = load_config(None, ["train.framework=keras_jax", "model.backbone=keras",
-                             f"model.keras_backbone={tiny_keras_backbone}", "data.image_size=16", "train.epochs=2",
-                             "train.precision=mixed_float16"])
+    cfg = load_config(
+        None,
+        [
+            "train.framework=keras_jax",
+            "model.backbone=keras",
+            f"model.keras_backbone={tiny_keras_backbone}",
+            "data.image_size=16",
+            "train.epochs=2",
+            "train.precision=mixed_float16",
+        ],
+    )
     backend = JaxBackend(cfg)
     backend.build(plan_fold(cfg, Records, backend.replicas))
     model, optimizer = backend.model, backend.model.optimizer

@@ -37,25 +37,42 @@ GiB = 2**30
 PUBLIC = {
     "xla_tpu_compile": (  # pytorch/xla#3532, tensorflow/tpu#385
         "RESOURCE_EXHAUSTED: Ran out of memory in memory space hbm. Used 29.80G of 7.98G hbm. Exceeded hbm capacity "
-        "by 21.82G.", (29.80, 7.98, None), 4),
+        "by 21.82G.",
+        (29.80, 7.98, None),
+        4,
+    ),
     "torch_xla_reserve": (  # pytorch/xla#1735
         "Resource exhausted: From /job:tpu_worker/replica:0/task:0:\nAttempting to reserve 3.95G at the bottom of "
         "memory. That was not possible. There are 1.92G free, 0B reserved, and 1.92G reservable.; \nHBM capacity "
-        "8.00G:\n       Top-of-Memory reserved:  529.00M", (3.95, 8.00, 1.92), 8),
+        "8.00G:\n       Top-of-Memory reserved:  529.00M",
+        (3.95, 8.00, 1.92),
+        8,
+    ),
     "xla_allocate": (  # pytorch/xla#2569
         "Resource exhausted: Attempting to allocate 180.59M. That was not possible. There are 142.58M free.; "
-        "(0x3x0_HBM1)", (180.59 / 1024, None, 142.58 / 1024), 16),
+        "(0x3x0_HBM1)",
+        (180.59 / 1024, None, 142.58 / 1024),
+        16,
+    ),
     "jax_gpu": ("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 4294967296 bytes.", (4.0, None, None), 16),
     "jax_0_11_gpu": (  # not public: JAX 0.11.2 on the lent H200 (keras_jax, B0 at 224 px, 512 per replica)
         "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 15.67GiB with allocator GPU_0_bfc on device 0. "
-        "[executable_name='jit_train_step'] [tf-allocator-allocation-error='']", (15.67, None, None), 16),
+        "[executable_name='jit_train_step'] [tf-allocator-allocation-error='']",
+        (15.67, None, None),
+        16,
+    ),
     "tensorflow_gpu": (
         "OOM when allocating tensor with shape[256,112,112,32] and type float on "
-        "/job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc", (256 * 112 * 112 * 32 * 4 / GiB, None,
-                                                                             None), 16),
+        "/job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc",
+        (256 * 112 * 112 * 32 * 4 / GiB, None, None),
+        16,
+    ),
     "torch_cuda": (
         "CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 15.78 GiB total capacity; 13.10 GiB already "
-        "allocated; 1.20 GiB free; 13.50 GiB reserved in total by PyTorch)", (2.00, 15.78, 1.20), 16),
+        "allocated; 1.20 GiB free; 13.50 GiB reserved in total by PyTorch)",
+        (2.00, 15.78, 1.20),
+        16,
+    ),
 }
 
 
@@ -81,9 +98,11 @@ def test_an_allocation_the_runtime_names_alone_is_weighed_against_the_devices_ow
         with named_out_of_memory(lambda: shape, Phase(FIRST_STEP), lambda: int(4.20 * GiB)):
             raise RuntimeError(PUBLIC["jax_0_11_gpu"][0])
     assert raised.value.batch == 64 and raised.value.phase == FIRST_STEP
-    assert ("it needed 15.67 GiB where the chip has 4.20 GiB (Out of memory while trying to allocate 15.67GiB with "
-            "allocator GPU_0_bfc on device 0. [executable_name='jit_train_step'] [tf-allocator-allocation-error=''])"
-            ". Fix: --set train.batch_size_per_replica=64 (expected to fit)") in str(raised.value)
+    assert (
+        "it needed 15.67 GiB where the chip has 4.20 GiB (Out of memory while trying to allocate 15.67GiB with "
+        "allocator GPU_0_bfc on device 0. [executable_name='jit_train_step'] [tf-allocator-allocation-error=''])"
+        ". Fix: --set train.batch_size_per_replica=64 (expected to fit)"
+    ) in str(raised.value)
     with pytest.raises(DeviceMemoryError) as raised:  # a route that cannot say: half, as before
         with named_out_of_memory(lambda: shape, Phase(FIRST_STEP)):
             raise RuntimeError(PUBLIC["jax_0_11_gpu"][0])
@@ -120,18 +139,24 @@ def test_peak_memory_is_read_where_the_runtime_keeps_it_and_said_nowhere_else():
     and TensorFlow's CPU, give no record, so no line."""
     gpu = {"bytes_in_use": 3 * GiB, "peak_bytes_in_use": 12 * GiB, "bytes_limit": 16 * GiB}
     record = jax_peak([FakeDevice({**gpu, "peak_bytes_in_use": 9 * GiB}), FakeDevice(gpu)])
-    assert record == {"peak_bytes": 12 * GiB, "capacity_bytes": 16 * GiB,
-                      "from": "JAX memory_stats, the busiest device, since the process started"}
-    assert describe_peak(record) == ("device memory peak 12.00 GiB of 16.00 GiB (JAX memory_stats, the busiest "
-                                     "device, since the process started)")
+    assert record == {
+        "peak_bytes": 12 * GiB,
+        "capacity_bytes": 16 * GiB,
+        "from": "JAX memory_stats, the busiest device, since the process started",
+    }
+    assert describe_peak(record) == (
+        "device memory peak 12.00 GiB of 16.00 GiB (JAX memory_stats, the busiest device, since the process started)"
+    )
     assert jax_peak([FakeDevice(None), FakeDevice(None)]) is None
     assert tensorflow_peak(["/job:localhost/replica:0/task:0/device:CPU:0"]) is None
     # A run planned within less than the device holds (runtime.device_memory) names both.
     planned = planned_within(record, 16_000_000_000, "runtime.device_memory=16GB")
     assert planned == {**record, "planned_bytes": 16_000_000_000, "planned_from": "runtime.device_memory=16GB"}
-    assert describe_peak(planned) == ("device memory peak 12.00 GiB of the device's 16.00 GiB, planned within 14.90 "
-                                      "GiB (runtime.device_memory=16GB) (JAX memory_stats, the busiest device, since "
-                                      "the process started)")
+    assert describe_peak(planned) == (
+        "device memory peak 12.00 GiB of the device's 16.00 GiB, planned within 14.90 "
+        "GiB (runtime.device_memory=16GB) (JAX memory_stats, the busiest device, since "
+        "the process started)"
+    )
     assert planned_within(record, None, "") is record and planned_within(None, 1, "") is None
 
 
@@ -150,10 +175,14 @@ def test_a_first_step_that_runs_long_is_said_past_a_minute_or_twice_its_compiles
     began = watch.began
     assert watch.check(began + 69.0) is None  # 59 s of its own
     line = watch.check(began + 71.0)
-    assert line.startswith("[train] epoch 1: no step has finished 71 s into the epoch, 61 s of them beyond the "
-                           "compiles that finished (1 program(s), 10.0 s). A first step this slow is"), line
-    assert line.endswith("the next line comes 122 s beyond the compiles. Fix, if it never ends: a smaller "
-                         "train.batch_size_per_replica (or auto) or data.image_size"), line
+    assert line.startswith(
+        "[train] epoch 1: no step has finished 71 s into the epoch, 61 s of them beyond the "
+        "compiles that finished (1 program(s), 10.0 s). A first step this slow is"
+    ), line
+    assert line.endswith(
+        "the next line comes 122 s beyond the compiles. Fix, if it never ends: a smaller "
+        "train.batch_size_per_replica (or auto) or data.image_size"
+    ), line
     assert watch.check(began + 120.0) is None and watch.check(began + 133.0).startswith("[train] epoch 1: no step")
     slow_compile = FirstStepWatch(2, lambda: count["now"])
     count["now"] = CompileCount(programs=5, seconds=64.0)
@@ -164,8 +193,9 @@ def test_a_first_step_that_runs_long_is_said_past_a_minute_or_twice_its_compiles
 
     said = threading.Event()
     lines = []
-    running = FirstStepWatch(0, lambda: None, say=lambda line: (lines.append(line), said.set()), patience=0.05,
-                             every=0.01).start()
+    running = FirstStepWatch(
+        0, lambda: None, say=lambda line: (lines.append(line), said.set()), patience=0.05, every=0.01
+    ).start()
     assert said.wait(60), "the watch said nothing"
     running.stop()
     assert running.check(running.began + 3600) is None and lines[0].startswith("[train] epoch 1: no step")
@@ -173,23 +203,33 @@ def test_a_first_step_that_runs_long_is_said_past_a_minute_or_twice_its_compiles
 
 @pytest.mark.e2e
 def test_keras_jax_checks_a_fixed_batch_against_the_memory_the_device_reports_before_training(
-        demo_records, tiny_keras_backbone, tmp_path, capsys, monkeypatch):
+    demo_records, tiny_keras_backbone, tmp_path, capsys, monkeypatch
+):
     """No runtime.device_memory, and a device that reports 2 MB (JAX's bytes_limit, as a GPU or TPU reports its own;
     this CPU reports none, so the test stubs the report): a fixed 128 per replica, whose compiled step needs about
     5 MiB, ends in the out-of-memory line before training, naming the device's report; nothing is exported."""
     import common.training.backends.keras_jax.backend as keras_jax
 
     monkeypatch.setattr(keras_jax, "jax_device_limit", lambda device: 2_000_000)
-    argv = settings(demo_records[0], tmp_path / "out", "train.framework=keras_jax", "model.backbone=keras",
-                    f"model.keras_backbone={tiny_keras_backbone}", "train.batch_size_per_replica=128")
+    argv = settings(
+        demo_records[0],
+        tmp_path / "out",
+        "train.framework=keras_jax",
+        "model.backbone=keras",
+        f"model.keras_backbone={tiny_keras_backbone}",
+        "train.batch_size_per_replica=128",
+    )
     assert guarded("train", train_main, argv) == 2
     captured = capsys.readouterr()
     line = captured.err.strip().splitlines()[-1]
-    assert re.fullmatch(r"train: error: fold0, checking the compiled training step's memory: the device ran out of "
-                        r"memory: Keras backbone tiny_backbone.keras at 16 px, batch 128 per replica x 2 replica\(s\) "
-                        r"= 256, float32; it needed [\d.]+ MiB where the chip has 1.91 MiB \(the compiled training "
-                        r"step needs [\d.]+ MiB, cpu's own report\)\. Fix: --set train.batch_size_per_replica=\d+ "
-                        r"\(expected to fit\), .*", line), line
+    assert re.fullmatch(
+        r"train: error: fold0, checking the compiled training step's memory: the device ran out of "
+        r"memory: Keras backbone tiny_backbone.keras at 16 px, batch 128 per replica x 2 replica\(s\) "
+        r"= 256, float32; it needed [\d.]+ MiB where the chip has 1.91 MiB \(the compiled training "
+        r"step needs [\d.]+ MiB, cpu's own report\)\. Fix: --set train.batch_size_per_replica=\d+ "
+        r"\(expected to fit\), .*",
+        line,
+    ), line
     assert "[train] epoch 1" not in captured.out and not (tmp_path / "out" / "export").exists()
 
 
@@ -207,15 +247,25 @@ def raising_at_the_first_step(monkeypatch, backend_class, error, above: int):
 
 
 def settings(records: Path, out: Path, *extra: str) -> list[str]:
-    base = [f"runtime.tfrecords={records}", "data.image_size=16", "train.fold=0", "train.epochs=2",
-            "train.steps_per_epoch=2", "train.steps_per_execution=2", "train.batch_size_per_replica=32",
-            "train.export_float16=false", f"runtime.output_dir={out}", *extra]
+    base = [
+        f"runtime.tfrecords={records}",
+        "data.image_size=16",
+        "train.fold=0",
+        "train.epochs=2",
+        "train.steps_per_epoch=2",
+        "train.steps_per_execution=2",
+        "train.batch_size_per_replica=32",
+        "train.export_float16=false",
+        f"runtime.output_dir={out}",
+        *extra,
+    ]
     return [a for s in base for a in ("--set", s)]
 
 
 @pytest.mark.e2e
 def test_an_out_of_memory_in_validation_keeps_the_checkpoints_and_the_rerun_resumes_from_them(
-        demo_records, tiny_backbone, tmp_path, monkeypatch, capsys):
+    demo_records, tiny_backbone, tmp_path, monkeypatch, capsys
+):
     """The device runs out after epoch 1 was checkpointed (scoring epoch 2): the line names that phase, epoch 1's
     checkpoint is where it was, and the same command with the fix resumes after epoch 1."""
     from common.training.backends.tf_keras.backend import TFBackend
@@ -239,7 +289,8 @@ def test_an_out_of_memory_in_validation_keeps_the_checkpoints_and_the_rerun_resu
         "batch 32 per replica x 2 replica(s) = 64, float32; it asked for 392.00 MiB more (OOM when allocating tensor "
         "with shape[256,112,112,32] and type float). Fix: --set train.batch_size_per_replica=16 (expected to fit), or "
         "train.batch_size_per_replica=auto, or a smaller data.image_size or model; the fold's checkpoints are kept, "
-        "and the same command with the fix resumes from them"), lines[0]
+        "and the same command with the fix resumes from them"
+    ), lines[0]
     assert not (tmp_path / "out" / "export" / "fold0").exists()
     progress = tmp_path / "out" / "work" / "fold0" / "checkpoints" / "progress.json"
     assert json.loads(progress.read_text()) == {"epochs_done": 1}
@@ -288,20 +339,33 @@ main([*argv, "--set", fix])
 @pytest.mark.e2e
 @pytest.mark.skipif(bool(torch_xla_missing()), reason="./dev test installs the torch extra")
 def test_torch_xlas_out_of_memory_at_its_first_step_is_one_line_and_the_batch_it_names_trains(
-        demo_records, tiny_timm_backbone, tmp_path):
-    argv = settings(demo_records[0], tmp_path / "out", "train.framework=torch_xla", "model.backbone=timm",
-                    f"model.timm_model={tiny_timm_backbone}")
-    run = subprocess.run([sys.executable, "-c", TORCH_OUT_OF_MEMORY, PUBLIC["torch_xla_reserve"][0], *argv],
-                         cwd=REPO, capture_output=True, text=True, timeout=600,
-                         env={k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"})
+    demo_records, tiny_timm_backbone, tmp_path
+):
+    argv = settings(
+        demo_records[0],
+        tmp_path / "out",
+        "train.framework=torch_xla",
+        "model.backbone=timm",
+        f"model.timm_model={tiny_timm_backbone}",
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", TORCH_OUT_OF_MEMORY, PUBLIC["torch_xla_reserve"][0], *argv],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"},
+    )
     report = (run.stdout + run.stderr)[-3000:]
     assert run.returncode == 0 and "Traceback" not in run.stdout, report
     line = next(x for x in run.stdout.splitlines() if x.startswith("LINE "))
-    assert line.startswith("LINE train: error: fold0, compiling and running the first training step: the device ran "
-                           "out of memory: timm tiny_timm at 16 px, batch 32 per replica x 1 replica(s) = 32, float32; "
-                           "it needed 3.95 GiB where 1.92 GiB of the chip's 8.00 GiB was free (Attempting to reserve "
-                           "3.95G at the bottom of memory. That was not possible. There are 1.92G free, 0B reserved, "
-                           "and 1.92G reservable.). Fix: --set train.batch_size_per_replica=8 (expected to fit)"), line
+    assert line.startswith(
+        "LINE train: error: fold0, compiling and running the first training step: the device ran "
+        "out of memory: timm tiny_timm at 16 px, batch 32 per replica x 1 replica(s) = 32, float32; "
+        "it needed 3.95 GiB where 1.92 GiB of the chip's 8.00 GiB was free (Attempting to reserve "
+        "3.95G at the bottom of memory. That was not possible. There are 1.92G free, 0B reserved, "
+        "and 1.92G reservable.). Fix: --set train.batch_size_per_replica=8 (expected to fit)"
+    ), line
     assert line.endswith(" EXIT 2"), line
     # The rerun trained its first epoch at the batch the line names, and checkpointed it.
     rerun = run.stdout.split("RERUN train.batch_size_per_replica=8\n", 1)[1]
@@ -317,28 +381,40 @@ class Checkpointed(BaseException):
 
 @pytest.mark.e2e
 def test_keras_jax_weighs_its_compiled_step_against_the_device_and_auto_trains_at_the_largest_batch_that_fits(
-        demo_records, tiny_keras_backbone, tmp_path, capsys, monkeypatch):
+    demo_records, tiny_keras_backbone, tmp_path, capsys, monkeypatch
+):
     """runtime.device_memory=2MB, below what the tiny backbone's step needs at 128 per replica (about 5 MiB on this
     CPU; 2 MiB is a v5e chip's 16 GB scaled to a 16 px model): the compiled step, weighed before training, ends the
     run in the line; the batch it names trains (stopped once its epoch is checkpointed, as a kill would: auto's run
     exports); and auto finds the largest power of two that fits in at most three compiles, the chosen step then taken
     from the compile cache by fit."""
     import common.training.fold as fold
-    model = ["train.framework=keras_jax", "model.backbone=keras", f"model.keras_backbone={tiny_keras_backbone}",
-             "runtime.device_memory=2MB", f"runtime.compile_cache={tmp_path / 'cache'}"]
+
+    model = [
+        "train.framework=keras_jax",
+        "model.backbone=keras",
+        f"model.keras_backbone={tiny_keras_backbone}",
+        "runtime.device_memory=2MB",
+        f"runtime.compile_cache={tmp_path / 'cache'}",
+    ]
     argv = settings(demo_records[0], tmp_path / "out", *model, "train.batch_size_per_replica=128")
     assert guarded("train", train_main, argv) == 2
     line = capsys.readouterr().err.strip().splitlines()[-1]
-    found = re.fullmatch(r"train: error: fold0, checking the compiled training step's memory: the device ran out of "
-                         r"memory: Keras backbone tiny_backbone.keras at 16 px, batch 128 per replica x 2 replica\(s\) "
-                         r"= 256, float32; it needed ([\d.]+) MiB where the chip has 1.91 MiB \(the compiled training "
-                         r"step needs [\d.]+ MiB, runtime.device_memory=2MB\)\. Fix: --set "
-                         r"train.batch_size_per_replica=(\d+) \(expected to fit\), .*", line)
+    found = re.fullmatch(
+        r"train: error: fold0, checking the compiled training step's memory: the device ran out of "
+        r"memory: Keras backbone tiny_backbone.keras at 16 px, batch 128 per replica x 2 replica\(s\) "
+        r"= 256, float32; it needed ([\d.]+) MiB where the chip has 1.91 MiB \(the compiled training "
+        r"step needs [\d.]+ MiB, runtime.device_memory=2MB\)\. Fix: --set "
+        r"train.batch_size_per_replica=(\d+) \(expected to fit\), .*",
+        line,
+    )
     assert found, line
     needed, fix = float(found.group(1)), int(found.group(2))
     assert needed > 1.91 and fix < 128 and fix & (fix - 1) == 0, (needed, fix)
-    assert not (tmp_path / "out" / "export").exists() and not (tmp_path / "out" / "work" / "fold0" / "checkpoints"
-                                                                / "progress.json").exists()
+    assert (
+        not (tmp_path / "out" / "export").exists()
+        and not (tmp_path / "out" / "work" / "fold0" / "checkpoints" / "progress.json").exists()
+    )
     write_json = fold._write_json
 
     def write_then_stop(path, data):
@@ -375,8 +451,9 @@ def test_keras_jax_weighs_its_compiled_step_against_the_device_and_auto_trains_a
 
 
 @pytest.mark.e2e
-def test_auto_on_tf_keras_retries_at_the_batch_the_first_steps_out_of_memory_names(demo_records, tiny_backbone,
-                                                                                 tmp_path, monkeypatch, capsys):
+def test_auto_on_tf_keras_retries_at_the_batch_the_first_steps_out_of_memory_names(
+    demo_records, tiny_backbone, tmp_path, monkeypatch, capsys
+):
     """tf_keras cannot weigh its program ahead of time: auto starts at 128 per replica, and a first step that runs
     out (here XLA's words, as a TPU says them) is retried at the batch its line names, before training starts."""
     from common.training.backends.tf_keras.backend import TFBackend
@@ -385,17 +462,25 @@ def test_auto_on_tf_keras_retries_at_the_batch_the_first_steps_out_of_memory_nam
     raising_at_the_first_step(monkeypatch, TFBackend, error, above=16)
     # This CPU keeps no peak (tensorflow_peak gives None here); a GPU's figures, as get_memory_info would give them.
     monkeypatch.setattr(TFBackend, "peak_memory", lambda self: peak_record(11 * GiB, None, "a GPU's, in this test"))
-    argv = settings(demo_records[0], tmp_path / "out", f"model.hub_handle={tiny_backbone}",
-                    "train.batch_size_per_replica=auto")
+    argv = settings(
+        demo_records[0], tmp_path / "out", f"model.hub_handle={tiny_backbone}", "train.batch_size_per_replica=auto"
+    )
     assert train_main(argv) == 0
     log = capsys.readouterr().out
     assert "[train] fold 0: device memory peak 11.00 GiB (a GPU's, in this test)" in log
     card = json.loads((tmp_path / "out" / "export" / "fold0" / "model_card.json").read_text())
-    assert card["runtime"]["peak_memory"] == {"peak_bytes": 11 * GiB, "capacity_bytes": None,
-                                              "from": "a GPU's, in this test"}
-    assert ("[train] batch: auto starts at 128 per replica; a device's out of memory at the first step names the "
-            "batch it tries next (at most twice)") in log
-    assert ("[train] batch: auto's 128 per replica ran out of memory at the first step; trying 16 (fold0, compiling "
-            "and running the first training step: the device ran out of memory: ") in log
+    assert card["runtime"]["peak_memory"] == {
+        "peak_bytes": 11 * GiB,
+        "capacity_bytes": None,
+        "from": "a GPU's, in this test",
+    }
+    assert (
+        "[train] batch: auto starts at 128 per replica; a device's out of memory at the first step names the "
+        "batch it tries next (at most twice)"
+    ) in log
+    assert (
+        "[train] batch: auto's 128 per replica ran out of memory at the first step; trying 16 (fold0, compiling "
+        "and running the first training step: the device ran out of memory: "
+    ) in log
     assert "global batch 32 (2 replicas)" in log
     assert json.loads((tmp_path / "out" / "export" / "fold0" / "model_card.json").read_text())["complete"] is True

@@ -47,8 +47,9 @@ def test_efficientnet_package_builds_b0_and_trains_a_step(demo_records):
     """Opt-in (-m slow): the default suite builds and trains B0 through the training kernel (the efficientnet_export
     fixture of tests/test_inference.py), whose saved graph's op census (65 Conv2D, 16 depthwise) pins the
     architecture."""
-    cfg = load_config(None, ["model.backbone=efficientnet", "model.efficientnet_weights=none",
-                             "train.steps_per_execution=1"])
+    cfg = load_config(
+        None, ["model.backbone=efficientnet", "model.efficientnet_weights=none", "train.steps_per_execution=1"]
+    )
     model = build_model(cfg.model, 10, 32)
     assert any(layer.name == "efficientnet-b0" for layer in model.layers)
     assert 4_000_000 < model.count_params() < 4_100_000  # B0 without top: 4.05 M + head
@@ -69,8 +70,9 @@ def test_missing_or_offline_hub_handles_are_clear_errors():
         assert f"model.hub_handle={handle!r} could not be loaded" in str(err.value)
         assert "model_sources" in str(err.value)
     with pytest.raises(ConfigError, match="model.efficientnet_weights='/nope.h5'"):
-        build_model(load_config(None, ["model.backbone=efficientnet", "model.efficientnet_weights=/nope.h5"]).model,
-                    10, 32)
+        build_model(
+            load_config(None, ["model.backbone=efficientnet", "model.efficientnet_weights=/nope.h5"]).model, 10, 32
+        )
 
 
 def test_an_efficientnet_weights_file_of_another_variant_is_one_line_naming_the_fix(tmp_path):
@@ -81,9 +83,12 @@ def test_an_efficientnet_weights_file_of_another_variant_is_one_line_naming_the_
     b1 = tmp_path / "efficientnet-b1_notop.h5"
     efn.EfficientNetB1(include_top=False, weights=None, input_shape=(32, 32, 3)).save_weights(b1)
     cfg = load_config(None, ["model.backbone=efficientnet", f"model.efficientnet_weights={b1}"])
-    with pytest.raises(ConfigError, match=rf"model.efficientnet_weights='{b1}' does not fit EfficientNetB0 \(.+\)\. "
-                                          r"Fix: the efficientnet package's weights file of B0, or "
-                                          r"model.efficientnet_variant set to the file's variant"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"model.efficientnet_weights='{b1}' does not fit EfficientNetB0 \(.+\)\. "
+        r"Fix: the efficientnet package's weights file of B0, or "
+        r"model.efficientnet_variant set to the file's variant",
+    ):
         build_model(cfg.model, 10, 32)
 
 
@@ -119,13 +124,24 @@ def test_both_loops_train_under_mirrored_strategy(demo_records, tiny_backbone, t
     strategy = get_strategy("mirrored")
     assert strategy.num_replicas_in_sync == 2
     for loop in ("fit", "custom"):
-        cfg = load_config(None, [f"model.hub_handle={tiny_backbone}", "data.image_size=16", "train.epochs=3",
-                                 "train.steps_per_epoch=6", "train.steps_per_execution=3", f"train.loop={loop}",
-                                 "train.batch_size_per_replica=16", "train.learning_rate=0.1",
-                                 "train.warmup_epochs=0"])
+        cfg = load_config(
+            None,
+            [
+                f"model.hub_handle={tiny_backbone}",
+                "data.image_size=16",
+                "train.epochs=3",
+                "train.steps_per_epoch=6",
+                "train.steps_per_execution=3",
+                f"train.loop={loop}",
+                "train.batch_size_per_replica=16",
+                "train.learning_rate=0.1",
+                "train.warmup_epochs=0",
+            ],
+        )
         records = record_set(str(records_dir), cfg.data, 0)
-        result = train_fold(cfg, TFBackend(cfg, strategy, str(tiny_backbone)), records, tmp_path / loop,
-                            deadline=time.monotonic() + 600)
+        result = train_fold(
+            cfg, TFBackend(cfg, strategy, str(tiny_backbone)), records, tmp_path / loop, deadline=time.monotonic() + 600
+        )
         history = np.genfromtxt(result.history_csv, delimiter=",", names=True)
         assert result.epochs_done == 3 and len(history) == 3
         assert history["loss"][-1] < history["loss"][0], (loop, history["loss"])
@@ -145,15 +161,17 @@ def test_each_validation_pass_is_keras_predict_in_record_order_on_two_replicas(d
 
     records_dir, _ = demo_records
     strategy = get_strategy("mirrored")
-    cfg = load_config(None, [f"model.hub_handle={tiny_backbone}", "data.image_size=16",
-                             "train.batch_size_per_replica=20"])  # 288 records in batches of 40: 8, the last padded
+    cfg = load_config(
+        None, [f"model.hub_handle={tiny_backbone}", "data.image_size=16", "train.batch_size_per_replica=20"]
+    )  # 288 records in batches of 40: 8, the last padded
     records = record_set(str(records_dir), cfg.data, 0)
     backend = TFBackend(cfg, strategy, str(tiny_backbone))
     passes = []
     for _ in range(2):  # a model, then the next fold's
         backend.build(plan_fold(cfg, records, strategy.num_replicas_in_sync))
-        keras = backend.model.predict(make_padded_image_batches(records.val_files, records.schema, 16, 40),
-                                      steps=8, verbose=0)[:288]
+        keras = backend.model.predict(
+            make_padded_image_batches(records.val_files, records.schema, 16, 40), steps=8, verbose=0
+        )[:288]
         for _ in range(3):
             outputs = backend.predict(records.val_files, records.schema, records.val_count)
             assert outputs.shape == (288, 10)

@@ -26,11 +26,23 @@ REPO = Path(__file__).resolve().parents[1]
 
 def settings(records: Path | str, backbone: Path, out: Path | str, *extra: str) -> list[str]:
     """Tiny keras_jax training on fold 0, reading and batching in a fixed order, no augmentation."""
-    items = ["train.framework=keras_jax", "model.backbone=keras", f"model.keras_backbone={backbone}",
-             "data.image_size=16", "data.augment=false", "data.deterministic=true", "train.fold=0", "train.epochs=3",
-             "train.steps_per_execution=1", "train.batch_size_per_replica=32",
-             "train.learning_rate=0.2", "train.export_float16=false", f"runtime.tfrecords={records}",
-             f"runtime.output_dir={out}", *extra]
+    items = [
+        "train.framework=keras_jax",
+        "model.backbone=keras",
+        f"model.keras_backbone={backbone}",
+        "data.image_size=16",
+        "data.augment=false",
+        "data.deterministic=true",
+        "train.fold=0",
+        "train.epochs=3",
+        "train.steps_per_execution=1",
+        "train.batch_size_per_replica=32",
+        "train.learning_rate=0.2",
+        "train.export_float16=false",
+        f"runtime.tfrecords={records}",
+        f"runtime.output_dir={out}",
+        *extra,
+    ]
     return [a for item in items for a in ("--set", item)]
 
 
@@ -40,15 +52,26 @@ def environment(devices: int) -> dict:
     # ops on one thread: split over a pool sized by the cores a process may use, their sums are rounded in another
     # order on another host (one process of two devices against two of one: 2.9e-04 apart after 3 epochs with the
     # suite on one core), where the test compares only the split over processes.
-    flags = f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0 " \
+    flags = (
+        f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0 "
         "--xla_cpu_multi_thread_eigen=false"
+    )
     return {**env, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
 
 
 def train(processes: int, argv: list[str], devices: int = 1) -> subprocess.CompletedProcess:
     """`tpu2gpu train`: processes x devices, with runtime.cpu_devices = all the CPU devices it may share out."""
-    command = [sys.executable, "-m", "tpu2gpu.cli", "train", "--processes", str(processes), *argv,
-               "--set", f"runtime.cpu_devices={processes * devices}"]
+    command = [
+        sys.executable,
+        "-m",
+        "tpu2gpu.cli",
+        "train",
+        "--processes",
+        str(processes),
+        *argv,
+        "--set",
+        f"runtime.cpu_devices={processes * devices}",
+    ]
     return subprocess.run(command, cwd=REPO, env=environment(devices), capture_output=True, text=True, timeout=600)
 
 
@@ -87,8 +110,13 @@ def train_two_in_a_bucket(records: Path, backbone: Path, folder: Path) -> tuple[
     """Two processes reading gs://bars-bucket/tfr (records uploaded) and writing gs://bars-bucket/two: the run, and
     the local folder the bucket's output was copied to."""
     argv = [*settings("gs://bars-bucket/tfr", backbone, "gs://bars-bucket/two"), "--set", "runtime.cpu_devices=2"]
-    env = {**{k: environment(1).get(k) for k in ("KERAS_BACKEND", "PYTHONPATH", "XLA_FLAGS", "JAX_PLATFORMS")},
-           "PYTHON": sys.executable, "WORK": str(folder), "RECORDS": str(records), "COPY": str(folder / "two")}
+    env = {
+        **{k: environment(1).get(k) for k in ("KERAS_BACKEND", "PYTHONPATH", "XLA_FLAGS", "JAX_PLATFORMS")},
+        "PYTHON": sys.executable,
+        "WORK": str(folder),
+        "RECORDS": str(records),
+        "COPY": str(folder / "two"),
+    }
     folder.mkdir(parents=True, exist_ok=True)
     run = run_with_gcs(["bash", "-c", BUCKET_JOB, "bash", *argv], folder / "gcs", ["bars-bucket"], env)
     return run, folder / "two"
@@ -104,8 +132,7 @@ def one_process(demo_records, tiny_keras_backbone, tmp_path_factory):
     return out, run.stdout
 
 
-def test_two_processes_train_as_one_process_with_two_devices(one_process, demo_records, tiny_keras_backbone,
-                                                              tmp_path):
+def test_two_processes_train_as_one_process_with_two_devices(one_process, demo_records, tiny_keras_backbone, tmp_path):
     """Where a bucket can be had (tests/fake_gcs.py), the two processes read their records from gs:// and write their
     checkpoints and export there, as the hosts of a pod slice do."""
     one, one_log = one_process
@@ -120,8 +147,9 @@ def test_two_processes_train_as_one_process_with_two_devices(one_process, demo_r
     # Each process read its own files; together, every training file of the fold, as the one process's pipelines.
     shares = input_shares(run.stdout)
     assert len(shares) == 2 and not set(shares["0"]) & set(shares["1"])
-    assert sorted(shares["0"] + shares["1"]) == sorted(f"fold{k}-000-n{n}.tfrec" for k, n in
-                                                       ((1, 288), (2, 287), (3, 287), (4, 287)))
+    assert sorted(shares["0"] + shares["1"]) == sorted(
+        f"fold{k}-000-n{n}.tfrec" for k, n in ((1, 288), (2, 287), (3, 287), (4, 287))
+    )
     assert re.search(r"\[p0\] \[train\] input pipeline 0 of 2", run.stdout)
     assert re.search(r"\[p1\] \[train\] input pipeline 1 of 2", run.stdout)
     assert input_shares(one_log) == shares
@@ -129,16 +157,19 @@ def test_two_processes_train_as_one_process_with_two_devices(one_process, demo_r
     # The same validation metric every epoch, and the same weights at the end: both jobs on JAX's host devices, at
     # the CPU's exact float32, so only the split over processes differs.
     metric = "val_macro_f1"
-    assert [float(r[metric]) for r in history(two)] == pytest.approx([float(r[metric]) for r in history(one)],
-                                                                     abs=1e-6)
+    assert [float(r[metric]) for r in history(two)] == pytest.approx([float(r[metric]) for r in history(one)], abs=1e-6)
     # And it learns: the demo's digits, multiclass on keras_jax, past a bar far from chance (0.1). Measured here:
     # 0.35, 0.69, 0.88 over the 3 epochs (Eigen on one thread: the same on any host).
     assert float(history(one)[-1][metric]) >= 0.85, history(one)
-    with np.load(one / "work" / "fold0" / "best" / "weights.npz") as a, \
-            np.load(two / "work" / "fold0" / "best" / "weights.npz") as b:
+    with (
+        np.load(one / "work" / "fold0" / "best" / "weights.npz") as a,
+        np.load(two / "work" / "fold0" / "best" / "weights.npz") as b,
+    ):
         difference = max(float(np.max(np.abs(a[k] - b[k]))) for k in a.files)
-    print(f"2 processes x 1 device against 1 process x 2 devices: val_macro_f1 "
-          f"{[r[metric] for r in history(two)]}, final weights max abs difference {difference:.1e}")
+    print(
+        f"2 processes x 1 device against 1 process x 2 devices: val_macro_f1 "
+        f"{[r[metric] for r in history(two)]}, final weights max abs difference {difference:.1e}"
+    )
     assert difference < 1e-5
     assert card(two)["runtime"]["processes"] == 2 and card(two)["runtime"]["devices"] == "2 x cpu"
     assert card(two)["runtime"]["local_devices"] == 1 and card(one)["runtime"]["processes"] == 1
@@ -157,26 +188,36 @@ def test_the_launcher_names_the_first_process_to_fail(demo_records, tiny_keras_b
     argv = settings(demo_records[0], tiny_keras_backbone, tmp_path, "train.framework=tf_keras")
     run = train(2, argv)
     assert run.returncode == 2, run.stdout[-3000:]
-    assert re.search(r"\[p[01]\] train_tpu: error: the tf_keras route trains on one host; this job has several "
-                     r"processes .* Fix: train.framework=keras_jax", run.stdout), run.stdout[-3000:]
-    assert re.search(r"^\[tpu2gpu train\] process [01] of 2 failed first \(exit 2\); the others were stopped",
-                     run.stdout, flags=re.M), run.stdout[-3000:]
+    assert re.search(
+        r"\[p[01]\] train_tpu: error: the tf_keras route trains on one host; this job has several "
+        r"processes .* Fix: train.framework=keras_jax",
+        run.stdout,
+    ), run.stdout[-3000:]
+    assert re.search(
+        r"^\[tpu2gpu train\] process [01] of 2 failed first \(exit 2\); the others were stopped", run.stdout, flags=re.M
+    ), run.stdout[-3000:]
     assert not (tmp_path / "export").exists()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("setting", "line"), [
-    ("train.early_stopping=1", "[train] early stopping: no better val_macro_f1 for 1 epochs"),
-    ("train.time_budget_hours=0.05", "[train] time budget:")])
-def test_both_processes_stop_at_the_same_epoch_with_one_export(setting, line, demo_records, tiny_keras_backbone,
-                                                               tmp_path):
+@pytest.mark.parametrize(
+    ("setting", "line"),
+    [
+        ("train.early_stopping=1", "[train] early stopping: no better val_macro_f1 for 1 epochs"),
+        ("train.time_budget_hours=0.05", "[train] time budget:"),
+    ],
+)
+def test_both_processes_stop_at_the_same_epoch_with_one_export(
+    setting, line, demo_records, tiny_keras_backbone, tmp_path
+):
     """Slow (about a minute each on 2 cores), and the one check of a stop decided on two processes: opt in with -m slow.
     Every epoch of test_two_processes_train_as_one_process_with_two_devices takes the same agreed decision (not to
     stop); a one-process stop is test_training.py's."""
     # learning rate ~0: no epoch beats the first, so early stopping ends the fold at epoch 2; the budget (3 minutes,
     # less the 5 an export is given) is gone after epoch 1.
-    argv = settings(demo_records[0], tiny_keras_backbone, tmp_path, setting, "train.learning_rate=1e-9",
-                    "train.epochs=4")
+    argv = settings(
+        demo_records[0], tiny_keras_backbone, tmp_path, setting, "train.learning_rate=1e-9", "train.epochs=4"
+    )
     run = train(2, argv)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     for process in ("p0", "p1"):
@@ -187,8 +228,9 @@ def test_both_processes_stop_at_the_same_epoch_with_one_export(setting, line, de
 
 
 @pytest.mark.slow
-def test_a_lost_process_ends_the_job_and_the_same_command_resumes(one_process, demo_records, demo_dir,
-                                                                  tiny_keras_backbone, tmp_path):
+def test_a_lost_process_ends_the_job_and_the_same_command_resumes(
+    one_process, demo_records, demo_dir, tiny_keras_backbone, tmp_path
+):
     """Slow (about 2 minutes on 2 cores), and the one check of a multi-process resume (process 0's checkpoint sent to
     every process): opt in with -m slow. The launcher's first-failure line is also
     test_the_launcher_names_the_first_process_to_fail's, a one-process resume test_damaged_data.py's."""
@@ -196,8 +238,9 @@ def test_a_lost_process_ends_the_job_and_the_same_command_resumes(one_process, d
 
     argv = settings(demo_records[0], tiny_keras_backbone, tmp_path / "train")
     command = [sys.executable, "-m", "tpu2gpu.cli", "train", "--processes", "2", *argv]
-    launcher = subprocess.Popen(command, cwd=REPO, env=environment(1), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+    launcher = subprocess.Popen(
+        command, cwd=REPO, env=environment(1), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     lines = []
     for line in launcher.stdout:
         lines.append(line)
@@ -223,8 +266,14 @@ def test_a_lost_process_ends_the_job_and_the_same_command_resumes(one_process, d
     scores = {}
     for name, export in (("one process", one_process[0] / "export"), ("resumed", tmp_path / "train" / "export")):
         out = tmp_path / "infer" / name.replace(" ", "_")
-        infer = ["--set", f"infer.exports=[{export}]", "--set", f"runtime.competition_dir={demo_dir}",
-                 "--set", f"runtime.output_dir={out}"]
+        infer = [
+            "--set",
+            f"infer.exports=[{export}]",
+            "--set",
+            f"runtime.competition_dir={demo_dir}",
+            "--set",
+            f"runtime.output_dir={out}",
+        ]
         run = run_inference_kernel(infer)
         assert run.returncode == 0, run.stderr[-3000:]
         scores[name] = score(out / "submission.csv", demo_dir / "solution.csv")

@@ -24,15 +24,17 @@ def test_the_innermost_cause_is_named_through_raise_from_and_errors_raised_while
             try:
                 raise ImportError("Foo requires `tensorflow-text`.\n\nRun `pip install tensorflow-text`.")
             except ImportError as inner:
-                raise TypeError(f"Error when deserializing class 'Foo' using config={{}}.\n\nException encountered: "
-                                f"{inner}") from None
+                raise TypeError(
+                    f"Error when deserializing class 'Foo' using config={{}}.\n\nException encountered: {inner}"
+                ) from None
         except TypeError as middle:
             raise ValueError("could not load the preset") from middle
     except ValueError as outer:
         # from None hides the ImportError: the TypeError is the innermost, and its words are those after Keras's marker
         assert root_cause(outer) == ("TypeError: Foo requires `tensorflow-text`. Run `pip install tensorflow-text`.")
-    quoted = ValueError("Exception encountered when calling Foo.call(). Exception encountered: ''the 'x' input is "
-                        "wrong''")
+    quoted = ValueError(
+        "Exception encountered when calling Foo.call(). Exception encountered: ''the 'x' input is wrong''"
+    )
     assert root_cause(quoted) == "ValueError: the 'x' input is wrong"  # Keras's quotes off, the words' own kept
     long = RuntimeError("x" * 400)
     assert root_cause(long) == "RuntimeError: " + "x" * 297 + "..." and root_cause(KeyError()) == "KeyError"
@@ -57,8 +59,9 @@ def test_keras_nested_deserialization_error_reaches_the_user_with_the_inner_laye
     with pytest.raises(TypeError) as raised:
         keras.saving.deserialize_keras_object(config)
     assert "could not be deserialized properly" in str(raised.value).splitlines()[0]  # the outermost words
-    assert root_cause(raised.value) == ("ImportError: NeedsText requires `tensorflow` and `tensorflow-text` for text "
-                                        "processing.")
+    assert root_cause(raised.value) == (
+        "ImportError: NeedsText requires `tensorflow` and `tensorflow-text` for text processing."
+    )
 
 
 def product_line(tmp_path: Path, prelude: str) -> subprocess.CompletedProcess:
@@ -73,12 +76,13 @@ def product_line(tmp_path: Path, prelude: str) -> subprocess.CompletedProcess:
         from common.core.config import load_config
         from common.core.errors import guarded
         from common.training.backends.keras_jax.model import build_keras_model
-        cfg = load_config(None, ["model.backbone=keras", "model.keras_backbone={tmp_path / 'preset'}"])
+        cfg = load_config(None, ["model.backbone=keras", "model.keras_backbone={tmp_path / "preset"}"])
         sys.exit(guarded("train", build_keras_model, cfg.model, 4, 32))
         """)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    return subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
 
 
 def fake_package(site: Path, name: str, body: str) -> str:
@@ -90,45 +94,60 @@ def fake_package(site: Path, name: str, body: str) -> str:
 
 @pytest.mark.e2e
 def test_import_keras_hub_failing_with_recursion_oserror_or_a_missing_companion_is_one_line_naming_the_package(
-        tmp_path):
+    tmp_path,
+):
     """Three broken images, each as a user met one or could: tensorflow_text installed without tf_keras under
     TF_USE_LEGACY_KERAS=1 (import keras_hub recursed about 950 frames deep on a lent GPU machine), a tensorflow_text
     whose shared library does not match TensorFlow (an OSError keras_hub does not catch), and keras_hub's own
     requirement `regex` missing. Each ends in exit 2 and one line naming the package and the fix."""
+
     def one_line(run):
         assert run.returncode == 2, run.stderr[-3000:]
         lines = [line for line in run.stderr.splitlines() if line.startswith("train: error:")]
         assert len(lines) == 1 and "Traceback" not in run.stderr, run.stderr[-3000:]
         return lines[0]
 
-    preset = f"model.keras_backbone={str(tmp_path / 'preset')!r} (a KerasHub preset) needs keras_hub, and `import " \
-             "keras_hub` failed"
+    preset = (
+        f"model.keras_backbone={str(tmp_path / 'preset')!r} (a KerasHub preset) needs keras_hub, and `import "
+        "keras_hub` failed"
+    )
     recursion = one_line(product_line(tmp_path, "sys.modules['tf_keras'] = None  # not installed"))
-    assert recursion == (f"train: error: {preset} in keras_hub -> tensorflow_text -> tensorflow (RecursionError): "
-                         "TF_USE_LEGACY_KERAS=1 makes tf.keras mean tf_keras, which is not installed, and "
-                         "tensorflow_text imports tf.keras. Fix: pip install 'tf-keras~=2.21.0'"), recursion
+    assert recursion == (
+        f"train: error: {preset} in keras_hub -> tensorflow_text -> tensorflow (RecursionError): "
+        "TF_USE_LEGACY_KERAS=1 makes tf.keras mean tf_keras, which is not installed, and "
+        "tensorflow_text imports tf.keras. Fix: pip install 'tf-keras~=2.21.0'"
+    ), recursion
 
     site = tmp_path / "broken" / "site-packages"
-    broken_text = fake_package(site, "tensorflow_text", "raise OSError('/usr/lib/tensorflow_text/_ops.so: undefined "
-                                                        "symbol: _ZN10tensorflow8OpKernel')\n")
+    broken_text = fake_package(
+        site,
+        "tensorflow_text",
+        "raise OSError('/usr/lib/tensorflow_text/_ops.so: undefined symbol: _ZN10tensorflow8OpKernel')\n",
+    )
     mismatched = one_line(product_line(tmp_path, broken_text))
-    assert mismatched == (f"train: error: {preset} in keras_hub -> tensorflow_text (OSError: "
-                          "/usr/lib/tensorflow_text/_ops.so: undefined symbol: _ZN10tensorflow8OpKernel): a broken or "
-                          "mismatched install. Fix: pip install --force-reinstall tensorflow-text at the version the "
-                          "others need (`pip check` names the mismatch), or pip uninstall tensorflow-text if keras_hub "
-                          "works without it"), mismatched
+    assert mismatched == (
+        f"train: error: {preset} in keras_hub -> tensorflow_text (OSError: "
+        "/usr/lib/tensorflow_text/_ops.so: undefined symbol: _ZN10tensorflow8OpKernel): a broken or "
+        "mismatched install. Fix: pip install --force-reinstall tensorflow-text at the version the "
+        "others need (`pip check` names the mismatch), or pip uninstall tensorflow-text if keras_hub "
+        "works without it"
+    ), mismatched
 
     missing = one_line(product_line(tmp_path, "sys.modules['regex'] = None  # not installed"))
-    assert missing == (f"train: error: {preset}: keras_hub imports regex, which is not installed. Fix: pip install "
-                       "regex"), missing
+    assert missing == (
+        f"train: error: {preset}: keras_hub imports regex, which is not installed. Fix: pip install regex"
+    ), missing
 
 
 def test_a_package_that_is_not_installed_is_named_with_its_pip_name():
     from common.core.errors import PackageError
     from common.core.packages import installed, optional_import
 
-    with pytest.raises(PackageError, match=r"^the test needs tpu2gpu_no_such_module, which is not installed here\. "
-                                           r"Fix: pip install tpu2gpu_no_such_module$"):
+    with pytest.raises(
+        PackageError,
+        match=r"^the test needs tpu2gpu_no_such_module, which is not installed here\. "
+        r"Fix: pip install tpu2gpu_no_such_module$",
+    ):
         optional_import("tpu2gpu_no_such_module", "the test")
     assert installed("json") and not installed("tpu2gpu_no_such_module")
 
@@ -155,5 +174,7 @@ def test_a_preset_keras_cannot_rebuild_names_the_innermost_cause(real_weights, t
     with pytest.raises(ConfigError) as raised:
         build_keras_model(cfg.model, 4, 32)
     line = str(raised.value)
-    assert f"model.keras_backbone='{folder}' could not be loaded as a KerasHub image preset (TypeError: 'NoneType' " \
-        "object is not iterable). Fix: attach the whole preset folder" in line, line
+    assert (
+        f"model.keras_backbone='{folder}' could not be loaded as a KerasHub image preset (TypeError: 'NoneType' "
+        "object is not iterable). Fix: attach the whole preset folder" in line
+    ), line

@@ -13,9 +13,15 @@ SECRET = "ya29.TOKEN-that-must-never-be-seen"
 def kaggle(tmp_path, monkeypatch):
     """A simulated /kaggle with inputs in both mount layouts."""
     monkeypatch.setenv(KAGGLE_ROOT_ENV, str(tmp_path))
-    for rel in ("input/old-style-slug", "input/datasets/alice/flowers-tfrec", "input/datasets/bob/shared-name",
-                "input/datasets/carol/shared-name", "input/competitions/digit-comp",
-                "input/models/google/efficientnet-v2/tensorflow2/imagenet21k-b0-feature-vector/1", "working"):
+    for rel in (
+        "input/old-style-slug",
+        "input/datasets/alice/flowers-tfrec",
+        "input/datasets/bob/shared-name",
+        "input/datasets/carol/shared-name",
+        "input/competitions/digit-comp",
+        "input/models/google/efficientnet-v2/tensorflow2/imagenet21k-b0-feature-vector/1",
+        "working",
+    ):
         (tmp_path / rel).mkdir(parents=True)
     return tmp_path
 
@@ -78,8 +84,11 @@ def kaggle_modules(monkeypatch):
 def test_private_dataset_on_a_tpu_node_gets_credentials_then_gcs_path(kaggle, kaggle_modules, capfd, caplog):
     path = resolve_data_path("alice/private-flowers", needs_gcs=True, private=True)
     assert path == "gs://kds-0123/private-flowers"
-    assert kaggle_modules == [("get_gcloud_credential",), ("set_tensorflow_credential", True),
-                              ("get_gcs_path", "private-flowers")]
+    assert kaggle_modules == [
+        ("get_gcloud_credential",),
+        ("set_tensorflow_credential", True),
+        ("get_gcs_path", "private-flowers"),
+    ]
     out, err = capfd.readouterr()
     assert "credential handed to TensorFlow (not shown)" in out
     assert SECRET not in out + err + caplog.text
@@ -104,8 +113,9 @@ def test_outside_kaggle_the_gcs_route_says_so(kaggle, monkeypatch):
 
 
 @pytest.mark.e2e
-def test_a_gs_url_where_only_a_local_folder_works_is_refused_not_rewritten(train_argv, trained_export, demo_dir,
-                                                                          tmp_path, monkeypatch, capsys):
+def test_a_gs_url_where_only_a_local_folder_works_is_refused_not_rewritten(
+    train_argv, trained_export, demo_dir, tmp_path, monkeypatch, capsys
+):
     """pathlib makes 'gs://bars-bucket/run' the local folder 'gs:/bars-bucket/run': an output there would have stayed
     on this disk and been reported as written to the bucket. Where gs:// is not taken, it is refused by name, before
     anything is written."""
@@ -120,16 +130,32 @@ def test_a_gs_url_where_only_a_local_folder_works_is_refused_not_rewritten(train
     assert capsys.readouterr().err == (
         "tpu2gpu tfrecords: error: --out='s3://bars-bucket/tfr' is a URL, and the records' folder can only be a local "
         "folder for now (pathlib would make it the local folder 's3:/bars-bucket/tfr'). Fix: a local folder; copy it "
-        "to or from the bucket with `gcloud storage cp -r`\n")  # gs:// is converted there (tests/test_gcs.py)
+        "to or from the bucket with `gcloud storage cp -r`\n"
+    )  # gs:// is converted there (tests/test_gcs.py)
     # The training kernel's output takes gs:// (tests/test_gcs.py); its scratch folder and the inference kernel's
     # output (the submission) do not.
     assert guarded("train_tpu", train_main, train_argv("runtime.scratch_dir=gs://bars-bucket/tmp")) == 2
-    assert ("train_tpu: error: runtime.scratch_dir='gs://bars-bucket/tmp' is a URL, and the scratch folder can only be "
-            "a local folder for now (pathlib would make it the local folder 'gs:/bars-bucket/tmp')") in \
-        capsys.readouterr().err
-    assert guarded("infer_gpu", infer_main, ["--set", f"infer.exports=[{trained_export}]", "--set",
-                                             f"runtime.competition_dir={demo_dir}", "--set",
-                                             "runtime.output_dir=gs://bars-bucket/infer"]) == 2
-    assert "error: runtime.output_dir='gs://bars-bucket/infer' is a URL, and the output can only be a local folder" \
+    assert (
+        "train_tpu: error: runtime.scratch_dir='gs://bars-bucket/tmp' is a URL, and the scratch folder can only be "
+        "a local folder for now (pathlib would make it the local folder 'gs:/bars-bucket/tmp')"
+    ) in capsys.readouterr().err
+    assert (
+        guarded(
+            "infer_gpu",
+            infer_main,
+            [
+                "--set",
+                f"infer.exports=[{trained_export}]",
+                "--set",
+                f"runtime.competition_dir={demo_dir}",
+                "--set",
+                "runtime.output_dir=gs://bars-bucket/infer",
+            ],
+        )
+        == 2
+    )
+    assert (
+        "error: runtime.output_dir='gs://bars-bucket/infer' is a URL, and the output can only be a local folder"
         in capsys.readouterr().err
+    )
     assert not (tmp_path / "gs:").exists() and not (tmp_path / "s3:").exists()

@@ -37,14 +37,20 @@ def test_precision_is_float16_with_a_loss_scale_below_capability_8_and_bfloat16_
 
     cpu = torch.device("cpu")
     assert [autocast_dtype(p, cpu) for p in ("auto", "float32", "mixed_float16", "mixed_bfloat16")] == [
-        None, None, torch.float16, torch.bfloat16]
+        None,
+        None,
+        torch.float16,
+        torch.bfloat16,
+    ]
     t4 = cuda_device(monkeypatch, (7, 5), "Tesla T4")
     assert autocast_dtype("auto", t4) == torch.float16 and autocast_dtype("mixed_float16", t4) == torch.float16
     with pytest.raises(ConfigError) as refused:
         autocast_dtype("mixed_bfloat16", t4)
-    assert str(refused.value) == ("train.precision=mixed_bfloat16 on a Tesla T4 (compute capability 7.5): cuDNN has no "
-                                  "bfloat16 convolutions below 8.0. Fix: train.precision=auto (float16 with loss "
-                                  "scaling there)")
+    assert str(refused.value) == (
+        "train.precision=mixed_bfloat16 on a Tesla T4 (compute capability 7.5): cuDNN has no "
+        "bfloat16 convolutions below 8.0. Fix: train.precision=auto (float16 with loss "
+        "scaling there)"
+    )
     a100 = cuda_device(monkeypatch, (8, 0), "NVIDIA A100-SXM4-40GB")
     assert autocast_dtype("auto", a100) == torch.bfloat16 and autocast_dtype("mixed_bfloat16", a100) == torch.bfloat16
 
@@ -57,8 +63,9 @@ def scaled_step(compiled=False):
     model = torch.nn.Linear(3, 1)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
-    step = TrainingStep(model, optimizer, lambda targets, outputs: (outputs - targets).square().sum(-1), scaler,
-                        compiled)
+    step = TrainingStep(
+        model, optimizer, lambda targets, outputs: (outputs - targets).square().sum(-1), scaler, compiled
+    )
     return model, step, scaler
 
 
@@ -80,6 +87,7 @@ def test_a_step_torch_compile_cannot_take_runs_eagerly_after_one_line(monkeypatc
     def cannot_capture(model):
         def compiled(images):
             raise torch._dynamo.exc.Unsupported("generic_jump TensorVariable()")
+
         return compiled
 
     monkeypatch.setattr(step_module.torch, "compile", cannot_capture)
@@ -88,15 +96,19 @@ def test_a_step_torch_compile_cannot_take_runs_eagerly_after_one_line(monkeypatc
     step(torch.ones(2, 3), torch.zeros(2, 1))
     step(torch.ones(2, 3), torch.zeros(2, 1))
     lines = [line for line in capsys.readouterr().out.splitlines() if "torch.compile" in line]
-    assert lines == ["[torch] torch.compile could not take the training step (Unsupported: generic_jump "
-                     "TensorVariable()); it runs eagerly"]
+    assert lines == [
+        "[torch] torch.compile could not take the training step (Unsupported: generic_jump "
+        "TensorVariable()); it runs eagerly"
+    ]
     assert not step.compiled and not torch.equal(model.weight, before)
 
 
 # torch 2.x's caching allocator (c10/cuda/CUDACachingAllocator.cpp), as a T4 says it.
-CUDA_OOM = ("CUDA out of memory. Tried to allocate 1.53 GiB. GPU 0 has a total capacity of 14.74 GiB of which 1.02 GiB "
-            "is free. Process 4321 has 13.71 GiB memory in use. Of the allocated memory 13.20 GiB is allocated by "
-            "PyTorch, and 310.00 MiB is reserved by PyTorch but unallocated.")
+CUDA_OOM = (
+    "CUDA out of memory. Tried to allocate 1.53 GiB. GPU 0 has a total capacity of 14.74 GiB of which 1.02 GiB "
+    "is free. Process 4321 has 13.71 GiB memory in use. Of the allocated memory 13.20 GiB is allocated by "
+    "PyTorch, and 310.00 MiB is reserved by PyTorch but unallocated."
+)
 
 
 def test_cudas_out_of_memory_under_torch_compile_is_the_batchs_line_not_a_compile_failure(monkeypatch):
@@ -106,6 +118,7 @@ def test_cudas_out_of_memory_under_torch_compile_is_the_batchs_line_not_a_compil
     def out_of_memory(model):
         def compiled(images):
             raise torch.OutOfMemoryError(CUDA_OOM)
+
         return compiled
 
     monkeypatch.setattr(step_module.torch, "compile", out_of_memory)
@@ -114,15 +127,19 @@ def test_cudas_out_of_memory_under_torch_compile_is_the_batchs_line_not_a_compil
         step(torch.ones(2, 3), torch.zeros(2, 1))
     oom = device_out_of_memory(raised.value)
     assert (oom.needed, oom.capacity, oom.free) == (int(1.53 * 2**30), int(14.74 * 2**30), int(1.02 * 2**30))
-    line = out_of_memory_line(oom, RunShape("fold0", "timm efficientnet_b0", 512, 64, 2, "mixed_float16",
-                                            "train.batch_size_per_replica"), "the first training step")
+    line = out_of_memory_line(
+        oom,
+        RunShape("fold0", "timm efficientnet_b0", 512, 64, 2, "mixed_float16", "train.batch_size_per_replica"),
+        "the first training step",
+    )
     assert line == (
         "fold0, the first training step: the device ran out of memory: timm efficientnet_b0 at 512 px, batch 64 per "
         "replica x 2 replica(s) = 128, mixed_float16; it needed 1.53 GiB where 1.02 GiB of the chip's 14.74 GiB was "
         "free (CUDA out of memory. Tried to allocate 1.53 GiB. GPU 0 has a total capacity of 14.74 GiB of which 1.02 "
         "GiB is free). Fix: --set train.batch_size_per_replica=32 (expected to fit), or "
         "train.batch_size_per_replica=auto, or a smaller data.image_size or model; the fold's checkpoints are kept, "
-        "and the same command with the fix resumes from them")
+        "and the same command with the fix resumes from them"
+    )
 
 
 def test_the_kernel_starts_one_process_per_gpu_on_the_torch_route_alone(tmp_path):
@@ -133,32 +150,61 @@ def test_the_kernel_starts_one_process_per_gpu_on_the_torch_route_alone(tmp_path
     assert processes_to_start(torch_cfg, {}, gpus) == 2
     assert processes_to_start(torch_cfg, {"CUDA_VISIBLE_DEVICES": "1"}, gpus) == 1
     assert processes_to_start(torch_cfg, {"LOCAL_RANK": "0", "TORCHELASTIC_RUN_ID": "x"}, gpus) == 1  # a worker
-    assert processes_to_start(load_config(None, ["train.framework=keras_jax", "model.backbone=efficientnet"]), {},
-                              gpus) == 1  # one process drives every device
+    assert (
+        processes_to_start(load_config(None, ["train.framework=keras_jax", "model.backbone=efficientnet"]), {}, gpus)
+        == 1
+    )  # one process drives every device
     assert processes_to_start(torch_cfg, {}, tmp_path / "no-driver") == 1
     assert local_command(2, ["--config", "c.yaml"])[1:] == [
-        "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "train_tpu.train", "--config",
-        "c.yaml"]
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "-m",
+        "train_tpu.train",
+        "--config",
+        "c.yaml",
+    ]
 
 
 def settings(records: Path, backbone: Path, out: Path, *extra: str) -> list[str]:
-    items = ["train.framework=torch", "model.backbone=timm", f"model.timm_model={backbone}", "data.image_size=16",
-             "train.fold=0", "train.epochs=3", "train.steps_per_epoch=4", "train.batch_size=32",
-             "train.learning_rate=0.01", "train.ema=0.9", "train.export_float16=false", f"runtime.tfrecords={records}",
-             f"runtime.output_dir={out}", *extra]
+    items = [
+        "train.framework=torch",
+        "model.backbone=timm",
+        f"model.timm_model={backbone}",
+        "data.image_size=16",
+        "train.fold=0",
+        "train.epochs=3",
+        "train.steps_per_epoch=4",
+        "train.batch_size=32",
+        "train.learning_rate=0.01",
+        "train.ema=0.9",
+        "train.export_float16=false",
+        f"runtime.tfrecords={records}",
+        f"runtime.output_dir={out}",
+        *extra,
+    ]
     return [a for s in items for a in ("--set", s)]
 
 
 @pytest.mark.e2e
 def test_two_torchrun_nodes_train_the_planned_steps_resume_after_a_kill_and_export_what_the_tf_kernel_scores(
-        demo_records, tiny_timm_backbone, demo_dir, tmp_path):
+    demo_records, tiny_timm_backbone, demo_dir, tmp_path
+):
     """`tpu2gpu train --processes 2` on the torch route: two torchrun nodes meeting at c10d's rendezvous, DDP over
     gloo. SIGKILLed (every process of it) once epoch 1 is checkpointed, the same command resumes at epoch 2 and
     finishes at exactly the planned 12 steps; the export is verified and the TF-only inference kernel scores it."""
     records_dir, _ = demo_records
     out = tmp_path / "train"
-    command = [sys.executable, "-m", "tpu2gpu.cli", "train", "--processes", "2",
-               *settings(records_dir, tiny_timm_backbone, out)]
+    command = [
+        sys.executable,
+        "-m",
+        "tpu2gpu.cli",
+        "train",
+        "--processes",
+        "2",
+        *settings(records_dir, tiny_timm_backbone, out),
+    ]
     progress = out / "work" / "fold0" / "checkpoints" / "progress.json"
     # the launcher, both torchrun agents and their workers (each in a session of its own) killed together
     assert kill_after_epochs(command, progress, 1, 600) == 1
@@ -170,19 +216,33 @@ def test_two_torchrun_nodes_train_the_planned_steps_resume_after_a_kill_and_expo
     # c10d's rendezvous gives the ranks in the order the nodes arrive: either launcher child may be process 1
     assert re.search(r"\[p[01]\] processes     2 \(this is process 1, on cpu\); collectives: gloo", log)
     assert "[p0] [train] resuming from the checkpoint after epoch 1" in log and "[p0] [train] epoch 1:" not in log
-    assert re.search(r"\[p0\] \[train\] epoch 2: step 8, ", log) and re.search(r"\[p0\] \[train\] epoch 3: step 12, ",
-                                                                                log)
+    assert re.search(r"\[p0\] \[train\] epoch 2: step 8, ", log) and re.search(
+        r"\[p0\] \[train\] epoch 3: step 12, ", log
+    )
     assert re.search(r"\[p1\] \[torch\] epoch 3: the step waited for input \d+% of \d+ ms a step", log)
     card = json.loads((out / "export" / "fold0" / "model_card.json").read_text())
     assert card["complete"] and card["metrics"]["optimizer_steps"] == 12
     runtime = card["runtime"]
     assert (runtime["framework"], runtime["processes"], runtime["distribution"], runtime["collectives"]) == (
-        "torch", 2, "DistributedDataParallel", "gloo")
+        "torch",
+        2,
+        "DistributedDataParallel",
+        "gloo",
+    )
     assert card["verification"]["max_abs_diff"]["float32"] <= 1e-4
 
-    scored = run_inference_kernel(["--set", f"infer.exports=[{out / 'export'}]", "--set",
-                                   f"runtime.competition_dir={demo_dir}", "--set",
-                                   f"runtime.output_dir={tmp_path / 'infer'}", "--set", "data.image_size=16"])
+    scored = run_inference_kernel(
+        [
+            "--set",
+            f"infer.exports=[{out / 'export'}]",
+            "--set",
+            f"runtime.competition_dir={demo_dir}",
+            "--set",
+            f"runtime.output_dir={tmp_path / 'infer'}",
+            "--set",
+            "data.image_size=16",
+        ]
+    )
     assert scored.returncode == 0, scored.stdout[-2000:] + scored.stderr[-3000:]
     submission = read_csv(tmp_path / "infer" / "submission.csv")
     assert len(submission) == len(read_csv(demo_dir / "sample_submission.csv"))
@@ -191,7 +251,8 @@ def test_two_torchrun_nodes_train_the_planned_steps_resume_after_a_kill_and_expo
 
 @pytest.mark.e2e
 def test_the_built_gpu_training_kernel_starts_a_process_per_gpu_in_a_simulated_kaggle(
-        demo_dir, tiny_timm_backbone, tmp_path):
+    demo_dir, tiny_timm_backbone, tmp_path
+):
     """The training kernel built for the T4 x2 on the torch route, its script alone in a simulated /kaggle with no
     network but loopback: two GPUs visible (CUDA_VISIBLE_DEVICES=0,1), it starts torchrun with one process each,
     which train here on the CPU over gloo (this machine has no CUDA), and exports."""
@@ -199,27 +260,57 @@ def test_the_built_gpu_training_kernel_starts_a_process_per_gpu_in_a_simulated_k
 
     from fake_kaggle import offline
 
-    folders = build(load_config(None, [
-        "kaggle.owner=tester", "kaggle.competition=digit-comp", "kaggle.dataset_sources=[tester/tiny-timm/1]",
-        "kaggle.train_accelerator=NvidiaTeslaT4", "train.framework=torch", "model.backbone=timm",
-        "model.timm_model=/kaggle/input/tiny-timm/tiny_timm", "data.image_size=16", "train.fold=0", "train.epochs=1",
-        "train.steps_per_epoch=4", "train.batch_size=32", "train.learning_rate=0.01", "train.export_float16=false"]),
-        tmp_path / "build")
+    folders = build(
+        load_config(
+            None,
+            [
+                "kaggle.owner=tester",
+                "kaggle.competition=digit-comp",
+                "kaggle.dataset_sources=[tester/tiny-timm/1]",
+                "kaggle.train_accelerator=NvidiaTeslaT4",
+                "train.framework=torch",
+                "model.backbone=timm",
+                "model.timm_model=/kaggle/input/tiny-timm/tiny_timm",
+                "data.image_size=16",
+                "train.fold=0",
+                "train.epochs=1",
+                "train.steps_per_epoch=4",
+                "train.batch_size=32",
+                "train.learning_rate=0.01",
+                "train.export_float16=false",
+            ],
+        ),
+        tmp_path / "build",
+    )
     meta = json.loads((folders["train"] / "kernel-metadata.json").read_text())
     assert (meta["machine_shape"], meta["enable_gpu"], meta["dataset_sources"]) == (
-        "NvidiaTeslaT4", True, ["tester/tiny-timm/1"])
+        "NvidiaTeslaT4",
+        True,
+        ["tester/tiny-timm/1"],
+    )
     kaggle = tmp_path / "kaggle"
     shutil.copytree(demo_dir, kaggle / "input" / "competitions" / "digit-comp")
     shutil.copytree(tiny_timm_backbone, kaggle / "input" / "tiny-timm" / "tiny_timm")
     (kaggle / "working").mkdir()
     (tmp_path / "tmp").mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TF_USE_LEGACY_KERAS")}
-    env.update(TPU2GPU_KAGGLE_ROOT=str(kaggle), KAGGLE_KERNEL_RUN_TYPE="Batch", PYTHONDONTWRITEBYTECODE="1",
-               TMPDIR=str(tmp_path / "tmp"), CUDA_VISIBLE_DEVICES="0,1")
+    env.update(
+        TPU2GPU_KAGGLE_ROOT=str(kaggle),
+        KAGGLE_KERNEL_RUN_TYPE="Batch",
+        PYTHONDONTWRITEBYTECODE="1",
+        TMPDIR=str(tmp_path / "tmp"),
+        CUDA_VISIBLE_DEVICES="0,1",
+    )
     script = kaggle / "working" / "__script__.py"
     shutil.copyfile(folders["train"] / "train.py", script)
-    train = subprocess.run(offline([sys.executable, str(script)]), cwd=kaggle / "working", env=env,
-                           capture_output=True, text=True, timeout=900)
+    train = subprocess.run(
+        offline([sys.executable, str(script)]),
+        cwd=kaggle / "working",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     log = train.stdout + train.stderr
     assert train.returncode == 0, log[-5000:]
     assert "[train] 2 GPUs: torchrun starts the training kernel once per GPU (DistributedDataParallel)" in log

@@ -15,8 +15,10 @@ def records(train: int, classes: list[str]):
 
 
 def test_batch_steps_and_schedule_follow_the_replicas():
-    cfg = load_config(None, ["train.batch_size_per_replica=16", "train.learning_rate=1e-3", "train.epochs=10",
-                             "train.warmup_epochs=1.5"])
+    cfg = load_config(
+        None,
+        ["train.batch_size_per_replica=16", "train.learning_rate=1e-3", "train.epochs=10", "train.warmup_epochs=1.5"],
+    )
     plan = plan_fold(cfg, records(1000, list("abc")), replicas=8)
     assert (plan.global_batch, plan.steps_per_epoch, plan.total_steps) == (128, 7, 70)  # 1000 // 128 full batches
     assert plan.peak_lr == pytest.approx(1e-3 * 128 / 256)  # scaled with the global batch
@@ -46,7 +48,10 @@ def test_the_pure_schedule_is_the_one_each_backend_builds():
             schedule = learning_rate_schedule(plan.peak_lr, plan.total_steps, plan.warmup_steps, schedules)
             for step in range(0, plan.total_steps + 1):
                 assert plan.learning_rate(step) == pytest.approx(float(schedule(step)), rel=1e-5, abs=1e-9), (
-                    warmup, schedules, step)
+                    warmup,
+                    schedules,
+                    step,
+                )
 
 
 def test_regression_scaling_and_balanced_class_weights_come_from_the_labels():
@@ -71,10 +76,10 @@ def test_a_plan_that_cannot_work_is_named_before_any_model_exists():
         plan_fold(load_config(None, ["train.metric=rmse"]), records(100, list("abc")), replicas=1)
 
 
-@pytest.mark.parametrize("setting, steps_per_epoch, expected", [(32, 9, 9), (4, 9, 3), (8, 17, 1), (32, 140, 28),
-                                                                (32, 64, 32), (1, 9, 1)])
-def test_whole_executions_is_the_largest_divisor_of_the_epoch_not_above_the_setting(setting, steps_per_epoch,
-                                                                                     expected):
+@pytest.mark.parametrize(
+    "setting, steps_per_epoch, expected", [(32, 9, 9), (4, 9, 3), (8, 17, 1), (32, 140, 28), (32, 64, 32), (1, 9, 1)]
+)
+def test_whole_executions_is_the_largest_divisor_of_the_epoch_not_above_the_setting(setting, steps_per_epoch, expected):
     assert whole_executions(setting, steps_per_epoch) == expected
 
 
@@ -84,8 +89,10 @@ def test_shorter_executions_are_reported_with_the_epoch_that_would_allow_the_set
     assert describe_executions(32, 140) == (
         "[train] steps per execution: 28, the largest divisor of 140 steps per epoch not above "
         "train.steps_per_execution=32, so that every epoch trains exactly 140 steps (Keras 3 on JAX finishes each "
-        "execution it starts)")
+        "execution it starts)"
+    )
     assert describe_executions(32, 97).endswith(  # a prime epoch: executions of one step
         "steps per execution: 1, the largest divisor of 97 steps per epoch not above train.steps_per_execution=32, "
         "so that every epoch trains exactly 97 steps (Keras 3 on JAX finishes each execution it starts); "
-        "--set train.steps_per_epoch=96 would run executions of 32")
+        "--set train.steps_per_epoch=96 would run executions of 32"
+    )

@@ -98,8 +98,13 @@ def test_task_type_configs_in_the_docs_are_valid():
 
     section = re.sub(r"\s*\n\s*", " ", DOCS["training.md"].split("## Task types", 1)[1].split("\n## ", 1)[0])
     items = re.findall(r"- \*\*(.+?)\*\*(.*?)(?= - \*\*|$)", section.split("does not fit the task", 1)[1].strip())
-    assert [name for name, _ in items] == ["SIIM-ISIC Melanoma", "Plant Pathology 2021", "PetFinder Pawpularity",
-                                           "Cassava Leaf Disease", "Plant Seedlings Classification"]
+    assert [name for name, _ in items] == [
+        "SIIM-ISIC Melanoma",
+        "Plant Pathology 2021",
+        "PetFinder Pawpularity",
+        "Cassava Leaf Disease",
+        "Plant Seedlings Classification",
+    ]
     for _, text in items:
         raw = {}
         for snippet in re.findall(r"`((?:data|train|kaggle): \{[^`]*\})`", text):

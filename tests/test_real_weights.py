@@ -57,8 +57,9 @@ def test_a_tf_hub_feature_vector_of_real_weights_gives_timms_imagenet_answer(rea
     known_answer(model(photos, training=False).numpy(), real_weights, "tf_keras, hub.KerasLayer")
 
 
-def test_a_keras_hub_preset_of_real_weights_builds_with_its_own_converter_and_gives_timms_answer(real_weights,
-                                                                                                 tmp_path):
+def test_a_keras_hub_preset_of_real_weights_builds_with_its_own_converter_and_gives_timms_answer(
+    real_weights, tmp_path
+):
     """The preset's image converter (x / 127.5 - 1 for EfficientNet) is a layer of the model, so the export holds it;
     keras-hub's own ImageClassifier on the same photographs gives the same probabilities."""
     from common.training.backends.keras_jax.model import build_keras_model, initial_values_replaced
@@ -84,8 +85,11 @@ def test_a_keras_hub_preset_of_real_weights_builds_with_its_own_converter_and_gi
     (tmp_path / "cut").mkdir()
     (tmp_path / "cut" / "model.weights.h5").write_bytes((preset / "model.weights.h5").read_bytes()[:1000])
     cut = load_config(None, ["model.backbone=keras", f"model.keras_backbone={tmp_path / 'cut'}"])
-    with pytest.raises(ConfigError, match=r"could not be loaded as a KerasHub image preset \(.*\)\. Fix: attach the "
-                                          r"whole preset folder"):
+    with pytest.raises(
+        ConfigError,
+        match=r"could not be loaded as a KerasHub image preset \(.*\)\. Fix: attach the "
+        r"whole preset folder",
+    ):
         build_keras_model(cut.model, 4, 64)
 
 
@@ -107,17 +111,36 @@ def test_a_timm_folder_of_real_weights_keeps_its_own_normalisation_and_gives_tim
 
 
 ROUTES = {  # tf_keras on one device: MirroredStrategy over two logical CPUs traced the hub backbone 11 s longer
-    "tf_keras": lambda w: ["train.framework=tf_keras", "model.backbone=hub", f"model.hub_handle={w / 'hub'}",
-                           "runtime.strategy=default"],
-    "keras_jax": lambda w: ["train.framework=keras_jax", "model.backbone=keras",
-                            f"model.keras_backbone={w / 'keras_hub'}", "runtime.strategy=default"],
+    "tf_keras": lambda w: [
+        "train.framework=tf_keras",
+        "model.backbone=hub",
+        f"model.hub_handle={w / 'hub'}",
+        "runtime.strategy=default",
+    ],
+    "keras_jax": lambda w: [
+        "train.framework=keras_jax",
+        "model.backbone=keras",
+        f"model.keras_backbone={w / 'keras_hub'}",
+        "runtime.strategy=default",
+    ],
     "torch_xla": lambda w: ["train.framework=torch_xla", "model.backbone=timm", f"model.timm_model={w / 'timm'}"],
 }
 # A linear probe's settings: held-out macro-F1 0.926-0.990 on each route here (at a rate of 0.05 with dropout it swung
 # between 0.83 and 1.0 from run to run).
-PROBE = ["model.trainable=false", "model.dropout=0", "data.image_size=64", "data.convert_size=64", "data.folds=3",
-         "train.fold=0", "train.epochs=4", "train.batch_size_per_replica=16", "train.learning_rate=0.02",
-         "train.lr_reference_batch=16", "train.warmup_epochs=0", "train.steps_per_execution=4"]
+PROBE = [
+    "model.trainable=false",
+    "model.dropout=0",
+    "data.image_size=64",
+    "data.convert_size=64",
+    "data.folds=3",
+    "train.fold=0",
+    "train.epochs=4",
+    "train.batch_size_per_replica=16",
+    "train.learning_rate=0.02",
+    "train.lr_reference_batch=16",
+    "train.warmup_epochs=0",
+    "train.steps_per_execution=4",
+]
 
 
 def flags(*settings: str) -> list[str]:
@@ -141,10 +164,12 @@ def train_route(route: str, real_weights: Path, records: Path, out: Path) -> dic
         (blocked / "tensorflow_text").mkdir(parents=True)
         (blocked / "tensorflow_text" / "__init__.py").write_text(
             f"open({str(out / 'tensorflow_text-refused')!r}, 'a').close()\n"
-            "raise ModuleNotFoundError(\"No module named 'tensorflow_text'\", name='tensorflow_text')\n")
+            "raise ModuleNotFoundError(\"No module named 'tensorflow_text'\", name='tensorflow_text')\n"
+        )
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(blocked), env.get("PYTHONPATH")]))
-    run = subprocess.run([sys.executable, "-m", "train_tpu.train", *argv], cwd=REPO, env=env, capture_output=True,
-                         text=True, timeout=900)
+    run = subprocess.run(
+        [sys.executable, "-m", "train_tpu.train", *argv], cwd=REPO, env=env, capture_output=True, text=True, timeout=900
+    )
     assert run.returncode == 0, (run.stdout + run.stderr)[-5000:]
     if route == "keras_jax":  # keras-hub asked for it, and went on without it
         assert (out / "tensorflow_text-refused").is_file()
@@ -170,7 +195,8 @@ def check_float16(route: str, card: dict) -> str:
 
 @pytest.mark.e2e
 def test_a_linear_probe_on_real_weights_on_every_route_exports_verified_and_the_tf_only_kernel_scores_it(
-        real_weights, tmp_path):
+    real_weights, tmp_path
+):
     """One photo competition, converted once; each route's probe; the three exports scored by one TF-only inference
     kernel process, one after the other (the kernel cannot tell which route trained an export)."""
     from sklearn.metrics import f1_score
@@ -185,14 +211,23 @@ def test_a_linear_probe_on_real_weights_on_every_route_exports_verified_and_the_
         assert card["complete"] is True and card["runtime"]["framework"] == route
         assert card["verification"]["max_abs_diff"]["float32"] < 1e-4, route
 
-    infer = run_inference_kernels([flags(f"infer.exports=[{tmp_path / route / 'export'}]",
-                                         f"runtime.competition_dir={competition}",
-                                         f"runtime.output_dir={tmp_path / route / 'infer'}") for route in ROUTES])
+    infer = run_inference_kernels(
+        [
+            flags(
+                f"infer.exports=[{tmp_path / route / 'export'}]",
+                f"runtime.competition_dir={competition}",
+                f"runtime.output_dir={tmp_path / route / 'infer'}",
+            )
+            for route in ROUTES
+        ]
+    )
     assert infer.returncode == 0, infer.stderr[-3000:]
     ids = sorted(answers)
     for route, card in cards.items():
         predicted = {r["id"]: r["label"] for r in read_csv(tmp_path / route / "infer" / "submission.csv")}
         score = f1_score([answers[i] for i in ids], [predicted[i] for i in ids], average="macro")
-        print(f"{route}: linear probe on real weights, held-out macro-F1 {score:.3f}; validation "
-              f"{card['metrics']['macro_f1']:.3f}; float16: {check_float16(route, card)}")
+        print(
+            f"{route}: linear probe on real weights, held-out macro-F1 {score:.3f}; validation "
+            f"{card['metrics']['macro_f1']:.3f}; float16: {check_float16(route, card)}"
+        )
         assert score >= 0.85, (route, score)

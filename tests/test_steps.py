@@ -38,34 +38,51 @@ class CountingBackend:
     def save_checkpoint(self, epochs_done: int) -> None:
         optimizer = self.inner.model.optimizer
         rate = optimizer.learning_rate  # the schedule at the optimiser's step: a tf.Tensor or a jax.Array
-        self.seen.append((int(optimizer.iterations.numpy()), float(rate.numpy() if hasattr(rate, "numpy") else
-                                                                    np.asarray(rate))))
+        self.seen.append(
+            (int(optimizer.iterations.numpy()), float(rate.numpy() if hasattr(rate, "numpy") else np.asarray(rate)))
+        )
         self.inner.save_checkpoint(epochs_done)
 
 
 def fold_settings(framework: str, setting: int, tiny_backbone, tiny_keras_backbone, *extra: str) -> list[str]:
     """framework: a route, or "tf_keras/custom" for tf_keras's own training loop (train.loop=custom)."""
     framework, _, loop = framework.partition("/")
-    backbone = ([f"model.hub_handle={tiny_backbone}", f"train.loop={loop or 'fit'}"] if framework == "tf_keras" else
-                ["model.backbone=keras", f"model.keras_backbone={tiny_keras_backbone}"])
-    return [f"train.framework={framework}", *backbone, "data.image_size=16", f"train.epochs={EPOCHS}",
-            f"train.steps_per_epoch={STEPS}", f"train.steps_per_execution={setting}", "train.batch_size_per_replica=8",
-            "train.warmup_epochs=1", "train.export_float16=false", *extra]
+    backbone = (
+        [f"model.hub_handle={tiny_backbone}", f"train.loop={loop or 'fit'}"]
+        if framework == "tf_keras"
+        else ["model.backbone=keras", f"model.keras_backbone={tiny_keras_backbone}"]
+    )
+    return [
+        f"train.framework={framework}",
+        *backbone,
+        "data.image_size=16",
+        f"train.epochs={EPOCHS}",
+        f"train.steps_per_epoch={STEPS}",
+        f"train.steps_per_execution={setting}",
+        "train.batch_size_per_replica=8",
+        "train.warmup_epochs=1",
+        "train.export_float16=false",
+        *extra,
+    ]
 
 
 def train_counting(settings: list[str], records_dir, work_dir) -> tuple[CountingBackend, object]:
     cfg = load_config(None, settings)
     backend = CountingBackend(start_backend(cfg))
-    result = train_fold(cfg, backend, record_set(str(records_dir), cfg.data, 0), work_dir,
-                        deadline=time.monotonic() + 600)
+    result = train_fold(
+        cfg, backend, record_set(str(records_dir), cfg.data, 0), work_dir, deadline=time.monotonic() + 600
+    )
     return backend, result
 
 
 # tf_keras's custom loop at one setting: it reports its first execution the same way at any
-@pytest.mark.parametrize(("framework", "setting"), [("tf_keras", 32), ("tf_keras", 4), ("keras_jax", 32),
-                                                   ("keras_jax", 4), ("tf_keras/custom", 4)])
+@pytest.mark.parametrize(
+    ("framework", "setting"),
+    [("tf_keras", 32), ("tf_keras", 4), ("keras_jax", 32), ("keras_jax", 4), ("tf_keras/custom", 4)],
+)
 def test_every_epoch_ends_at_the_planned_optimiser_step_and_its_pace_leaves_out_the_first_execution(
-        framework, setting, demo_records, tiny_backbone, tiny_keras_backbone, tmp_path, capsys):
+    framework, setting, demo_records, tiny_backbone, tiny_keras_backbone, tmp_path, capsys
+):
     records_dir, _ = demo_records
     settings = fold_settings(framework, setting, tiny_backbone, tiny_keras_backbone)
     backend, result = train_counting(settings, records_dir, tmp_path / "work")
@@ -76,8 +93,12 @@ def test_every_epoch_ends_at_the_planned_optimiser_step_and_its_pace_leaves_out_
     first = backend.steps_per_execution if framework == "keras_jax" else min(setting, STEPS)  # 3: 4 does not divide 9
     pace = "all in the first execution" if first == STEPS else r"\d+ ms/step"
     log = capsys.readouterr().out
-    assert re.search(rf"^\[train\] epoch 1: step {STEPS}, {pace}; .*; [\d.]+ s: first execution [\d.]+ s "
-                     rf"\({first} step\(s\)\), training [\d.]+ s, ", log, re.M), log
+    assert re.search(
+        rf"^\[train\] epoch 1: step {STEPS}, {pace}; .*; [\d.]+ s: first execution [\d.]+ s "
+        rf"\({first} step\(s\)\), training [\d.]+ s, ",
+        log,
+        re.M,
+    ), log
     assert re.search(rf"^\[train\] epoch 2: step {2 * STEPS}, \d+ ms/step; .*; [\d.]+ s: training ", log, re.M), log
     # The optimiser's rate is the plan's schedule at its step: tf_keras reports the rate its last update applied
     # (step - 1), Keras 3 the rate of the next one. At the end of training that is the cosine's last value, not a zero
@@ -89,28 +110,37 @@ def test_every_epoch_ends_at_the_planned_optimiser_step_and_its_pace_leaves_out_
 
 
 @pytest.mark.parametrize("framework", ["tf_keras", "keras_jax"])
-def test_a_resumed_fold_continues_at_the_planned_step(framework, demo_records, tiny_backbone, tiny_keras_backbone,
-                                                      tmp_path):
+def test_a_resumed_fold_continues_at_the_planned_step(
+    framework, demo_records, tiny_backbone, tiny_keras_backbone, tmp_path
+):
     """One epoch, then the same fold resumed for a second: the restored optimiser counts on from 9 to 18."""
     records_dir, _ = demo_records
-    first, _ = train_counting(fold_settings(framework, 4, tiny_backbone, tiny_keras_backbone, "train.epochs=1"),
-                              records_dir, tmp_path / "work")
+    first, _ = train_counting(
+        fold_settings(framework, 4, tiny_backbone, tiny_keras_backbone, "train.epochs=1"),
+        records_dir,
+        tmp_path / "work",
+    )
     assert [steps for steps, _ in first.seen] == [STEPS]
-    resumed, result = train_counting(fold_settings(framework, 4, tiny_backbone, tiny_keras_backbone), records_dir,
-                                     tmp_path / "work")
+    resumed, result = train_counting(
+        fold_settings(framework, 4, tiny_backbone, tiny_keras_backbone), records_dir, tmp_path / "work"
+    )
     assert result.epochs_done == EPOCHS
     assert [steps for steps, _ in resumed.seen] == [2 * STEPS]
 
 
-def test_a_loop_that_trains_more_than_planned_stops_the_fold_at_its_first_epoch(demo_records, tiny_keras_backbone,
-                                                                                 monkeypatch, tmp_path):
+def test_a_loop_that_trains_more_than_planned_stops_the_fold_at_its_first_epoch(
+    demo_records, tiny_keras_backbone, monkeypatch, tmp_path
+):
     """The fold's own guard, against Keras 3 on JAX as it behaves without the divisor: 3 executions of 4 steps in a
     9-step epoch. The fold stops at epoch 1 with the counts, instead of training on at a rate of zero."""
     from common.training.backends.keras_jax import backend
 
     monkeypatch.setattr(backend, "whole_executions", lambda setting, steps_per_epoch: setting)
     records_dir, _ = demo_records
-    with pytest.raises(RuntimeError, match=r"epoch 1 ended at optimiser step 12 where the plan ends it at 9 \(9 steps "
-                                           r"per epoch\): the keras_jax training loop ran more steps"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"epoch 1 ended at optimiser step 12 where the plan ends it at 9 \(9 steps "
+        r"per epoch\): the keras_jax training loop ran more steps",
+    ):
         train_counting(fold_settings("keras_jax", 4, None, tiny_keras_backbone), records_dir, tmp_path / "work")
     assert not (tmp_path / "work" / "checkpoints" / "progress.json").exists()  # nothing saved from the bad epoch

@@ -18,8 +18,10 @@ def test_default_strategy_on_cpu():
 
 @pytest.mark.e2e
 def test_auto_on_a_plain_cpu_is_the_default_strategy():
-    code = "import common; from common.core.strategy import get_strategy; s = get_strategy('auto'); " \
-           "print(type(s).__name__, s.num_replicas_in_sync)"
+    code = (
+        "import common; from common.core.strategy import get_strategy; s = get_strategy('auto'); "
+        "print(type(s).__name__, s.num_replicas_in_sync)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["_DefaultDistributionStrategy", "1"]
 
@@ -32,8 +34,9 @@ def test_mirrored_over_two_logical_cpus_doubles_the_global_batch():
     assert batch == 32
     assert scaled_learning_rate(1e-3, batch, reference_batch=16) == pytest.approx(2e-3)
     # Both replicas really run: each contributes its replica id, the sum is 0 + 1.
-    per_replica = strategy.run(lambda: tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group,
-                                               tf.float32))
+    per_replica = strategy.run(
+        lambda: tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.float32)
+    )
     assert float(strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)) == 1.0
 
 
@@ -53,13 +56,18 @@ def test_tpu_hardware_that_tensorflow_cannot_see_is_an_error_not_a_cpu_fallback(
     message = str(err.value)
     assert "TPU hardware is present (ISTPUVM=1, TPU_ACCELERATOR_TYPE=v5litepod-8)" in message
     assert f"TensorFlow {tf.__version__} sees no TPU" in message
-    assert "attach the wheels dataset (kaggle.tpu_wheels, made by `tpu2gpu wheels`) or set kaggle.train_internet=true" \
+    assert (
+        "attach the wheels dataset (kaggle.tpu_wheels, made by `tpu2gpu wheels`) or set kaggle.train_internet=true"
         in message
+    )
     assert "runtime.strategy=default" in message
     installed = {"tensorflow-tpu": "2.20.0", "libtpu": "0.0.17", "tf-keras": "2.20.1"}  # after the stack install
     monkeypatch.setattr("common.core.strategy.installed_versions", lambda: installed)
-    with pytest.raises(StrategyError, match=r"The TPU stack is installed \(tensorflow-tpu 2\.20\.0, libtpu 0\.0\.17, "
-                       r"tf-keras 2\.20\.1\), but no TPU answered"):
+    with pytest.raises(
+        StrategyError,
+        match=r"The TPU stack is installed \(tensorflow-tpu 2\.20\.0, libtpu 0\.0\.17, "
+        r"tf-keras 2\.20\.1\), but no TPU answered",
+    ):
         get_strategy("auto")
 
 

@@ -39,8 +39,13 @@ def test_no_long_function_and_no_long_file():
 def too_many_parameters(tree: ast.AST) -> list[tuple[int, str, int]]:
     """(line, name, parameters) of every def taking more than MAX_PARAMETERS: positional-only, positional and
     keyword-only parameters, not a method's self or cls, nor *args and **kwargs."""
-    methods = {id(f) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) for f in c.body if isinstance(f, FUNCTIONS)
-               and "staticmethod" not in {getattr(d, "id", None) for d in f.decorator_list}}
+    methods = {
+        id(f)
+        for c in ast.walk(tree)
+        if isinstance(c, ast.ClassDef)
+        for f in c.body
+        if isinstance(f, FUNCTIONS) and "staticmethod" not in {getattr(d, "id", None) for d in f.decorator_list}
+    }
     found = []
     for node in ast.walk(tree):
         if isinstance(node, FUNCTIONS):
@@ -52,35 +57,47 @@ def too_many_parameters(tree: ast.AST) -> list[tuple[int, str, int]]:
 
 
 def test_no_function_takes_more_than_six_parameters():
-    offenders = [f"{path.relative_to(REPO)}:{line} {name}: {count} parameters"
-                 for path in sources() for line, name, count in too_many_parameters(ast.parse(path.read_text()))]
+    offenders = [
+        f"{path.relative_to(REPO)}:{line} {name}: {count} parameters"
+        for path in sources()
+        for line, name, count in too_many_parameters(ast.parse(path.read_text()))
+    ]
     assert not offenders, "more than six parameters (group them in a parameter object):\n" + "\n".join(offenders)
 
 
 def test_the_parameter_count_finds_what_it_is_for():
-    source = ("def seven(a, b, c, d, e, f, *, g): pass\n"
-              "def six(a, b, /, c, d, *args, e, f, **kwargs): pass\n"
-              "class Holder:\n"
-              "    def six(self, a, b, /, c, d, *args, e, f, **kwargs): pass\n"
-              "    @classmethod\n"
-              "    def also_six(cls, a, b, c, d, e, f): pass\n"
-              "    @staticmethod\n"
-              "    def seven(self, a, b, c, d, e, f): pass\n")
+    source = (
+        "def seven(a, b, c, d, e, f, *, g): pass\n"
+        "def six(a, b, /, c, d, *args, e, f, **kwargs): pass\n"
+        "class Holder:\n"
+        "    def six(self, a, b, /, c, d, *args, e, f, **kwargs): pass\n"
+        "    @classmethod\n"
+        "    def also_six(cls, a, b, c, d, e, f): pass\n"
+        "    @staticmethod\n"
+        "    def seven(self, a, b, c, d, e, f): pass\n"
+    )
     assert too_many_parameters(ast.parse(source)) == [(1, "seven", 7), (8, "seven", 7)]
 
 
 def test_only_the_tasks_module_branches_on_a_task_type():
     assert len(sources()) > 30  # the walk found the packages
-    branches = [f"{path.relative_to(REPO)}:{number}: {line.strip()}"
-                for path in sources() if (REPO / "common" / "tasks") not in path.parents
-                for number, line in enumerate(path.read_text().splitlines(), start=1)
-                if TASK_BRANCH.search(line.split("#")[0]) and not line.strip().startswith(("f\"", "\"", "raise"))]
+    branches = [
+        f"{path.relative_to(REPO)}:{number}: {line.strip()}"
+        for path in sources()
+        if (REPO / "common" / "tasks") not in path.parents
+        for number, line in enumerate(path.read_text().splitlines(), start=1)
+        if TASK_BRANCH.search(line.split("#")[0]) and not line.strip().startswith(('f"', '"', "raise"))
+    ]
     assert not branches, "branch on the task type outside common/tasks/types.py:\n" + "\n".join(branches)
 
 
 def test_the_branch_pattern_finds_what_it_is_for():
-    for line in ('if task.name == "binary":', "x = 1 if task.name in ('a', 'b') else 2",
-                 'if cfg.data.task != "regression":', "elif data_cfg.task == 'multilabel':"):
+    for line in (
+        'if task.name == "binary":',
+        "x = 1 if task.name in ('a', 'b') else 2",
+        'if cfg.data.task != "regression":',
+        "elif data_cfg.task == 'multilabel':",
+    ):
         assert TASK_BRANCH.search(line), line
     for line in ("task = get_task(cfg.data.task)", 'print(f"{task.name} model")', "card.task == first.card.task"):
         assert not TASK_BRANCH.search(line), line

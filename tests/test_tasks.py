@@ -32,32 +32,65 @@ REPO = Path(__file__).resolve().parents[1]
 def run_task(tmp_path: Path, demo_dir: Path, tiny_backbone: Path, task: str, *extra: str, device_above=1e-4):
     competition, answers = task_competition(demo_dir, tmp_path / "competition", task)
     id_col, target_col = SHAPES[task][:2]
-    settings = [f"data.task={task}", f"data.id_column={id_col}", f"data.label_column={target_col}",
-                "data.image_size=16", "data.flip_left_right=false", f"model.hub_handle={tiny_backbone}",
-                "train.fold=0", "train.epochs=12", "train.batch_size_per_replica=32", "train.learning_rate=0.2",
-                "train.steps_per_execution=8", "train.export_float16=false", *extra]
+    settings = [
+        f"data.task={task}",
+        f"data.id_column={id_col}",
+        f"data.label_column={target_col}",
+        "data.image_size=16",
+        "data.flip_left_right=false",
+        f"model.hub_handle={tiny_backbone}",
+        "train.fold=0",
+        "train.epochs=12",
+        "train.batch_size_per_replica=32",
+        "train.learning_rate=0.2",
+        "train.steps_per_execution=8",
+        "train.export_float16=false",
+        *extra,
+    ]
     flags = [a for s in settings for a in ("--set", s)]
     from tpu2gpu.cli import main as cli_main
 
-    assert cli_main(["tfrecords", "--competition", str(competition), "--out", str(tmp_path / "records"),
-                     *flags]) == 0
+    assert cli_main(["tfrecords", "--competition", str(competition), "--out", str(tmp_path / "records"), *flags]) == 0
     with tpu_float32():  # TensorFlow's float32 as an accelerator's, TF32 on: the head's MatMul rounds its operands
-        assert train_main([*flags, "--set", f"runtime.tfrecords={tmp_path / 'records'}", "--set",
-                           f"runtime.output_dir={tmp_path / 'train'}"]) == 0
+        assert (
+            train_main(
+                [
+                    *flags,
+                    "--set",
+                    f"runtime.tfrecords={tmp_path / 'records'}",
+                    "--set",
+                    f"runtime.output_dir={tmp_path / 'train'}",
+                ]
+            )
+            == 0
+        )
     card = json.loads((tmp_path / "train" / "export" / "fold0" / "model_card.json").read_text())
     # The export is checked against the trained model at exact float32 on the host; the accelerator's float32 (the
     # default placement, TF32 on) is recorded beside it, as far from it as the rounding makes it.
     verification = card["verification"]
     print(f"{task}: device {verification['device_max_abs_diff']:.1e}, export {verification['max_abs_diff']}")
     assert verification["max_abs_diff"]["float32"] < 1e-4 and verification["device_max_abs_diff"] > device_above, (
-        verification)
+        verification
+    )
     assert verification["device"] == "/job:localhost/replica:0/task:0/device:CPU:0 with TF32 on", verification
     # The inference kernel with no training config: the card says what the task is. (In this process: the export
     # loads with TensorFlow alone in the training's own check, and the kernel runs with TensorFlow alone on every task
     # type in test_torch_tasks.py.)
-    assert infer_main(["--set", f"infer.exports=[{tmp_path / 'train' / 'export'}]", "--set",
-                       f"runtime.competition_dir={competition}", "--set", f"data.id_column={id_col}", "--set",
-                       f"runtime.output_dir={tmp_path / 'infer'}"]) == 0
+    assert (
+        infer_main(
+            [
+                "--set",
+                f"infer.exports=[{tmp_path / 'train' / 'export'}]",
+                "--set",
+                f"runtime.competition_dir={competition}",
+                "--set",
+                f"data.id_column={id_col}",
+                "--set",
+                f"runtime.output_dir={tmp_path / 'infer'}",
+            ]
+        )
+        == 0
+    )
     with (tmp_path / "infer" / "submission.csv").open(newline="") as f:
         header = next(csv.reader(f))
     submission = read_csv(tmp_path / "infer" / "submission.csv")
@@ -73,8 +106,15 @@ def test_binary_submission_is_a_probability_per_row_with_patients_kept_whole(tmp
     # One sigmoid output over the tiny backbone's 8 features: the rounding moves it less than the other tasks' outputs
     # (multilabel 1.7e-3, regression 6.2e-4), and by how much depends on how confident the model ends: 1.3e-5 to
     # 1.6e-4 in three runs of the same test. Batches in a fixed order make it one figure, 3.2e-5 (twice).
-    values, answers, card = run_task(tmp_path, demo_dir, tiny_backbone, "binary", "data.group_column=patient_id",
-                                     "data.deterministic=true", device_above=1e-5)
+    values, answers, card = run_task(
+        tmp_path,
+        demo_dir,
+        tiny_backbone,
+        "binary",
+        "data.group_column=patient_id",
+        "data.deterministic=true",
+        device_above=1e-5,
+    )
     probabilities = np.array([float(v) for v in values])
     assert probabilities.min() >= 0 and probabilities.max() <= 1
     # Probabilities, not 0/1 decisions (two values). A float32 sigmoid is exactly 1.0 beyond a logit of about 16.6, so
@@ -149,46 +189,86 @@ def ordinal_task():
         return (np.asarray(predictions) > 0.5).sum(axis=1)
 
     return dataclasses.replace(
-        MULTICLASS, name="ordinal", activation="sigmoid", outputs=lambda num_classes: num_classes - 1,
+        MULTICLASS,
+        name="ordinal",
+        activation="sigmoid",
+        outputs=lambda num_classes: num_classes - 1,
         scorers={"qwk": parts.on_decisions(grade, parts.QWK), "accuracy": parts.on_decisions(grade, parts.ACCURACY)},
-        target=cumulative, loss=parts.cross_entropy("binary_crossentropy", parts.by_target),
-        running_metric=parts.running("BinaryAccuracy", "accuracy"), decide=grade,
+        target=cumulative,
+        loss=parts.cross_entropy("binary_crossentropy", parts.by_target),
+        running_metric=parts.running("BinaryAccuracy", "accuracy"),
+        decide=grade,
         submission_value=lambda p, names, thresholds=None: names[int(grade(p[None, :])[0])],
         output_names=lambda names: [f"over_{n}" for n in names[:-1]],
         describe_target=lambda target, names, scaling: f"grade {float(target.sum()):.2f}",
-        weighted_classes=None, class_scores=parts.nothing)
+        weighted_classes=None,
+        class_scores=parts.nothing,
+    )
 
 
 @pytest.mark.e2e
-def test_a_fifth_task_defined_in_a_test_alone_trains_and_predicts_end_to_end(tmp_path, demo_dir, tiny_backbone,
-                                                                            monkeypatch):
+def test_a_fifth_task_defined_in_a_test_alone_trains_and_predicts_end_to_end(
+    tmp_path, demo_dir, tiny_backbone, monkeypatch
+):
     from common.tasks.types import TASKS as tasks
 
     monkeypatch.setitem(tasks, "ordinal", ordinal_task())  # the one line that adds it: no other module changes
     competition, answers = task_competition(demo_dir, tmp_path / "competition", "ordinal")
-    settings = ["data.task=ordinal", "data.label_column=grade", "data.image_size=16", "data.flip_left_right=false",
-                f"model.hub_handle={tiny_backbone}", "train.fold=0", "train.epochs=12", "train.metric=qwk",
-                "train.batch_size_per_replica=32", "train.learning_rate=0.2", "train.steps_per_execution=8",
-                "train.export_float16=false", "runtime.strategy=default"]  # one replica, whatever ran before
+    settings = [
+        "data.task=ordinal",
+        "data.label_column=grade",
+        "data.image_size=16",
+        "data.flip_left_right=false",
+        f"model.hub_handle={tiny_backbone}",
+        "train.fold=0",
+        "train.epochs=12",
+        "train.metric=qwk",
+        "train.batch_size_per_replica=32",
+        "train.learning_rate=0.2",
+        "train.steps_per_execution=8",
+        "train.export_float16=false",
+        "runtime.strategy=default",
+    ]  # one replica, whatever ran before
     flags = [a for item in settings for a in ("--set", item)]
     from tpu2gpu.cli import main as cli_main
 
-    assert cli_main(["tfrecords", "--competition", str(competition), "--out", str(tmp_path / "records"),
-                     *flags]) == 0
-    assert train_main([*flags, "--set", f"runtime.tfrecords={tmp_path / 'records'}", "--set",
-                       f"runtime.output_dir={tmp_path / 'train'}"]) == 0
-    assert infer_main(["--set", f"infer.exports=[{tmp_path / 'train' / 'export'}]", "--set",
-                       f"runtime.competition_dir={competition}", "--set", f"runtime.output_dir={tmp_path / 'infer'}"]
-                      ) == 0
+    assert cli_main(["tfrecords", "--competition", str(competition), "--out", str(tmp_path / "records"), *flags]) == 0
+    assert (
+        train_main(
+            [
+                *flags,
+                "--set",
+                f"runtime.tfrecords={tmp_path / 'records'}",
+                "--set",
+                f"runtime.output_dir={tmp_path / 'train'}",
+            ]
+        )
+        == 0
+    )
+    assert (
+        infer_main(
+            [
+                "--set",
+                f"infer.exports=[{tmp_path / 'train' / 'export'}]",
+                "--set",
+                f"runtime.competition_dir={competition}",
+                "--set",
+                f"runtime.output_dir={tmp_path / 'infer'}",
+            ]
+        )
+        == 0
+    )
     card = json.loads((tmp_path / "train" / "export" / "fold0" / "model_card.json").read_text())
-    assert card["task"] == "ordinal" and card["output"]["shape"] == [None, 9] and card["class_names"] == list(
-        "0123456789")
+    assert (
+        card["task"] == "ordinal" and card["output"]["shape"] == [None, 9] and card["class_names"] == list("0123456789")
+    )
     submission = read_csv(tmp_path / "infer" / "submission.csv")
     assert [r["id"] for r in submission] == [a["id"] for a in answers]
     from sklearn.metrics import cohen_kappa_score
 
-    qwk = cohen_kappa_score([int(a["target"]) for a in answers], [int(r["grade"]) for r in submission],
-                            weights="quadratic")
+    qwk = cohen_kappa_score(
+        [int(a["target"]) for a in answers], [int(r["grade"]) for r in submission], weights="quadratic"
+    )
     print(f"ordinal: QWK {qwk:.4f} on {len(answers)} held-out images (validation {card['metric']['value']:.4f})")
     assert qwk >= 0.8, qwk
 
@@ -197,19 +277,29 @@ def test_a_fifth_task_defined_in_a_test_alone_trains_and_predicts_end_to_end(tmp
 def test_metric_must_fit_the_task():
     assert TASKS["binary"].competition_metric("") == "roc_auc"
     assert TASKS["multiclass"].competition_metric("qwk") == "qwk"
-    with pytest.raises(ConfigError, match=r"train.metric='rmse' does not fit data.task=multilabel; for multilabel "
-                                          r"choose one of \['samples_f1'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"train.metric='rmse' does not fit data.task=multilabel; for multilabel "
+        r"choose one of \['samples_f1'",
+    ):
         TASKS["multilabel"].competition_metric("rmse")
     with pytest.raises(ConfigError, match="train.metric='auc' is not a metric"):
         TASKS["binary"].competition_metric("auc")
 
 
-@pytest.mark.parametrize(("task", "values", "message"), [
-    ("binary", ["0", "1", "2"], r"train.csv line 4: label '2' is not 0 or 1"),
-    ("regression", ["1.5", "cat"], r"train.csv line 3: label 'cat' is not a number"),
-    ("multilabel", ["even", "odd big", "even rust"], r"train.csv line 4: label\(s\) \['rust'\] are not in "
-     r"data.class_names \['big', 'even', 'odd'\]"),
-])
+@pytest.mark.parametrize(
+    ("task", "values", "message"),
+    [
+        ("binary", ["0", "1", "2"], r"train.csv line 4: label '2' is not 0 or 1"),
+        ("regression", ["1.5", "cat"], r"train.csv line 3: label 'cat' is not a number"),
+        (
+            "multilabel",
+            ["even", "odd big", "even rust"],
+            r"train.csv line 4: label\(s\) \['rust'\] are not in "
+            r"data.class_names \['big', 'even', 'odd'\]",
+        ),
+    ],
+)
 def test_labels_of_the_wrong_kind_are_named(task, values, message):
     """Wrong kinds for the task; a label outside data.class_names is named too (multilabel lists included)."""
     sources = [f"train.csv line {i + 2}" for i in range(len(values))]
@@ -223,11 +313,11 @@ def test_metrics_are_scikit_learns_on_known_numbers():
     assert binary.score("roc_auc", labels, p) == pytest.approx(0.75)
     assert binary.score("accuracy", labels, p) == pytest.approx(0.5)
     regression = TASKS["regression"]
-    assert regression.score("rmse", np.array([1.0, 3.0]), np.array([[2.0], [3.0]])) == pytest.approx(
-        np.sqrt(0.5))
+    assert regression.score("rmse", np.array([1.0, 3.0]), np.array([[2.0], [3.0]])) == pytest.approx(np.sqrt(0.5))
     # Rounded to [0, 1, 3, 3]: one step off on one of four; by hand 1 - (1/9) / (4/3) = 11/12.
-    assert regression.score("qwk", np.array([0, 1, 2, 3]), np.array([[0.2], [1.4], [2.6], [3.1]])) == \
-        pytest.approx(11 / 12)
+    assert regression.score("qwk", np.array([0, 1, 2, 3]), np.array([[0.2], [1.4], [2.6], [3.1]])) == pytest.approx(
+        11 / 12
+    )
     multilabel = TASKS["multilabel"]
     truth = np.array([[1, 0], [0, 1], [1, 1]])
     scores = np.array([[0.7, 0.2], [0.3, 0.35], [0.6, 0.4]])
@@ -242,8 +332,11 @@ def test_multilabel_from_one_column_per_class_and_an_unknown_template_label(tmp_
     competition, _ = task_competition(demo_dir, tmp_path / "competition", "multilabel")
     rows = read_csv(competition / "train.csv")
     names = ["big", "even", "loop", "odd"]
-    write_csv(competition / "train.csv", ["image", *names],
-              [[r["image"], *(int(n in r["labels"].split()) for n in names)] for r in rows])
+    write_csv(
+        competition / "train.csv",
+        ["image", *names],
+        [[r["image"], *(int(n in r["labels"].split()) for n in names)] for r in rows],
+    )
     cfg = load_config(None, ["data.task=multilabel", "data.id_column=image", f"data.label_columns=[{','.join(names)}]"])
     manifest = convert_competition(competition, tmp_path / "records", cfg.data)
     assert manifest["class_names"] == names and manifest["schema"]["label_size"] == 4
@@ -257,8 +350,12 @@ def test_multilabel_from_one_column_per_class_and_an_unknown_template_label(tmp_
 
     write_csv(competition / "sample_submission.csv", ["image", "labels"], [["digit_0001", "even rust"]])
     with pytest.raises(DataError, match=r"uses labels \['rust'\] in column 'labels' that the model does not know"):
-        check_template_classes(read_template(competition / "sample_submission.csv", "image"), TASKS["multilabel"],
-                               names, "sample_submission.csv")
+        check_template_classes(
+            read_template(competition / "sample_submission.csv", "image"),
+            TASKS["multilabel"],
+            names,
+            "sample_submission.csv",
+        )
 
 
 def test_regression_folds_are_stratified_by_target_bins(tmp_path, demo_dir):
@@ -286,8 +383,7 @@ def test_balanced_class_weights_scale_each_examples_loss():
     np.testing.assert_allclose(np.asarray(on_jax), expected, rtol=1e-5)
     multiclass = TASKS["multiclass"]
     assert multiclass.class_weights("balanced", [0, 1, 1, 2, 2, 2], 4) == pytest.approx([2.0, 1.0, 2 / 3, 0.0])
-    weighted = multiclass.loss(0.0, [1.0, 3.0, 1.0])(tf.constant([[0.0, 1.0, 0.0]]),
-                                                              tf.constant([[0.2, 0.5, 0.3]]))
+    weighted = multiclass.loss(0.0, [1.0, 3.0, 1.0])(tf.constant([[0.0, 1.0, 0.0]]), tf.constant([[0.2, 0.5, 0.3]]))
     assert float(weighted[0]) == pytest.approx(3.0 * -np.log(0.5), rel=1e-5)
     with pytest.raises(ConfigError, match="train.class_weight='balanced' is for multiclass and binary tasks"):
         TASKS["regression"].class_weights("balanced", [1.0, 2.0], 0)
@@ -303,12 +399,15 @@ def test_each_tasks_loss_is_the_same_in_the_three_routes_array_libraries(task):
 
     rng = np.random.default_rng(0)
     width = {"multiclass": 4, "binary": 1, "multilabel": 3, "regression": 1}[task]
-    targets = rng.dirichlet(np.ones(width), 6).astype(np.float32) if task == "multiclass" else \
-        rng.uniform(size=(6, width)).astype(np.float32)
+    targets = (
+        rng.dirichlet(np.ones(width), 6).astype(np.float32)
+        if task == "multiclass"
+        else rng.uniform(size=(6, width)).astype(np.float32)
+    )
     outputs = rng.dirichlet(np.ones(width), 6) if task == "multiclass" else rng.uniform(size=(6, width))
     outputs[0] = 0.0 if task != "multiclass" else np.eye(width)[0]  # log(0) without the clipping
     outputs = outputs.astype(np.float32)
-    weights = [0.5, 2.0, 1.0, 3.0][:max(width, 2)] if task in ("multiclass", "binary") else None
+    weights = [0.5, 2.0, 1.0, 3.0][: max(width, 2)] if task in ("multiclass", "binary") else None
     smoothing = 0.0 if task == "regression" else 0.1
     losses = [TASKS[task].loss(smoothing, weights, ops=ops) for ops in (None, keras_ops(), torch_ops("cpu"))]
     on_tensorflow = losses[0](targets, outputs).numpy()

@@ -74,8 +74,7 @@ def test_shards_are_sized_to_the_target(demo_dir, tmp_path):
 def test_holdout_split_integer_labels_and_resize(tmp_path):
     labels = [i % 3 for i in range(30)]
     comp = write_competition(tmp_path / "comp", labels, size=20, fmt="PNG")
-    cfg = load_config(None, ["data.folds=0", "data.val_fraction=0.2", "data.convert_size=12",
-                             "data.reencode=jpeg"])
+    cfg = load_config(None, ["data.folds=0", "data.val_fraction=0.2", "data.convert_size=12", "data.reencode=jpeg"])
     from common.data.conversion import convert_competition
 
     manifest = convert_competition(comp, tmp_path / "rec", cfg.data)
@@ -118,8 +117,9 @@ def test_every_bad_image_is_named_in_one_pass(tmp_path):
     message = _convert_fails(comp, tmp_path / "out", "data.folds=2")
     assert message.startswith("4 bad image(s) (3 train, 1 test), found in one pass; nothing was written:")
     assert "train.csv line 4 (id 'img002'): no image img002[.jpg|.jpeg|.png] in train/" in message
-    assert f"train.csv line 6 (id 'img004'): {comp / 'train' / 'img004.jpg'} is not a readable image (OSError: " \
-        in message
+    assert (
+        f"train.csv line 6 (id 'img004'): {comp / 'train' / 'img004.jpg'} is not a readable image (OSError: " in message
+    )
     assert f"train.csv line 9 (id 'img007'): {comp / 'train' / 'img007.jpg'} is empty (0 bytes)" in message
     assert "sample_submission.csv line 5 (id 't001')" in message  # written in reverse order
     assert "--set data.on_bad_image=skip" in message
@@ -131,8 +131,19 @@ def test_skip_converts_the_rest_and_lists_the_bad_images(tmp_path, capsys):
     comp = write_competition(tmp_path / "comp", ["a", "b"] * 6)
     _break_three_images(comp)
     out = tmp_path / "out"
-    code = main(["tfrecords", "--competition", str(comp), "--out", str(out), "--set", "data.folds=2",
-                 "--set", "data.on_bad_image=skip"])
+    code = main(
+        [
+            "tfrecords",
+            "--competition",
+            str(comp),
+            "--out",
+            str(out),
+            "--set",
+            "data.folds=2",
+            "--set",
+            "data.on_bad_image=skip",
+        ]
+    )
     assert code == 0
     captured = capsys.readouterr()
     assert f"skipped 4 bad image(s) (data.on_bad_image=skip): listed in {out / 'bad_images.csv'}" in captured.out
@@ -143,12 +154,19 @@ def test_skip_converts_the_rest_and_lists_the_bad_images(tmp_path, capsys):
     assert manifest["splits"]["fold0"]["count"] + manifest["splits"]["fold1"]["count"] == 9
     ids = {r["id"] for r in read_records(shard_paths(manifest, out, ["fold0", "fold1"]))}
     assert ids == {f"img{i:03d}" for i in range(12)} - {"img002", "img004", "img007"}
-    assert [r["id"] for r in read_records(shard_paths(manifest, out, ["test"]), labeled=False)] == \
-        ["t004", "t003", "t002", "t000"]
+    assert [r["id"] for r in read_records(shard_paths(manifest, out, ["test"]), labeled=False)] == [
+        "t004",
+        "t003",
+        "t002",
+        "t000",
+    ]
     listed = read_csv(out / "bad_images.csv")
     assert [(row["split"], row["source"], row["id"]) for row in listed] == [
-        ("train", "train.csv line 4", "img002"), ("train", "train.csv line 6", "img004"),
-        ("train", "train.csv line 9", "img007"), ("test", "sample_submission.csv line 5", "t001")]
+        ("train", "train.csv line 4", "img002"),
+        ("train", "train.csv line 6", "img004"),
+        ("train", "train.csv line 9", "img007"),
+        ("test", "sample_submission.csv line 5", "t001"),
+    ]
     assert listed[2]["problem"] == f"{comp / 'train' / 'img007.jpg'} is empty (0 bytes)"
     # The training kernel copies the list into its output, beside the exports, and reports the count.
     from train_tpu.train import skipped_images
@@ -167,8 +185,9 @@ def test_an_image_of_another_format_is_stored_only_when_reencoded(tmp_path):
     assert "--set data.reencode=jpeg" in message
     from common.data.conversion import convert_competition
 
-    manifest = convert_competition(comp, tmp_path / "out", load_config(None, ["data.folds=2",
-                                                                               "data.reencode=jpeg"]).data)
+    manifest = convert_competition(
+        comp, tmp_path / "out", load_config(None, ["data.folds=2", "data.reencode=jpeg"]).data
+    )
     assert manifest["image_formats"] == ["jpeg"] and manifest["skipped"]["count"] == 0
 
 
@@ -219,8 +238,7 @@ def test_cli_errors_are_one_line_and_exit_2(tmp_path, capsys):
     assert "tpu2gpu tfrecords: error: unknown config key 'data.fold' (did you mean 'folds'?)" in err
     assert "Traceback" not in err
 
-    assert main(["tfrecords", "--competition", str(comp), "--out", str(tmp_path / "o"), "--set",
-                 "data.folds=2"]) == 0
+    assert main(["tfrecords", "--competition", str(comp), "--out", str(tmp_path / "o"), "--set", "data.folds=2"]) == 0
     assert (tmp_path / "o" / "manifest.json").is_file()
 
 
@@ -229,20 +247,24 @@ def test_a_test_id_listed_twice_is_refused(tmp_path):
     with (comp / "sample_submission.csv").open("a") as f:
         f.write("t002,a\n")  # t002 is also on line 4
     message = _convert_fails(comp, tmp_path / "out", "data.folds=2")
-    assert message.startswith("sample_submission.csv line 7: test id 't002' already comes from sample_submission.csv "
-                              "line 4")
+    assert message.startswith(
+        "sample_submission.csv line 7: test id 't002' already comes from sample_submission.csv line 4"
+    )
     assert _no_output_left(tmp_path / "out")
 
 
 def test_label_columns_and_empty_labels_are_for_tasks_whose_label_is_a_set(tmp_path):
     comp = write_competition(tmp_path / "comp", ["a", "", "b"] * 4)  # line 3: no label on
     message = _convert_fails(comp, tmp_path / "out", "data.label_columns=[a, b]")
-    assert message.startswith("data.label_columns is for data.task=multilabel (one 0/1 column per class), not "
-                              "multiclass. Fix: data.label_column")
+    assert message.startswith(
+        "data.label_columns is for data.task=multilabel (one 0/1 column per class), not "
+        "multiclass. Fix: data.label_column"
+    )
     assert _convert_fails(comp, tmp_path / "out", "data.folds=2") == (
         "train.csv has 4 bad row(s), found in one pass before any image was read:\n  4 x empty label in column "
         "'label': line 3 (id 'img001'), line 6 (id 'img004'), line 9 (id 'img007'), line 12 (id 'img010')\nFix: "
-        "correct or remove those rows of train.csv")
+        "correct or remove those rows of train.csv"
+    )
     from common.data.conversion import convert_competition
 
     cfg = load_config(None, ["data.task=multilabel", "data.folds=2"])
@@ -257,8 +279,10 @@ def test_too_few_samples_per_target_bin_for_the_folds(tmp_path):
     assert "data.folds=5 but the rarest bin has 4 samples; every fold needs one. Fix: --set data.folds=4" in message
 
 
-@pytest.mark.parametrize("task, dtype, size", [("multiclass", "int64", 0), ("binary", "int64", 0),
-                                               ("multilabel", "int64", 3), ("regression", "float32", 0)])
+@pytest.mark.parametrize(
+    "task, dtype, size",
+    [("multiclass", "int64", 0), ("binary", "int64", 0), ("multilabel", "int64", 3), ("regression", "float32", 0)],
+)
 def test_the_record_schema_stores_the_task_s_label(task, dtype, size):
     schema = schema_from_config(load_config(None, [f"data.task={task}", "data.class_names=[a, b, c]"]).data)
     assert (schema.label_dtype, schema.label_size) == (dtype, size)

@@ -37,12 +37,21 @@ SHED_VIEWS = [f"view {v}" for v in reversed(VIEWS)]  # the last configured first
 
 def test_a_time_limit_is_read_in_hours_minutes_and_seconds_and_anything_else_is_one_line(tmp_path, capsys):
     assert [duration_seconds(t) for t in ("9h", "2h30m", "45m", "90s", "1h0m30s", "1.5h", "none")] == [
-        32400, 9000, 2700, 90, 3630, 5400, None]
+        32400,
+        9000,
+        2700,
+        90,
+        3630,
+        5400,
+        None,
+    ]
     for wrong in ("9 hours", "540", "0s", ""):
         assert guarded("infer", infer_main, ["--set", f"infer.time_limit={wrong}"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
-        assert err == [f"infer: error: config key 'infer.time_limit' is '{wrong}', not a length of time. Fix: hours, "
-                       "minutes and seconds such as 9h, 2h30m, 45m or 90s, or none for no limit"], err
+        assert err == [
+            f"infer: error: config key 'infer.time_limit' is '{wrong}', not a length of time. Fix: hours, "
+            "minutes and seconds such as 9h, 2h30m, 45m or 90s, or none for no limit"
+        ], err
 
 
 def test_views_are_shed_first_then_the_members_of_least_weight_then_the_worst_validation_score():
@@ -54,8 +63,7 @@ def test_views_are_shed_first_then_the_members_of_least_weight_then_the_worst_va
     folds = {"fold0": (1.0, 0.30), "fold1": (0.5, 0.20), "fold2": (1.0, 0.40), "fold3": (1.0, 0.35)}
     units = [unit(m, v, w, s) for m, (w, s) in folds.items() for v in ("identity", "flip_left_right", "rotate90")]
     steps = shed_steps(units)
-    assert [what for what, _ in steps] == ["view rotate90", "view flip_left_right", "fold1", "fold2", "fold3",
-                                           "fold0"]
+    assert [what for what, _ in steps] == ["view rotate90", "view flip_left_right", "fold1", "fold2", "fold3", "fold0"]
     assert [u.name for u in steps[0][1]] == ["fold0/rotate90", "fold1/rotate90", "fold2/rotate90", "fold3/rotate90"]
     assert [u.name for u in steps[2][1]] == ["fold1/identity", "fold1/flip_left_right", "fold1/rotate90"]
 
@@ -77,13 +85,19 @@ def test_a_pace_that_falls_midway_sheds_more_and_each_row_averages_the_views_tha
                 clock.batches += 1
             clock.now += 0.004 if clock.batches <= 10 else 0.040
             return tf.fill([int(images.shape[0]), 1], value)
+
         return Unit(member, view, weight, SimpleNamespace(image_size=8, metric={}), step)
 
-    units = [unit("fold0", "identity", 1.0, 1.0), unit("fold0", "flip_left_right", 3.0, 1.0),
-             unit("fold1", "identity", 5.0, 0.5), unit("fold1", "flip_left_right", 7.0, 0.5)]
+    units = [
+        unit("fold0", "identity", 1.0, 1.0),
+        unit("fold0", "flip_left_right", 3.0, 1.0),
+        unit("fold1", "identity", 5.0, 0.5),
+        unit("fold1", "flip_left_right", 7.0, 0.5),
+    ]
     rows = 40 * 8
-    data = tf.data.Dataset.from_tensor_slices({"image": tf.zeros([rows, 8, 8, 3], tf.uint8),
-                                               "id": tf.constant([f"r{i}" for i in range(rows)])}).batch(8)
+    data = tf.data.Dataset.from_tensor_slices(
+        {"image": tf.zeros([rows, 8, 8, 3], tf.uint8), "id": tf.constant([f"r{i}" for i in range(rows)])}
+    ).batch(8)
     plan = TimePlan(units, rows, "5s", 0.1)
     plan.clock, plan.origin = (lambda: clock.now), 0.0  # the kernel starts at 0 on the test's clock
     ids, predictions = predict_rows(units, {8: data}, plan=plan)
@@ -91,21 +105,36 @@ def test_a_pace_that_falls_midway_sheds_more_and_each_row_averages_the_views_tha
     record = plan.record()
     assert ids == [f"r{i}" for i in range(rows)] and record["within_limit"], (out, record)
     # Batch 1 is every unit's warm-up; from batch 2, 4 units x 0.5 ms an image: 304 rows left at 0.032 s end at 0.64 s.
-    assert record["projection"] == {"at_row": 16, "at_seconds": 0.032, "ends_at_seconds": 0.64,
-                                    "images_per_second": 500.0}, record
+    assert record["projection"] == {
+        "at_row": 16,
+        "at_seconds": 0.032,
+        "ends_at_seconds": 0.64,
+        "images_per_second": 500.0,
+    }, record
     # Batch 13 (row 104): the last 3 batches at 40 ms, 5 ms an image for each unit, 216 rows left at 0.64 s: 4.96 s,
     # past the 4.5 s planned. Without the flipped views 2.8 s, and the remaining 27 batches take 2 x 40 ms each.
-    assert record["shed"] == [{"what": ["view flip_left_right"], "at_row": 104, "at_seconds": 0.64,
-                               "projected_seconds": 4.96, "after_seconds": 2.8}], record
+    assert record["shed"] == [
+        {
+            "what": ["view flip_left_right"],
+            "at_row": 104,
+            "at_seconds": 0.64,
+            "projected_seconds": 4.96,
+            "after_seconds": 2.8,
+        }
+    ], record
     assert round(plan.now(), 3) == 2.8 and record["finished_at_seconds"] == 2.8, record
-    assert "nothing to shed" in out and "at row 104 of 320 the pace fell: the rows would end at 5.0s, past the 4.5s " \
-        "planned (5s limit less infer.time_margin=0.1): shedding view flip_left_right; they now end at 2.8s" in out, out
+    assert (
+        "nothing to shed" in out
+        and "at row 104 of 320 the pace fell: the rows would end at 5.0s, past the 4.5s "
+        "planned (5s limit less infer.time_margin=0.1): shedding view flip_left_right; they now end at 2.8s"
+        in out
+    ), out
     # Each row: the weighted mean of the units not yet shed when its batch ran.
     values = {u: float(u.step(tf.zeros([1, 8, 8, 3]))[0, 0]) for u in units}
     for row in range(0, rows, 8):
         ran = units if row < 104 else [units[0], units[2]]
         mean = sum(values[u] * u.weight for u in ran) / sum(u.weight for u in ran)
-        assert np.allclose(predictions[row:row + 8, 0], mean), (row, predictions[row:row + 8, 0], mean, record)
+        assert np.allclose(predictions[row : row + 8, 0], mean), (row, predictions[row : row + 8, 0], mean, record)
     assert np.allclose(predictions[:104, 0], (1 + 3 + 5 * 0.5 + 7 * 0.5) / 3)
     assert np.allclose(predictions[104:, 0], (1 + 5 * 0.5) / 1.5)
 
@@ -119,11 +148,13 @@ def test_a_public_test_of_one_batch_still_projects_the_hidden_set_from_a_full_ba
         def step(images):
             time.sleep(seconds_a_batch)
             return tf.zeros([int(images.shape[0]), 1])
+
         return Unit("fold0", view, 1.0, SimpleNamespace(image_size=8, metric={}), step)
 
     units = [unit("identity", 0.004), unit("flip_left_right", 0.004)]
-    data = tf.data.Dataset.from_tensor_slices({"image": tf.zeros([8, 8, 8, 3], tf.uint8),
-                                               "id": tf.constant([f"r{i}" for i in range(8)])}).batch(32)
+    data = tf.data.Dataset.from_tensor_slices(
+        {"image": tf.zeros([8, 8, 8, 3], tf.uint8), "id": tf.constant([f"r{i}" for i in range(8)])}
+    ).batch(32)
     plan = TimePlan(units, 8, "1h", 0.1)
     plan.origin = time.monotonic()
     predict_rows(units, {8: data}, plan=plan)
@@ -133,9 +164,12 @@ def test_a_public_test_of_one_batch_still_projects_the_hidden_set_from_a_full_ba
     # Each unit: a sleep of 4 ms a batch of 32, 0.125 ms an image at least: 100,000 images take 25 s or more.
     assert [plan.pace[u].recent[-1][0] for u in units] == [32, 32]
     assert 25 <= expected["ends_at_seconds"] < 3240 and expected["would_shed"] == [], expected
-    assert line.startswith("[infer] time: for 100000 test images (infer.expected_test_images), 1 member(s) x 2 view(s) "
-                           "at ") and "(the models' time alone: one public batch measures no reading): nothing to " \
-        "shed" in line, line
+    assert (
+        line.startswith(
+            "[infer] time: for 100000 test images (infer.expected_test_images), 1 member(s) x 2 view(s) at "
+        )
+        and "(the models' time alone: one public batch measures no reading): nothing to shed" in line
+    ), line
 
 
 def kaggle_layout(tmp_path: Path, export: Path) -> tuple[Path, dict]:
@@ -145,8 +179,12 @@ def kaggle_layout(tmp_path: Path, export: Path) -> tuple[Path, dict]:
         shutil.copytree(export, kaggle / "input" / "datasets" / "tester" / "tpu2gpu-model" / f"fold{fold}")
     (tmp_path / "tmp").mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TF_USE_LEGACY_KERAS")}
-    env.update(TPU2GPU_KAGGLE_ROOT=str(kaggle), KAGGLE_KERNEL_RUN_TYPE="Batch", PYTHONDONTWRITEBYTECODE="1",
-               TMPDIR=str(tmp_path / "tmp"))
+    env.update(
+        TPU2GPU_KAGGLE_ROOT=str(kaggle),
+        KAGGLE_KERNEL_RUN_TYPE="Batch",
+        PYTHONDONTWRITEBYTECODE="1",
+        TMPDIR=str(tmp_path / "tmp"),
+    )
     return kaggle, env
 
 
@@ -173,8 +211,14 @@ def run_kernel(kaggle: Path, env: dict, script: Path) -> tuple[subprocess.Comple
     (kaggle / "working").mkdir()
     shutil.copyfile(script, kaggle / "working" / "__script__.py")
     started = time.monotonic()
-    run = subprocess.run(offline([sys.executable, "__script__.py"]), cwd=kaggle / "working", env=env,
-                         capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        offline([sys.executable, "__script__.py"]),
+        cwd=kaggle / "working",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return run, time.monotonic() - started
 
@@ -185,7 +229,8 @@ def time_lines(run) -> list[str]:
 
 @pytest.mark.e2e
 def test_a_code_competition_rerun_sheds_views_to_end_within_the_limit_and_a_limit_that_fits_changes_nothing(
-        tmp_path, demo_records, demo_dir):
+    tmp_path, demo_records, demo_dir
+):
     """One model as 3 folds x 7 views, built into the inference kernel three times on this host's own pace: with no
     limit on the public test, it measures where the public rows end (F) and where the hidden set's, 20 times larger,
     would (E); with a limit planned between the two (the geometric mean, so that either side has the same slack
@@ -196,9 +241,17 @@ def test_a_code_competition_rerun_sheds_views_to_end_within_the_limit_and_a_limi
     several times F (start-up dominates F), so the limit falls well clear of both. The process's own end, interpreter
     teardown included, is allowed a twentieth of the limit past it."""
     backbone = save_tiny_backbone(tmp_path / "backbone", width=32)
-    settings = [f"runtime.tfrecords={demo_records[0]}", f"model.hub_handle={backbone}", "data.image_size=32",
-                "train.fold=0", "train.epochs=1", "train.steps_per_epoch=2", "train.batch_size_per_replica=16",
-                "train.export_float16=false", f"runtime.output_dir={tmp_path / 'trained'}"]
+    settings = [
+        f"runtime.tfrecords={demo_records[0]}",
+        f"model.hub_handle={backbone}",
+        "data.image_size=32",
+        "train.fold=0",
+        "train.epochs=1",
+        "train.steps_per_epoch=2",
+        "train.batch_size_per_replica=16",
+        "train.export_float16=false",
+        f"runtime.output_dir={tmp_path / 'trained'}",
+    ]
     assert train_main([a for s in settings for a in ("--set", s)]) == 0
     kaggle, env = kaggle_layout(tmp_path, tmp_path / "trained" / "export" / "fold0")
     competition = kaggle / "input" / "competitions" / "digit-comp"
@@ -207,8 +260,16 @@ def test_a_code_competition_rerun_sheds_views_to_end_within_the_limit_and_a_limi
     views = f"infer.tta=[{','.join(VIEWS)}]"
 
     def kernel_with(limit: str):
-        config = load_config(None, [*PROJECT, views, f"infer.time_limit={limit}", "infer.time_margin=0.5",
-                                    f"infer.expected_test_images={hidden_size}"])
+        config = load_config(
+            None,
+            [
+                *PROJECT,
+                views,
+                f"infer.time_limit={limit}",
+                "infer.time_margin=0.5",
+                f"infer.expected_test_images={hidden_size}",
+            ],
+        )
         return build(config, tmp_path / f"build-{limit}")["infer"] / "infer.py"
 
     # This host's pace: no limit, the public test's end and the hidden set's projected end.
@@ -231,19 +292,23 @@ def test_a_code_competition_rerun_sheds_views_to_end_within_the_limit_and_a_limi
     record = json.loads((kaggle / "working" / "inference_time.json").read_text())
     assert record["shed"] == [] and record["within_limit"] and record["rows"] == len(public), record
     assert [(u["member"], u["view"], u["images"], u["shed"]) for u in record["units"]] == [
-        (f"fold{k}", view, len(public), False) for k in range(3)
-        for view in ("identity", *VIEWS)]
-    assert re.fullmatch(rf"\[infer\] time: 3 member\(s\) x 7 view\(s\) at \d+ images/s: the {len(public)} rows "
-                        rf"would end at [\d.hms]+ of the {re.escape(clock_text(planned))} planned \({limit} limit "
-                        r"less infer.time_margin=0.5\): nothing to shed", lines[0]), lines
+        (f"fold{k}", view, len(public), False) for k in range(3) for view in ("identity", *VIEWS)
+    ]
+    assert re.fullmatch(
+        rf"\[infer\] time: 3 member\(s\) x 7 view\(s\) at \d+ images/s: the {len(public)} rows "
+        rf"would end at [\d.hms]+ of the {re.escape(clock_text(planned))} planned \({limit} limit "
+        r"less infer.time_margin=0.5\): nothing to shed",
+        lines[0],
+    ), lines
     expected = record["expected"]
     assert expected["images"] == hidden_size and expected["ends_at_seconds"] > planned, (planned, expected)
     # Views first, the last configured first; where the views alone do not end in time, members too.
     would_shed = expected["would_shed"]
-    assert would_shed[:6] == SHED_VIEWS[:len(would_shed)] and would_shed, expected
+    assert would_shed[:6] == SHED_VIEWS[: len(would_shed)] and would_shed, expected
     assert all(member.startswith("fold") for member in would_shed[6:]), expected
-    assert lines[1].startswith(f"[infer] time: for {hidden_size} test images (infer.expected_test_images), "
-                               "3 member(s) x 7 view(s) at "), lines
+    assert lines[1].startswith(
+        f"[infer] time: for {hidden_size} test images (infer.expected_test_images), 3 member(s) x 7 view(s) at "
+    ), lines
     assert f"a rerun would shed {', '.join(expected['would_shed'])} and end at " in lines[1], lines
     assert (kaggle / "working" / "submission.csv").read_bytes() == unlimited
 
@@ -258,7 +323,7 @@ def test_a_code_competition_rerun_sheds_views_to_end_within_the_limit_and_a_limi
     assert wall < 2 * planned * 1.05, (wall, report)
     assert record["projection"]["ends_at_seconds"] > planned, report  # the whole ensemble would not end in time
     shed = [what for step in record["shed"] for what in step["what"]]
-    assert shed[:6] == SHED_VIEWS[:len(shed)] and shed, report  # views first, the last configured first
+    assert shed[:6] == SHED_VIEWS[: len(shed)] and shed, report  # views first, the last configured first
     ran = {(u["member"], u["view"]): u for u in record["units"]}
     assert not ran[("fold0", "identity")]["shed"] and ran[("fold0", "identity")]["images"] == len(hidden), report
     assert all(u["images"] < len(hidden) for u in record["units"] if u["shed"]), report

@@ -33,15 +33,38 @@ from image_envs import environment, kaggle_env, macro_f1, run_inference
 pytestmark = pytest.mark.e2e  # the built kernels, in child interpreters
 
 REPO = Path(__file__).resolve().parents[1]
-TORCH_IMAGE = ["tensorflow-cpu==2.20.0", "torch==2.8.0", "torch_xla==2.8.0", "timm", "keras", "scikit-learn",
-               "matplotlib", "pillow", "absl-py", "regex", "rich", "kagglehub!=1.0.1", "kagglesdk==0.1.28",
-               "sentencepiece", "tokenizers"]
+TORCH_IMAGE = [
+    "tensorflow-cpu==2.20.0",
+    "torch==2.8.0",
+    "torch_xla==2.8.0",
+    "timm",
+    "keras",
+    "scikit-learn",
+    "matplotlib",
+    "pillow",
+    "absl-py",
+    "regex",
+    "rich",
+    "kagglehub!=1.0.1",
+    "kagglesdk==0.1.28",
+    "sentencepiece",
+    "tokenizers",
+]
 KERAS_HUB = ("keras-hub",)  # its own requirements above, less tensorflow-text
 BACKBONE = "/kaggle/input/datasets/tester/tiny-timm-backbone/timm_backbone"
-PROJECT = ["kaggle.owner=tester", "kaggle.competition=digit-comp", "train.framework=auto", "model.backbone=timm",
-           f"model.timm_model={BACKBONE}", "kaggle.dataset_sources=[tester/tiny-timm-backbone]",
-           "runtime.competition_dir=digit-comp", "runtime.tfrecords=", "runtime.output_dir=", "runtime.cpu_devices=2",
-           *TORCH_SETTINGS]  # the demo's torch_xla run
+PROJECT = [
+    "kaggle.owner=tester",
+    "kaggle.competition=digit-comp",
+    "train.framework=auto",
+    "model.backbone=timm",
+    f"model.timm_model={BACKBONE}",
+    "kaggle.dataset_sources=[tester/tiny-timm-backbone]",
+    "runtime.competition_dir=digit-comp",
+    "runtime.tfrecords=",
+    "runtime.output_dir=",
+    "runtime.cpu_devices=2",
+    *TORCH_SETTINGS,
+]  # the demo's torch_xla run
 
 
 @pytest.mark.torch_image
@@ -50,8 +73,12 @@ def test_the_built_kernels_train_on_torch_xla_in_the_tpu_image_and_score_with_te
 
     image = environment("torch-image-2.8.0-tf2.20.0", TORCH_IMAGE, KERAS_HUB)
     tensorflow_only = environment("tf2.19.1", ["tensorflow-cpu==2.19.1", "pillow"])
-    wrong_order = subprocess.run([image, "-c", "import tensorflow, torch_xla"], capture_output=True, text=True,
-                                 env={"PJRT_DEVICE": "CPU", "TF_CPP_MIN_LOG_LEVEL": "3"})
+    wrong_order = subprocess.run(
+        [image, "-c", "import tensorflow, torch_xla"],
+        capture_output=True,
+        text=True,
+        env={"PJRT_DEVICE": "CPU", "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
     print(f"tensorflow-cpu 2.20.0, then torch_xla 2.8.0: exit {wrong_order.returncode}")
     assert wrong_order.returncode != 0  # the image's pair: the kernel must take torch_xla first
 
@@ -62,10 +89,22 @@ def test_the_built_kernels_train_on_torch_xla_in_the_tpu_image_and_score_with_te
     save_tiny_timm_backbone(kaggle / BACKBONE.removeprefix("/kaggle/"))
     (kaggle / "working").mkdir()
     shutil.copyfile(folders["train"] / "train.py", kaggle / "working" / "__script__.py")
-    train = subprocess.run(offline([str(image), "__script__.py"]), cwd=kaggle / "working", capture_output=True,
-                           text=True, env=kaggle_env(kaggle, tmp_path / "tmp"))
-    print("\n".join(line for line in train.stdout.splitlines() if line.startswith(
-        ("framework", "devices", "precision", "[train] fold", "[torch_xla] epoch 1:", "[torch_xla] epoch 25:"))))
+    train = subprocess.run(
+        offline([str(image), "__script__.py"]),
+        cwd=kaggle / "working",
+        capture_output=True,
+        text=True,
+        env=kaggle_env(kaggle, tmp_path / "tmp"),
+    )
+    print(
+        "\n".join(
+            line
+            for line in train.stdout.splitlines()
+            if line.startswith(
+                ("framework", "devices", "precision", "[train] fold", "[torch_xla] epoch 1:", "[torch_xla] epoch 25:")
+            )
+        )
+    )
     assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
     assert "framework     torch 2.8.0" in train.stdout and "torch_xla 2.8.0" in train.stdout
     assert "devices       2 x cpu XLA device(s); SPMD data parallel" in train.stdout
@@ -76,9 +115,11 @@ def test_the_built_kernels_train_on_torch_xla_in_the_tpu_image_and_score_with_te
     assert runtime["framework"] == "torch_xla" and runtime["tensorflow"] == "2.20.0" and runtime["devices"] == "2 x cpu"
     assert metrics["optimizer_steps"] == metrics["epochs"] * metrics["steps_per_epoch"]
     difference = card["verification"]["max_abs_diff"]["float32"]
-    print(f"torch {runtime['torch']}, torch_xla {runtime['torch_xla']}, timm {runtime['timm']}: "
-          f"{metrics['optimizer_steps']} optimiser steps; export max abs difference from the torch model "
-          f"{difference:.1e}")
+    print(
+        f"torch {runtime['torch']}, torch_xla {runtime['torch_xla']}, timm {runtime['timm']}: "
+        f"{metrics['optimizer_steps']} optimiser steps; export max abs difference from the torch model "
+        f"{difference:.1e}"
+    )
     assert difference <= 1e-4
 
     infer = run_inference(tensorflow_only, folders, kaggle, export, tmp_path / "tmp")

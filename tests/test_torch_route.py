@@ -19,8 +19,9 @@ from builders import kill_after_epochs
 from inexact_float32 import TORCH_XLA_BFLOAT16
 
 REPO = Path(__file__).resolve().parents[1]
-needs_torch_xla = pytest.mark.skipif(bool(torch_xla_missing()), reason=f"{torch_xla_missing()} not installed "
-                                     "(./dev test installs the torch extra)")
+needs_torch_xla = pytest.mark.skipif(
+    bool(torch_xla_missing()), reason=f"{torch_xla_missing()} not installed (./dev test installs the torch extra)"
+)
 
 
 def test_an_architecture_the_export_cannot_rebuild_is_refused_by_the_config_and_by_build(tmp_path, capsys):
@@ -29,17 +30,37 @@ def test_an_architecture_the_export_cannot_rebuild_is_refused_by_the_config_and_
 
     from tpu2gpu.cli import main as cli
 
-    with pytest.raises(ConfigError, match=r"model.timm_model='vit_base_patch16_224' is not an architecture the export "
-                                          r"can rebuild under TensorFlow \(keras-hub's timm converters\): "
-                                          r"efficientnet_b0, efficientnet_b1, .*, resnet18, .* Fix: one of those"):
+    with pytest.raises(
+        ConfigError,
+        match=r"model.timm_model='vit_base_patch16_224' is not an architecture the export "
+        r"can rebuild under TensorFlow \(keras-hub's timm converters\): "
+        r"efficientnet_b0, efficientnet_b1, .*, resnet18, .* Fix: one of those",
+    ):
         load_config(None, ["model.backbone=timm", "model.timm_model=vit_base_patch16_224"])
-    assert cli(["build", "--out", str(tmp_path / "build"), "--set", "model.backbone=timm", "--set",
-                "model.timm_model=convnext_tiny"]) == 2
-    assert "error: model.timm_model='convnext_tiny' is not an architecture the export can rebuild" in \
-        capsys.readouterr().err
+    assert (
+        cli(
+            [
+                "build",
+                "--out",
+                str(tmp_path / "build"),
+                "--set",
+                "model.backbone=timm",
+                "--set",
+                "model.timm_model=convnext_tiny",
+            ]
+        )
+        == 2
+    )
+    assert (
+        "error: model.timm_model='convnext_tiny' is not an architecture the export can rebuild"
+        in capsys.readouterr().err
+    )
     assert not (tmp_path / "build").exists()
-    with pytest.raises(ConfigError, match=r"model.backbone=timm is not trained by train.framework=tf_keras \(it "
-                                          r"trains \['hub', 'efficientnet'\]\). Fix: train.framework=torch_xla"):
+    with pytest.raises(
+        ConfigError,
+        match=r"model.backbone=timm is not trained by train.framework=tf_keras \(it "
+        r"trains \['hub', 'efficientnet'\]\). Fix: train.framework=torch_xla",
+    ):
         load_config(None, ["model.backbone=timm", "train.framework=tf_keras"])
     assert load_config(None, ["model.backbone=timm"]).model.timm_model == "efficientnet_b0"  # auto takes torch_xla
 
@@ -55,8 +76,10 @@ def test_a_folder_of_an_architecture_the_export_cannot_rebuild_is_refused(tmp_pa
     (folder / "config.json").write_text(json.dumps({"architecture": "convnext_tiny"}))
     (folder / "model.safetensors").write_bytes(b"")
     cfg = load_config(None, ["model.backbone=timm", f"model.timm_model={folder}"])
-    with pytest.raises(ConfigError, match=f"{folder}/config.json holds a convnext_tiny model, which the export cannot "
-                                          "rebuild under TensorFlow"):
+    with pytest.raises(
+        ConfigError,
+        match=f"{folder}/config.json holds a convnext_tiny model, which the export cannot rebuild under TensorFlow",
+    ):
         timm_source(cfg.model)
 
 
@@ -73,13 +96,17 @@ def test_a_timm_folder_whose_weights_cannot_be_read_is_one_named_error(tmp_path,
     cut = shutil.copytree(tiny_timm_backbone, tmp_path / "cut")
     (cut / "model.safetensors").write_bytes((tiny_timm_backbone / "model.safetensors").read_bytes()[:1000])
     other = save_tiny_timm_backbone(tmp_path / "other")
-    (other / "config.json").write_text((other / "config.json").read_text().replace("mobilenetv3_small_050",
-                                                                                   "mobilenetv3_small_100"))
+    (other / "config.json").write_text(
+        (other / "config.json").read_text().replace("mobilenetv3_small_050", "mobilenetv3_small_100")
+    )
     for folder, cause in ((cut, "SafetensorError"), (other, "RuntimeError")):
         cfg = load_config(None, ["model.backbone=timm", f"model.timm_model={folder}"])
-        with pytest.raises(ConfigError, match=f"{folder}/model.safetensors cannot be read as the weights of its "
-                                              f"config.json's mobilenetv3_small_(050|100) \\({cause}: .*\\). Fix: "
-                                              "write the folder again with timm.models.save_for_hf"):
+        with pytest.raises(
+            ConfigError,
+            match=f"{folder}/model.safetensors cannot be read as the weights of its "
+            f"config.json's mobilenetv3_small_(050|100) \\({cause}: .*\\). Fix: "
+            "write the folder again with timm.models.save_for_hf",
+        ):
             create_backbone(cfg.model)
 
 
@@ -143,43 +170,56 @@ def test_a_model_dynamo_cannot_capture_as_one_graph_is_one_line_naming_the_lazy_
     model = Breaks()
     optimizer = torch.optim.Adam(model.parameters())
     for p in model.parameters():  # as backend.build makes them
-        optimizer.state[p] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p),
-                              "exp_avg_sq": torch.zeros_like(p)}
+        optimizer.state[p] = {
+            "step": torch.tensor(0.0),
+            "exp_avg": torch.zeros_like(p),
+            "exp_avg_sq": torch.zeros_like(p),
+        }
     before = [p.detach().clone() for p in model.parameters()]
     step = CompiledStep(model, optimizer, lambda targets, outputs: (outputs - targets).square().sum(-1))
     with pytest.raises(ConfigError) as refused:
         step(torch.ones(3, 4), torch.ones(3, 2), 1e-3)
-    assert re.fullmatch(r"train.torch_step=compiled: torch.compile \(dynamo\) could not capture this model's training "
-                        r"step as one graph \(Unsupported: Graph break[^\n]*\)\. Fix: --set "
-                        r"train.torch_step=lazy \(the same training, its step traced lazily each step\)",
-                        str(refused.value)), str(refused.value)
+    assert re.fullmatch(
+        r"train.torch_step=compiled: torch.compile \(dynamo\) could not capture this model's training "
+        r"step as one graph \(Unsupported: Graph break[^\n]*\)\. Fix: --set "
+        r"train.torch_step=lazy \(the same training, its step traced lazily each step\)",
+        str(refused.value),
+    ), str(refused.value)
     assert all(torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True))
     assert all(float(s["step"]) == 0 and not s["exp_avg"].any() for s in optimizer.state.values())
 
 
 def test_where_the_route_cannot_run_it_is_one_line_naming_the_routes_that_can(monkeypatch):
     missing = route_refusal(monkeypatch, missing=["torch_xla"])  # one process: KERAS_DISTRIBUTION_NUM_PROCESSES=1
-    assert missing.startswith("train.framework=torch_xla needs torch, torch_xla and timm, and this environment lacks "
-                              "torch_xla. Kaggle's TPU image ships them; elsewhere `pip install -e '.[torch]'`")
-    assert missing.endswith("Fix: train.framework=tf_keras (a TPU with its TensorFlow stack, GPUs, the CPU) or "
-                            "keras_jax (the TPU as Kaggle's image ships it, GPUs, several hosts)")
+    assert missing.startswith(
+        "train.framework=torch_xla needs torch, torch_xla and timm, and this environment lacks "
+        "torch_xla. Kaggle's TPU image ships them; elsewhere `pip install -e '.[torch]'`"
+    )
+    assert missing.endswith(
+        "Fix: train.framework=tf_keras (a TPU with its TensorFlow stack, GPUs, the CPU) or "
+        "keras_jax (the TPU as Kaggle's image ships it, GPUs, several hosts)"
+    )
     assert route_refusal(monkeypatch, processes=2).startswith(
         "the torch_xla route trains on the XLA devices of one host; this job has several processes (runtime.multihost "
-        "or KERAS_DISTRIBUTION_*). Fix: train.framework=keras_jax")
+        "or KERAS_DISTRIBUTION_*). Fix: train.framework=keras_jax"
+    )
     assert route_refusal(monkeypatch, cuda=True).startswith(
         "the torch_xla route runs on a TPU or on the CPU: torch_xla from the package index has no CUDA devices, and "
-        "this machine has NVIDIA GPUs. Fix: train.framework=tf_keras")
+        "this machine has NVIDIA GPUs. Fix: train.framework=tf_keras"
+    )
     # This process has imported TensorFlow: importing torch_xla now would abort it, so the route refuses first.
     assert "tensorflow" in sys.modules
     assert route_refusal(monkeypatch).startswith(
-        "TensorFlow was imported before torch_xla, and torch_xla imported after it aborts the process")
+        "TensorFlow was imported before torch_xla, and torch_xla imported after it aborts the process"
+    )
     assert "torch_xla" not in sys.modules
 
 
 @needs_torch_xla
 @pytest.mark.e2e
 def test_a_timm_model_trains_resumes_after_a_kill_and_exports_the_same_contract_verified(
-        demo_records, tiny_timm_backbone, tmp_path):
+    demo_records, tiny_timm_backbone, tmp_path
+):
     """Two XLA CPU devices, 3 epochs of 4 steps, the weights' moving average on: SIGKILLed once epoch 1 is
     checkpointed, the same command resumes at epoch 2 (the optimiser at step 4) and finishes; every graph is compiled
     in the process's first epoch, none after (the average's swaps for scoring included); on XLA CPU devices the compile
@@ -187,11 +227,22 @@ def test_a_timm_model_trains_resumes_after_a_kill_and_exports_the_same_contract_
     process (the TF-only inference kernel scores torch_xla exports in test_torch_tasks.py and test_real_weights.py)."""
     records_dir, _ = demo_records
     out = tmp_path / "train"
-    settings = ["train.framework=torch_xla", "model.backbone=timm", f"model.timm_model={tiny_timm_backbone}",
-                "runtime.cpu_devices=2", "data.image_size=16", "train.fold=0", "train.epochs=3",
-                "train.steps_per_epoch=4", "train.batch_size_per_replica=16", "train.learning_rate=0.01",
-                "train.ema=0.9", "train.export_float16=false", f"runtime.tfrecords={records_dir}",
-                f"runtime.output_dir={out}"]
+    settings = [
+        "train.framework=torch_xla",
+        "model.backbone=timm",
+        f"model.timm_model={tiny_timm_backbone}",
+        "runtime.cpu_devices=2",
+        "data.image_size=16",
+        "train.fold=0",
+        "train.epochs=3",
+        "train.steps_per_epoch=4",
+        "train.batch_size_per_replica=16",
+        "train.learning_rate=0.01",
+        "train.ema=0.9",
+        "train.export_float16=false",
+        f"runtime.tfrecords={records_dir}",
+        f"runtime.output_dir={out}",
+    ]
     command = [sys.executable, "-m", "train_tpu.train", *[a for s in settings for a in ("--set", s)]]
     env = {**os.environ, **TORCH_XLA_BFLOAT16}  # the XLA devices' float32 as inexact as a TPU's, and coarser
     assert kill_after_epochs(command, out / "work" / "fold0" / "checkpoints" / "progress.json", 1, 600, env) == 1
@@ -202,11 +253,16 @@ def test_a_timm_model_trains_resumes_after_a_kill_and_exports_the_same_contract_
     assert "[train] resuming from the checkpoint after epoch 1" in log and "[train] epoch 1:" not in log
     # torch_xla 2.9's CPU client cannot read a compiled graph back ("Deserializing serialized executable not
     # supported"): the cache is a TPU's, and here the resumed process compiles its graphs again, counted in the log.
-    assert ("[torch_xla] compile cache: not used on cpu XLA devices (torch_xla's cpu client cannot read a compiled "
-            "graph back); each graph compiles once in the run's process, every fold reusing it") in log
-    assert re.search(r"\[train\] epoch 2: step 8, \d+ ms/step; .*; [\d.]+ s: first execution [\d.]+ s \(1 step\(s\)\), "
-                     r"training [\d.]+ s, compile [\d.]+ s "
-                     r"\(\d+ program\(s\), 0 from the cache\), validation", log)
+    assert (
+        "[torch_xla] compile cache: not used on cpu XLA devices (torch_xla's cpu client cannot read a compiled "
+        "graph back); each graph compiles once in the run's process, every fold reusing it"
+    ) in log
+    assert re.search(
+        r"\[train\] epoch 2: step 8, \d+ ms/step; .*; [\d.]+ s: first execution [\d.]+ s \(1 step\(s\)\), "
+        r"training [\d.]+ s, compile [\d.]+ s "
+        r"\(\d+ program\(s\), 0 from the cache\), validation",
+        log,
+    )
     # Exactly the planned steps, counted on from the checkpoint; every graph compiled in the first epoch, none after.
     assert re.search(r"\[train\] epoch 2: step 8, \d+ ms/step", log) and re.search(r"epoch 3: step 12, ", log)
     # The step's graph once: a first step that traced another graph (Adam's slots made in it, the weights' sharding
@@ -223,8 +279,10 @@ def test_a_timm_model_trains_resumes_after_a_kill_and_exports_the_same_contract_
     # (bfloat16 here) is recorded beside it.
     verification = card["verification"]
     difference, device = verification["max_abs_diff"]["float32"], verification["device_max_abs_diff"]
-    print(f"torch_xla export against the torch model on the CPU: max abs difference {difference:.1e}; the XLA "
-          f"devices' float32 {device:.1e} from it")
+    print(
+        f"torch_xla export against the torch model on the CPU: max abs difference {difference:.1e}; the XLA "
+        f"devices' float32 {device:.1e} from it"
+    )
     assert difference <= 1e-4 < device
     assert verification["device"] == "2 x cpu XLA device(s) with XLA_USE_BF16=1 (bfloat16 storage)"
 
@@ -289,7 +347,8 @@ print("COUNTED", json.dumps({"seen": seen, "planned": [result.plan.learning_rate
 @needs_torch_xla
 @pytest.mark.e2e
 def test_one_and_two_xla_devices_compiled_and_lazy_train_the_planned_steps_at_the_planned_rate_to_the_same_weights(
-        demo_records, tiny_timm_backbone, tmp_path):
+    demo_records, tiny_timm_backbone, tmp_path
+):
     """The same global batch of 32 on 1 XLA CPU device with the compiled step (train.torch_step=compiled, the default)
     and on 2 with the lazy one (both children at once, one core each): 6 steps an epoch, the plan's warm-up + cosine
     rate at every step, the same losses step by step, the same gradients, the same validation outputs and the same
@@ -301,23 +360,43 @@ def test_one_and_two_xla_devices_compiled_and_lazy_train_the_planned_steps_at_th
     records_dir, _ = demo_records
     children, STEPS = {}, {1: "compiled", 2: "lazy"}
     for devices in (1, 2):
-        settings = ["train.framework=torch_xla", "model.backbone=timm", f"model.timm_model={tiny_timm_backbone}",
-                    f"runtime.cpu_devices={devices}", f"train.torch_step={STEPS[devices]}", "data.image_size=16",
-                    "data.augment=false",
-                    "data.deterministic=true", "model.dropout=0", "train.fold=0", "train.epochs=2",
-                    "train.steps_per_epoch=6", "train.batch_size=32", "train.warmup_epochs=1", "train.keep=last",
-                    "train.learning_rate=0.01", "train.ema=0.9"]
+        settings = [
+            "train.framework=torch_xla",
+            "model.backbone=timm",
+            f"model.timm_model={tiny_timm_backbone}",
+            f"runtime.cpu_devices={devices}",
+            f"train.torch_step={STEPS[devices]}",
+            "data.image_size=16",
+            "data.augment=false",
+            "data.deterministic=true",
+            "model.dropout=0",
+            "train.fold=0",
+            "train.epochs=2",
+            "train.steps_per_epoch=6",
+            "train.batch_size=32",
+            "train.warmup_epochs=1",
+            "train.keep=last",
+            "train.learning_rate=0.01",
+            "train.ema=0.9",
+        ]
         children[devices] = subprocess.Popen(
             [sys.executable, "-c", COUNTED_FOLD, json.dumps(settings), str(records_dir), str(tmp_path / f"{devices}")],
-            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
     logs = {devices: child.communicate(timeout=900)[0] for devices, child in children.items()}
     for devices, child in children.items():
         assert child.returncode == 0, logs[devices][-4000:]
     counted = {d: json.loads(log.split("COUNTED ")[1].splitlines()[0]) for d, log in logs.items()}
     assert "[torch_xla] training step: compiled (train.torch_step): " in logs[1]
     assert "[torch_xla] training step: lazy (train.torch_step=lazy)" in logs[2]
-    assert re.search(r"\[torch_xla\] epoch 2: 0 graph\(s\) compiled .*; compiled step: host \d+% of \d+ ms a step "
-                     r"\(the devices computed \d+ ms\)", logs[1]), logs[1][-3000:]
+    assert re.search(
+        r"\[torch_xla\] epoch 2: 0 graph\(s\) compiled .*; compiled step: host \d+% of \d+ ms a step "
+        r"\(the devices computed \d+ ms\)",
+        logs[1],
+    ), logs[1][-3000:]
     compiled, lazy = counted[1]["losses"], counted[2]["losses"]
     loss_gap = max(abs(a - b) / b for a, b in zip(compiled, lazy, strict=True))
     for devices, count in counted.items():
@@ -341,19 +420,24 @@ def test_one_and_two_xla_devices_compiled_and_lazy_train_the_planned_steps_at_th
     peak = counted[1]["peak"]
     for devices in (1, 2):  # the moving average kept on the devices is its definition's, and what the model ends with
         averages = torch.load(tmp_path / f"{devices}" / "averages.pt", weights_only=True)
-        ema_gap = max(float((a - b).abs().max()) for a, b in zip(averages["reference"], averages["backend"],
-                                                                  strict=True))
+        ema_gap = max(
+            float((a - b).abs().max()) for a, b in zip(averages["reference"], averages["backend"], strict=True)
+        )
         assert ema_gap <= 1e-6, (devices, ema_gap)
         assert all(torch.equal(a, m) for a, m in zip(averages["backend"], averages["model"], strict=True))
     worst = max(weights, key=lambda k: float((one[k].float() - two[k].float()).abs().max()))
     outputs = [torch.load(tmp_path / f"{d}" / "validation.pt", weights_only=True) for d in (1, 2)]
     outputs_gap = float((outputs[0] - outputs[1]).abs().max())
-    print(f"torch_xla, compiled on 1 XLA device against lazy on 2: losses of the 12 steps at most {loss_gap:.1e} "
-          "apart (relative)")
-    print(f"torch_xla, 1 XLA device against 2 on the same global batch: gradients max abs difference {gap:.1e} "
-          f"(largest gradient {scale:.1e}); weights after 12 Adam steps max abs difference {difference:.1e} "
-          f"(peak rate {peak:.1e}; at {worst}); batch-norm statistics max abs difference {drift:.1e}; "
-          f"validation probabilities max abs difference {outputs_gap:.1e}")
+    print(
+        f"torch_xla, compiled on 1 XLA device against lazy on 2: losses of the 12 steps at most {loss_gap:.1e} "
+        "apart (relative)"
+    )
+    print(
+        f"torch_xla, 1 XLA device against 2 on the same global batch: gradients max abs difference {gap:.1e} "
+        f"(largest gradient {scale:.1e}); weights after 12 Adam steps max abs difference {difference:.1e} "
+        f"(peak rate {peak:.1e}; at {worst}); batch-norm statistics max abs difference {drift:.1e}; "
+        f"validation probabilities max abs difference {outputs_gap:.1e}"
+    )
     # Like with like: both sides on XLA CPU devices in float32 (exact there), only the split differs.
     assert gap <= 1e-5 * scale, "gradients: 1 against 2 XLA CPU devices, both float32"
     # Lazy on both sides: 5.2e-7 (measured). The compiled step is forward, gradients and Adam fused into one XLA

@@ -26,14 +26,23 @@ import pytest
 from builders import SHAPES, read_csv, run_inference_kernels, task_competition
 
 REPO = Path(__file__).resolve().parents[1]
-pytestmark = [pytest.mark.e2e,
-              pytest.mark.skipif(bool(torch_xla_missing()), reason=f"{torch_xla_missing()} not installed (./dev "
-                                 "test installs the torch extra)")]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        bool(torch_xla_missing()), reason=f"{torch_xla_missing()} not installed (./dev test installs the torch extra)"
+    ),
+]
 
-EXTRA = {"binary": ["data.group_column=patient_id", "data.mixup_prob=0.5", "data.cutmix_prob=0.5",
-                    "train.label_smoothing=0.1"],
-         "multilabel": ["train.ema=0.8", "train.keep=last"],
-         "regression": ["train.epochs=6", "train.learning_rate=0.05"]}
+EXTRA = {
+    "binary": [
+        "data.group_column=patient_id",
+        "data.mixup_prob=0.5",
+        "data.cutmix_prob=0.5",
+        "train.label_smoothing=0.1",
+    ],
+    "multilabel": ["train.ema=0.8", "train.keep=last"],
+    "regression": ["train.epochs=6", "train.learning_rate=0.05"],
+}
 # Held-out scores after 4 epochs of 8 steps (6 at half the rate for regression) of 128 images at 16 px (tiny data, a
 # random MobileNetV3), measured here: AUC 0.957-0.974, samples-F1 0.88-0.90, RMSE 18.9. The bars leave room for the
 # noise seen between runs (not traced) and sit above the trivial answers: AUC 0.5, samples-F1 0.74 (every label for
@@ -57,18 +66,38 @@ TASKS = ("binary", "multilabel", "regression")
 def inference_argv(task: str, exports: Path, competition: Path, out: Path) -> list[str]:
     """The inference kernel's arguments for the task's exports on its competition: no training config, the card says
     what the task is; the template's id column named."""
-    return ["--set", f"infer.exports=[{exports}]", "--set", f"runtime.competition_dir={competition}", "--set",
-            f"data.id_column={SHAPES[task][0]}", "--set", f"runtime.output_dir={out}"]
+    return [
+        "--set",
+        f"infer.exports=[{exports}]",
+        "--set",
+        f"runtime.competition_dir={competition}",
+        "--set",
+        f"data.id_column={SHAPES[task][0]}",
+        "--set",
+        f"runtime.output_dir={out}",
+    ]
 
 
 def settings(task: str, timm_folder: Path) -> list[str]:
     id_col, target_col = SHAPES[task][:2]
-    return ["train.framework=torch_xla", "model.backbone=timm", f"model.timm_model={timm_folder}",
-            "runtime.cpu_devices=2", f"data.task={task}", f"data.id_column={id_col}", f"data.label_column={target_col}",
-            "data.image_size=16", "data.flip_left_right=false", "train.fold=0", "train.epochs=4",
-            "train.steps_per_epoch=8", "train.batch_size_per_replica=64", "train.learning_rate=0.1",
-            "train.export_float16=false",
-            *EXTRA[task]]
+    return [
+        "train.framework=torch_xla",
+        "model.backbone=timm",
+        f"model.timm_model={timm_folder}",
+        "runtime.cpu_devices=2",
+        f"data.task={task}",
+        f"data.id_column={id_col}",
+        f"data.label_column={target_col}",
+        "data.image_size=16",
+        "data.flip_left_right=false",
+        "train.fold=0",
+        "train.epochs=4",
+        "train.steps_per_epoch=8",
+        "train.batch_size_per_replica=64",
+        "train.learning_rate=0.1",
+        "train.export_float16=false",
+        *EXTRA[task],
+    ]
 
 
 def held_out_score(task: str, values: list[str], answers: list[dict]) -> float:
@@ -81,27 +110,46 @@ def held_out_score(task: str, values: list[str], answers: list[dict]) -> float:
     if task == "regression":
         return float(root_mean_squared_error([float(t) for t in truth], [float(v) for v in values]))
     labels = MultiLabelBinarizer().fit([t.split() for t in truth])
-    return float(f1_score(labels.transform([t.split() for t in truth]), labels.transform([v.split() for v in values]),
-                          average="samples"))
+    return float(
+        f1_score(
+            labels.transform([t.split() for t in truth]),
+            labels.transform([v.split() for v in values]),
+            average="samples",
+        )
+    )
 
 
 @pytest.mark.slow
 def test_each_task_trains_on_torch_xla_exports_the_same_contract_and_the_tf_only_kernel_scores_it(
-        tmp_path, demo_dir, tiny_timm_backbone):
+    tmp_path, demo_dir, tiny_timm_backbone
+):
     from tpu2gpu.cli import main as cli_main
 
     runs, inference, answers_of = [], [], {}
     for task in TASKS:
         competition, answers_of[task] = task_competition(demo_dir, tmp_path / task / "competition", task)
         flags = [a for s in settings(task, tiny_timm_backbone) for a in ("--set", s)]
-        assert cli_main(["tfrecords", "--competition", str(competition), "--out", str(tmp_path / task / "records"),
-                         *flags]) == 0
-        runs.append([*flags, "--set", f"runtime.tfrecords={tmp_path / task / 'records'}", "--set",
-                     f"runtime.output_dir={tmp_path / task / 'train'}"])
-        inference.append(inference_argv(task, tmp_path / task / "train" / "export", competition,
-                                        tmp_path / task / "infer"))
-    run = subprocess.run([sys.executable, "-c", RUN_KERNELS, json.dumps(runs)], cwd=REPO, capture_output=True,
-                         text=True, timeout=900)
+        assert (
+            cli_main(
+                ["tfrecords", "--competition", str(competition), "--out", str(tmp_path / task / "records"), *flags]
+            )
+            == 0
+        )
+        runs.append(
+            [
+                *flags,
+                "--set",
+                f"runtime.tfrecords={tmp_path / task / 'records'}",
+                "--set",
+                f"runtime.output_dir={tmp_path / task / 'train'}",
+            ]
+        )
+        inference.append(
+            inference_argv(task, tmp_path / task / "train" / "export", competition, tmp_path / task / "infer")
+        )
+    run = subprocess.run(
+        [sys.executable, "-c", RUN_KERNELS, json.dumps(runs)], cwd=REPO, capture_output=True, text=True, timeout=900
+    )
     log = run.stdout + run.stderr
     assert run.returncode == 0, log[-5000:]
     assert log.count("devices       2 x cpu XLA device(s); SPMD data parallel") == 3
@@ -118,8 +166,10 @@ def test_each_task_trains_on_torch_xla_exports_the_same_contract_and_the_tf_only
         assert [r[id_col] for r in submission] == [a["id"] for a in answers]  # the template's rows, in its order
         metric, bar = BARS[task]
         score = held_out_score(task, [r[target_col] for r in submission], answers)
-        print(f"{task} on torch_xla: validation {metric} {card['metrics'][metric]:.4f}, held-out {score:.4f}; export "
-              f"max abs difference from the torch model {difference:.1e}")
+        print(
+            f"{task} on torch_xla: validation {metric} {card['metrics'][metric]:.4f}, held-out {score:.4f}; export "
+            f"max abs difference from the torch model {difference:.1e}"
+        )
         assert card["metric"]["name"] == metric
         assert difference <= 1e-4
         assert (score <= bar) if metric == "rmse" else (score >= bar), (task, score)
@@ -180,9 +230,19 @@ def export_untrained(task_name: str, competition: Path, timm_folder: Path, expor
     from common.training.backends.pytorch.export import export
 
     id_col, target_col = SHAPES[task_name][:2]
-    cfg = load_config(None, ["train.framework=torch_xla", "model.backbone=timm", f"model.timm_model={timm_folder}",
-                             f"data.task={task_name}", f"data.id_column={id_col}", f"data.label_column={target_col}",
-                             f"data.image_size={IMAGE_SIZE}", "train.export_float16=false"])
+    cfg = load_config(
+        None,
+        [
+            "train.framework=torch_xla",
+            "model.backbone=timm",
+            f"model.timm_model={timm_folder}",
+            f"data.task={task_name}",
+            f"data.id_column={id_col}",
+            f"data.label_column={target_col}",
+            f"data.image_size={IMAGE_SIZE}",
+            "train.export_float16=false",
+        ],
+    )
     task, rows = get_task(task_name), read_csv(competition / "train.csv")
     labels, class_names, label_type = task.encode([r[target_col] for r in rows], [r[id_col] for r in rows])
     images = image_array(competition / "train" / f"{r[id_col]}.png" for r in rows)
@@ -190,17 +250,25 @@ def export_untrained(task_name: str, competition: Path, timm_folder: Path, expor
     model = model_whose_outputs_vary(cfg, task, width, images)
     predictions = torch_predictions(model, images, scaling)
     thresholds = task.choose_thresholds(labels, predictions)
-    card = ModelCard.create(task, class_names, IMAGE_SIZE, label_type=label_type, thresholds=thresholds,
-                            target_scaling=scaling, runtime={"framework": "torch_xla"}, config=config_to_dict(cfg),
-                            metric={"name": task.default_metric,
-                                    "value": task.score(task.default_metric, labels, predictions, thresholds)})
+    card = ModelCard.create(
+        task,
+        class_names,
+        IMAGE_SIZE,
+        label_type=label_type,
+        thresholds=thresholds,
+        target_scaling=scaling,
+        runtime={"framework": "torch_xla"},
+        config=config_to_dict(cfg),
+        metric={"name": task.default_metric, "value": task.score(task.default_metric, labels, predictions, thresholds)},
+    )
     backend = SimpleNamespace(model=model, cfg=cfg, plan=SimpleNamespace(outputs=width, task=task))
     export(backend, export_dir, ExportContents(card, images[:8], {}, scaling))
     return model, scaling, thresholds
 
 
 def test_each_task_types_torch_model_exports_the_same_contract_and_the_tf_only_kernel_predicts_what_it_does(
-        tmp_path, demo_dir, tiny_timm_backbone):
+    tmp_path, demo_dir, tiny_timm_backbone
+):
     """For each task type, the export's check against the torch model on its verify images, and the inference
     kernel's outputs (probabilities.csv) for all 360 test images against the torch model's own, both sides on the
     CPU in float32 (plain torch; TensorFlow); the submission in the template's columns and order, with the task's
@@ -225,17 +293,23 @@ def test_each_task_types_torch_model_exports_the_same_contract_and_the_tf_only_k
         with np.load(export / "verify_batch.npz") as verify:
             spread = float(np.ptp(verify["predictions"]) / max(1.0, np.abs(verify["predictions"]).max()))
         ids = [a["id"] for a in answers_of[task]]
-        expected = torch_predictions(model, image_array(tmp_path / task / "competition" / "test" / f"{i}.png"
-                                                        for i in ids), scaling)
+        expected = torch_predictions(
+            model, image_array(tmp_path / task / "competition" / "test" / f"{i}.png" for i in ids), scaling
+        )
         saved = read_csv(tmp_path / task / "infer" / "probabilities.csv")
         assert [r[id_col] for r in saved] == ids  # the template's rows, in its order
         outputs = np.array([[float(v) for k, v in r.items() if k != id_col] for r in saved])
         gap = float(np.max(np.abs(outputs - expected)) / max(1.0, np.abs(expected).max()))
-        print(f"{task} on the torch_xla route's export: verify batch within {difference:.1e} of the torch model on "
-              f"the CPU (its outputs spread over {spread:.2f}); the TF-only kernel's {len(ids)} outputs within "
-              f"{gap:.1e}")
-        assert card["output"]["shape"] == [None, expected.shape[1]] == [None, {"binary": 1, "multilabel": 4,
-                                                                               "regression": 1}[task]]
+        print(
+            f"{task} on the torch_xla route's export: verify batch within {difference:.1e} of the torch model on "
+            f"the CPU (its outputs spread over {spread:.2f}); the TF-only kernel's {len(ids)} outputs within "
+            f"{gap:.1e}"
+        )
+        assert (
+            card["output"]["shape"]
+            == [None, expected.shape[1]]
+            == [None, {"binary": 1, "multilabel": 4, "regression": 1}[task]]
+        )
         assert difference <= 1e-4 and gap <= 1e-4
         assert spread > 0.3  # measured 0.8-1.8: a model whose outputs vary, not one the check cannot tell apart
 
@@ -244,11 +318,15 @@ def test_each_task_types_torch_model_exports_the_same_contract_and_the_tf_only_k
         values = [r[target_col] for r in submission]
         if task == "multilabel":  # the labels over the card's thresholds, where no output sits on its threshold
             clear = np.all(np.abs(expected - np.array(thresholds)) > 1e-4, axis=1)
-            wanted = [" ".join(n for n, on in zip(card["class_names"], row >= thresholds, strict=True) if on)
-                      for row in expected]
-            assert [v for v, c in zip(values, clear, strict=True) if c] == [w for w, c in zip(wanted, clear,
-                                                                                              strict=True) if c]
+            wanted = [
+                " ".join(n for n, on in zip(card["class_names"], row >= thresholds, strict=True) if on)
+                for row in expected
+            ]
+            assert [v for v, c in zip(values, clear, strict=True) if c] == [
+                w for w, c in zip(wanted, clear, strict=True) if c
+            ]
             assert clear.mean() > 0.95
         else:  # P(1), or the value
-            np.testing.assert_allclose([float(v) for v in values], expected[:, 0], rtol=0,
-                                       atol=1e-4 * max(1.0, np.abs(expected).max()))
+            np.testing.assert_allclose(
+                [float(v) for v in values], expected[:, 0], rtol=0, atol=1e-4 * max(1.0, np.abs(expected).max())
+            )

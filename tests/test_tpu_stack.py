@@ -26,9 +26,14 @@ from fake_tpu import FAKE_TPU_PINS as PINS
 from fake_tpu import fake_wheel, tensorflow_wheel, tpu_wheels
 
 REPO = Path(__file__).resolve().parents[1]
-PROJECT = ["kaggle.owner=tester", "kaggle.competition=digit-comp", "kaggle.tpu_wheels=tpu-wheels",
-           "kaggle.model_sources=[tpu2gpu/tiny-backbone/tensorflow2/demo/1]",
-           "model.hub_handle=tpu2gpu/tiny-backbone/tensorflow2/demo/1", f"kaggle.tpu_packages=[{','.join(PINS)}]"]
+PROJECT = [
+    "kaggle.owner=tester",
+    "kaggle.competition=digit-comp",
+    "kaggle.tpu_wheels=tpu-wheels",
+    "kaggle.model_sources=[tpu2gpu/tiny-backbone/tensorflow2/demo/1]",
+    "model.hub_handle=tpu2gpu/tiny-backbone/tensorflow2/demo/1",
+    f"kaggle.tpu_packages=[{','.join(PINS)}]",
+]
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +47,9 @@ def image_venv(tmp_path_factory):
     tensorflow_wheel(image, "tensorflow-cpu", "2.20.0")
     tensorflow_wheel(image, "tensorflow", "2.21.0")
     fake_wheel(image, "tf-keras", "2.21.0", {"tf_keras/__init__.py": ""}, requires=["tensorflow>=2.21"])
-    subprocess.run([python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", *sorted(image.glob("*.whl"))],
-                   check=True)
+    subprocess.run(
+        [python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", *sorted(image.glob("*.whl"))], check=True
+    )
     # The image's numpy (the kernel imports it before TensorFlow): this project's, same interpreter.
     import sysconfig
 
@@ -70,19 +76,27 @@ def run_in(python: Path, code: str, env: dict | None = None) -> subprocess.Compl
 
 
 def distributions(python: Path) -> dict[str, str]:
-    out = run_in(python, "from common.launch.tpu_stack import installed_versions as v; import json; "
-                         "print(json.dumps(v()))")
+    out = run_in(
+        python, "from common.launch.tpu_stack import installed_versions as v; import json; print(json.dumps(v()))"
+    )
     assert out.returncode == 0, out.stderr
     import json
 
-    return {k: v for k, v in json.loads(out.stdout).items() if k in {
-        "tensorflow", "tensorflow-cpu", "tensorflow-tpu", "libtpu", "tf-keras", "tensorflow-hub"}}
+    return {
+        k: v
+        for k, v in json.loads(out.stdout).items()
+        if k in {"tensorflow", "tensorflow-cpu", "tensorflow-tpu", "libtpu", "tf-keras", "tensorflow-hub"}
+    }
 
 
 # ------------------------------------------------------------------------------------------------------ pure checks
 def test_pins_are_exact_and_name_the_stack():
-    assert parse_pins(PINS) == {"tensorflow-tpu": "2.20.0", "libtpu": "0.0.21", "tf-keras": "2.20.1",
-                                "tensorflow-hub": "0.16.1"}
+    assert parse_pins(PINS) == {
+        "tensorflow-tpu": "2.20.0",
+        "libtpu": "0.0.21",
+        "tf-keras": "2.20.1",
+        "tensorflow-hub": "0.16.1",
+    }
     assert parse_pins(["TF_Keras==2.20.1", "tensorflow_tpu==2.20.0", "libtpu==0.0.21"])["tf-keras"] == "2.20.1"
     with pytest.raises(TpuStackError, match=r"'tensorflow-tpu>=2\.20' must be an exact pin name==version"):
         parse_pins(["tensorflow-tpu>=2.20"])
@@ -92,12 +106,20 @@ def test_pins_are_exact_and_name_the_stack():
 
 def test_the_environment_is_compared_with_the_pins():
     pins = parse_pins(PINS)
-    kaggle_image = {"tensorflow-cpu": "2.20.0", "tensorflow": "2.21.0", "tf-keras": "2.21.0", "keras": "3.11.0",
-                    "tensorflow-hub": "0.16.1"}
+    kaggle_image = {
+        "tensorflow-cpu": "2.20.0",
+        "tensorflow": "2.21.0",
+        "tf-keras": "2.21.0",
+        "keras": "3.11.0",
+        "tensorflow-hub": "0.16.1",
+    }
     assert pin_mismatches(pins, kaggle_image) == [
-        "tensorflow-tpu not installed (pinned 2.20.0)", "libtpu not installed (pinned 0.0.21)",
-        "tf-keras 2.21.0 (pinned 2.20.1)", "tensorflow 2.21.0 (shares the `tensorflow` package; must go)",
-        "tensorflow-cpu 2.20.0 (shares the `tensorflow` package; must go)"]
+        "tensorflow-tpu not installed (pinned 2.20.0)",
+        "libtpu not installed (pinned 0.0.21)",
+        "tf-keras 2.21.0 (pinned 2.20.1)",
+        "tensorflow 2.21.0 (shares the `tensorflow` package; must go)",
+        "tensorflow-cpu 2.20.0 (shares the `tensorflow` package; must go)",
+    ]
     stack = {"tensorflow-tpu": "2.20.0", "libtpu": "0.0.21", "tf-keras": "2.20.1", "tensorflow-hub": "0.16.1"}
     assert pin_mismatches(pins, stack) == []
     assert pin_mismatches(parse_pins(["tensorflow-tpu==2.20", "libtpu==0.0.21", "tf-keras==2.20.1"]), stack) == []
@@ -125,12 +147,19 @@ def test_install_replaces_every_tensorflow_with_the_tpu_build(image_venv, tmp_pa
     assert distributions(python) == {"tensorflow": "2.21.0", "tensorflow-cpu": "2.20.0", "tf-keras": "2.21.0"}
     wheels = tmp_path / "wheels"
     tpu_wheels(wheels / "nested" / "deeper")  # a dataset made from a zip may hold its files in sub-folders
-    out = run_in(python, f"from common.launch.tpu_stack import install_from, parse_pins; "
-                         f"print(install_from({str(wheels)!r}, parse_pins({list(PINS)!r})))")
+    out = run_in(
+        python,
+        f"from common.launch.tpu_stack import install_from, parse_pins; "
+        f"print(install_from({str(wheels)!r}, parse_pins({list(PINS)!r})))",
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "['tensorflow 2.21.0', 'tensorflow-cpu 2.20.0', 'tf-keras 2.21.0']"
-    assert distributions(python) == {"tensorflow-tpu": "2.20.0", "libtpu": "0.0.21", "tf-keras": "2.20.1",
-                                     "tensorflow-hub": "0.16.1"}  # tf-keras did not pull `tensorflow` back
+    assert distributions(python) == {
+        "tensorflow-tpu": "2.20.0",
+        "libtpu": "0.0.21",
+        "tf-keras": "2.20.1",
+        "tensorflow-hub": "0.16.1",
+    }  # tf-keras did not pull `tensorflow` back
     built = run_in(python, "import tensorflow, tf_keras, tensorflow_hub, libtpu; print(tensorflow.BUILD)")
     assert built.stdout.strip() == "tensorflow-tpu"  # the TPU build's files survived the removal of the others
 
@@ -152,8 +181,11 @@ def test_a_bad_wheels_folder_leaves_the_image_untouched(image_venv, tmp_path, da
         fake_wheel(wheels, "tf-keras", "2.20.1", {"tf_keras/__init__.py": ""}, tag="cp399-cp399-manylinux_2_17_x86_64")
         expected = r"checking the wheels .* failed .*no wheel of tf-keras==2\.20\.1 fits Python"
     before = distributions(python)
-    out = run_in(python, f"from common.launch.tpu_stack import install_from, parse_pins; "
-                         f"install_from({str(wheels)!r}, parse_pins({list(PINS)!r}))")
+    out = run_in(
+        python,
+        f"from common.launch.tpu_stack import install_from, parse_pins; "
+        f"install_from({str(wheels)!r}, parse_pins({list(PINS)!r}))",
+    )
     assert out.returncode == 1 and "TpuStackError" in out.stderr
     import re
 
@@ -184,26 +216,40 @@ print("exit", ensure_tpu_stack(cfg, rerun))
     out = run_in(python, code, {"TPU2GPU_KAGGLE_ROOT": str(tmp_path / "kaggle")})
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
-    assert lines[0] == "[tpu] installing the TPU stack: tensorflow-tpu not installed (pinned 2.20.0); libtpu not " \
-        "installed (pinned 0.0.21); tf-keras 2.21.0 (pinned 2.20.1); tensorflow-hub not installed (pinned 0.16.1); " \
-        "tensorflow 2.21.0 (shares the `tensorflow` package; must go); tensorflow-cpu 2.20.0 (shares the " \
+    assert (
+        lines[0] == "[tpu] installing the TPU stack: tensorflow-tpu not installed (pinned 2.20.0); libtpu not "
+        "installed (pinned 0.0.21); tf-keras 2.21.0 (pinned 2.20.1); tensorflow-hub not installed (pinned 0.16.1); "
+        "tensorflow 2.21.0 (shares the `tensorflow` package; must go); tensorflow-cpu 2.20.0 (shares the "
         "`tensorflow` package; must go)"
-    assert lines[1].startswith("[tpu] installed tensorflow-tpu==2.20.0, libtpu==0.0.21, tf-keras==2.20.1, "
-                               "tensorflow-hub==0.16.1 from the attached dataset ")
+    )
+    assert lines[1].startswith(
+        "[tpu] installed tensorflow-tpu==2.20.0, libtpu==0.0.21, tf-keras==2.20.1, "
+        "tensorflow-hub==0.16.1 from the attached dataset "
+    )
     assert "removed tensorflow 2.21.0, tensorflow-cpu 2.20.0, tf-keras 2.21.0" in lines[1]
     # Probed in a child interpreter (the stand-in TPU answers), then the kernel runs again with that stack.
     assert lines[2] == "[tpu] try 1/1: probing tensorflow-tpu 2.20.0 + libtpu 0.0.21 (StreamExecutor) (limit 60 s)"
-    assert lines[3].startswith("[tpu] try 1/1: tensorflow-tpu 2.20.0 + libtpu 0.0.21 (StreamExecutor): answered: 8 "
-                               "TPU devices, TensorFlow 2.20.0 (")
+    assert lines[3].startswith(
+        "[tpu] try 1/1: tensorflow-tpu 2.20.0 + libtpu 0.0.21 (StreamExecutor): answered: 8 "
+        "TPU devices, TensorFlow 2.20.0 ("
+    )
     assert lines[4:] == ["[tpu] running the kernel again in a fresh interpreter", "rerun: None", "exit 0"]
     # A re-run that finds the stack not as pinned stops instead of installing again (no loop).
     tensorflow_wheel(tmp_path / "more", "tensorflow-cpu", "2.20.0")
-    run_in(python, f"import subprocess, sys; subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', "
-                   f"'--no-deps', {str(next((tmp_path / 'more').glob('*.whl')))!r}], check=True)")
-    again = run_in(python, code.replace('print("exit", ensure_tpu_stack(cfg, rerun))', 'ensure_tpu_stack(cfg, None)'),
-                   {"TPU2GPU_TPU_STACK_INSTALLED": "1"})
-    assert "the TPU stack was installed, but this interpreter still finds: tensorflow-cpu 2.20.0 (shares the " \
+    run_in(
+        python,
+        f"import subprocess, sys; subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', "
+        f"'--no-deps', {str(next((tmp_path / 'more').glob('*.whl')))!r}], check=True)",
+    )
+    again = run_in(
+        python,
+        code.replace('print("exit", ensure_tpu_stack(cfg, rerun))', "ensure_tpu_stack(cfg, None)"),
+        {"TPU2GPU_TPU_STACK_INSTALLED": "1"},
+    )
+    assert (
+        "the TPU stack was installed, but this interpreter still finds: tensorflow-cpu 2.20.0 (shares the "
         "`tensorflow` package; must go)" in again.stderr
+    )
 
 
 @pytest.mark.e2e
@@ -219,14 +265,20 @@ cfg = SimpleNamespace(tpu_packages={list(PINS)!r}, tpu_wheels="", train_internet
                       owner="tester", tpu_probe_seconds=60)
 print("exit", ensure_tpu_stack(cfg, lambda env: 0))
 """
-    env = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(index), "TMPDIR": str(tmp_path),
-           "TPU2GPU_KAGGLE_ROOT": str(tmp_path / "kaggle")}
+    env = {
+        "PIP_NO_INDEX": "1",
+        "PIP_FIND_LINKS": str(index),
+        "TMPDIR": str(tmp_path),
+        "TPU2GPU_KAGGLE_ROOT": str(tmp_path / "kaggle"),
+    }
     (index / "libtpu-0.0.21-py3-none-any.whl").rename(tmp_path / "aside.whl")
     before = distributions(python)
     missing = run_in(python, code, env)
     assert "downloading tensorflow-tpu==2.20.0" in missing.stdout
-    assert "TpuStackError: none of the 1 TensorFlow TPU stacks tried answered:\n  1. tensorflow-tpu 2.20.0 + libtpu " \
+    assert (
+        "TpuStackError: none of the 1 TensorFlow TPU stacks tried answered:\n  1. tensorflow-tpu 2.20.0 + libtpu "
         "0.0.21 (StreamExecutor): not installed: downloading tensorflow-tpu==2.20.0, libtpu==0.0.21" in missing.stderr
+    )
     assert "no wheel of libtpu==0.0.21 fits Python" in missing.stderr
     assert distributions(python) == before  # nothing removed
     (tmp_path / "aside.whl").rename(index / "libtpu-0.0.21-py3-none-any.whl")
@@ -244,8 +296,12 @@ def simulated_kaggle(tmp_path: Path, script: Path) -> tuple[Path, dict]:
     shutil.copyfile(script, kaggle / "working" / "__script__.py")
     (tmp_path / "tmp").mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TF_USE_LEGACY_KERAS", "VIRTUAL_ENV")}
-    env.update(TPU2GPU_KAGGLE_ROOT=str(kaggle), KAGGLE_KERNEL_RUN_TYPE="Batch", TMPDIR=str(tmp_path / "tmp"),
-               PYTHONDONTWRITEBYTECODE="1")
+    env.update(
+        TPU2GPU_KAGGLE_ROOT=str(kaggle),
+        KAGGLE_KERNEL_RUN_TYPE="Batch",
+        TMPDIR=str(tmp_path / "tmp"),
+        PYTHONDONTWRITEBYTECODE="1",
+    )
     return kaggle, env
 
 
@@ -256,15 +312,21 @@ def test_tpu_kernel_without_a_route_names_both_before_reading_data(tmp_path):
     kaggle, env = simulated_kaggle(tmp_path, folders["train"] / "train.py")
     env["ISTPUVM"] = "1"
     config = kaggle / "working" / "__script__.py"
-    config.write_text(config.read_text().replace('"tpu_runtime": "image"', '"tpu_runtime": "install"')
-                      .replace('"tpu_wheels": "tpu-wheels"', '"tpu_wheels": ""'))
-    run = subprocess.run([sys.executable, "__script__.py"], cwd=kaggle / "working", env=env, capture_output=True,
-                         text=True)
+    config.write_text(
+        config.read_text()
+        .replace('"tpu_runtime": "image"', '"tpu_runtime": "install"')
+        .replace('"tpu_wheels": "tpu-wheels"', '"tpu_wheels": ""')
+    )
+    run = subprocess.run(
+        [sys.executable, "__script__.py"], cwd=kaggle / "working", env=env, capture_output=True, text=True
+    )
     assert run.returncode == 2, run.stdout[-2000:] + run.stderr[-2000:]
-    assert "train: error: this TPU machine lacks the TPU stack (tensorflow 2.21.0; needs tensorflow-tpu==2.20.0, " \
-           "libtpu==0.0.21, tf-keras==2.20.1, tensorflow-hub==0.16.1), and the kernel cannot install it: " \
-           "kaggle.tpu_wheels is empty and kaggle.train_internet is false. Fix: either attach the wheels (`tpu2gpu " \
-           "wheels" in run.stderr
+    assert (
+        "train: error: this TPU machine lacks the TPU stack (tensorflow 2.21.0; needs tensorflow-tpu==2.20.0, "
+        "libtpu==0.0.21, tf-keras==2.20.1, tensorflow-hub==0.16.1), and the kernel cannot install it: "
+        "kaggle.tpu_wheels is empty and kaggle.train_internet is false. Fix: either attach the wheels (`tpu2gpu "
+        "wheels" in run.stderr
+    )
     assert "or set kaggle.train_internet=true and rebuild" in run.stderr
     assert "Traceback" not in run.stderr and "=== environment ===" not in run.stdout  # before TensorFlow and data
 
@@ -285,24 +347,34 @@ def test_missing_tf_keras_is_named_by_the_built_kernel(tmp_path):
     venv_site = next((tmp_path / "venv" / "lib").glob("python3*/site-packages"))
     (venv_site / "image.pth").write_text(str(without) + "\n")
     python = tmp_path / "venv" / "bin" / "python"
-    probe = subprocess.run([python, "-c", "import importlib.util as u; print(bool(u.find_spec('tensorflow')), "
-                            "bool(u.find_spec('tf_keras')), bool(u.find_spec('common')))"], capture_output=True,
-                           text=True, cwd=tmp_path)
+    probe = subprocess.run(
+        [
+            python,
+            "-c",
+            "import importlib.util as u; print(bool(u.find_spec('tensorflow')), "
+            "bool(u.find_spec('tf_keras')), bool(u.find_spec('common')))",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert probe.stdout.split() == ["True", "False", "False"]  # TensorFlow yes, tf_keras no, this repository no
 
     folders = build(load_config(None, PROJECT), tmp_path / "build")
     kaggle, env = simulated_kaggle(tmp_path, folders["train"] / "train.py")
     run = subprocess.run([python, "__script__.py"], cwd=kaggle / "working", env=env, capture_output=True, text=True)
     assert run.returncode == 2, run.stdout[-2000:] + run.stderr[-2000:]
-    assert "train: error: tf_keras is not installed next to tensorflow 2.21.0; the training kernel needs it" \
-        in run.stderr
+    assert (
+        "train: error: tf_keras is not installed next to tensorflow 2.21.0; the training kernel needs it" in run.stderr
+    )
     assert "pip install --no-deps tf-keras==2.21.*" in run.stderr
     assert "Traceback" not in run.stderr and "Keras cannot be imported" not in run.stderr
 
 
 # ------------------------------------------------------------------------------ the real stack on the image's state
 PYTHON_312 = os.environ.get("TPU2GPU_PYTHON312") or next(
-    (str(p) for p in sorted(Path.home().glob(".pyenv/versions/3.12*/bin/python3.12"))), shutil.which("python3.12"))
+    (str(p) for p in sorted(Path.home().glob(".pyenv/versions/3.12*/bin/python3.12"))), shutil.which("python3.12")
+)
 
 
 @pytest.mark.e2e
@@ -319,8 +391,12 @@ def test_the_real_tpu_stack_replaces_the_images_tensorflow_and_the_kernel_runs_a
     wheels = kaggle / "input" / "datasets" / "tester" / "tpu-wheels"
     project = [*PROJECT[:-1], "kaggle.tpu_probe_seconds=180"]  # the default kaggle.tpu_packages
     settings = [a for s in project for a in ("--set", s)]
-    made = subprocess.run([sys.executable, "-m", "tpu2gpu.cli", "wheels", "--out", str(wheels), *settings],
-                          cwd=REPO, capture_output=True, text=True)
+    made = subprocess.run(
+        [sys.executable, "-m", "tpu2gpu.cli", "wheels", "--out", str(wheels), *settings],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert made.returncode == 0, made.stdout[-2000:] + made.stderr[-2000:]
     print(made.stdout)
 
@@ -335,10 +411,16 @@ def test_the_real_tpu_stack_replaces_the_images_tensorflow_and_the_kernel_runs_a
     shutil.copyfile(folders["train"] / "train.py", kaggle / "working" / "__script__.py")
     (tmp_path / "tmp").mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TF_USE_LEGACY_KERAS", "VIRTUAL_ENV")}
-    env.update(TPU2GPU_KAGGLE_ROOT=str(kaggle), KAGGLE_KERNEL_RUN_TYPE="Batch", ISTPUVM="1",
-               TMPDIR=str(tmp_path / "tmp"), TPU_SKIP_MDS_QUERY="1")  # else libtpu asks the GCE metadata server 30x
-    run = subprocess.run(offline([str(python), "__script__.py"]), cwd=kaggle / "working", env=env,
-                         capture_output=True, text=True)
+    env.update(
+        TPU2GPU_KAGGLE_ROOT=str(kaggle),
+        KAGGLE_KERNEL_RUN_TYPE="Batch",
+        ISTPUVM="1",
+        TMPDIR=str(tmp_path / "tmp"),
+        TPU_SKIP_MDS_QUERY="1",
+    )  # else libtpu asks the GCE metadata server 30x
+    run = subprocess.run(
+        offline([str(python), "__script__.py"]), cwd=kaggle / "working", env=env, capture_output=True, text=True
+    )
     print("\n".join(line for line in run.stdout.splitlines() if line.startswith(("[bundle]", "[tpu]"))))
     print(run.stderr[-3000:])
     assert run.returncode == 2, run.stdout[-3000:] + run.stderr[-3000:]
@@ -348,11 +430,18 @@ def test_the_real_tpu_stack_replaces_the_images_tensorflow_and_the_kernel_runs_a
     assert run.stdout.count("[tpu] installed tensorflow-tpu==2.19.1, libtpu==0.0.10,") >= 1
     assert "removed tensorflow-cpu 2.20.0" in run.stdout and "Traceback" not in run.stderr.split("train: error:")[-1]
 
-    check = ("import importlib.metadata as m, tensorflow as tf, tf_keras, tensorflow_hub as hub; "
-             "names = sorted(d.metadata['Name'].lower().replace('_', '-') for d in m.distributions()); "
-             "print([n for n in names if n.startswith(('tensorflow', 'tf-'))]); print(tf.__version__)")
-    after = subprocess.run([python, "-c", check], capture_output=True, text=True, cwd=tmp_path,
-                           env={**env, "TF_USE_LEGACY_KERAS": "1", "TPU_LOAD_LIBRARY": "0"})
+    check = (
+        "import importlib.metadata as m, tensorflow as tf, tf_keras, tensorflow_hub as hub; "
+        "names = sorted(d.metadata['Name'].lower().replace('_', '-') for d in m.distributions()); "
+        "print([n for n in names if n.startswith(('tensorflow', 'tf-'))]); print(tf.__version__)"
+    )
+    after = subprocess.run(
+        [python, "-c", check],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**env, "TF_USE_LEGACY_KERAS": "1", "TPU_LOAD_LIBRARY": "0"},
+    )
     print(after.stdout)
     assert after.returncode == 0, after.stderr[-2000:]
     listed = after.stdout.strip().splitlines()[-2]
@@ -371,15 +460,23 @@ def test_the_built_kernel_installs_and_hands_over_to_its_second_interpreter(imag
     tpu_wheels(kaggle / "input" / "datasets" / "tester" / "tpu-wheels")
     env.update(ISTPUVM="1", FAKE_TENSORFLOW=second_interpreter)
     run = subprocess.run([python, "__script__.py"], cwd=kaggle / "working", env=env, capture_output=True, text=True)
-    assert run.stdout.count("[tpu] installed tensorflow-tpu==2.20.0, libtpu==0.0.21, tf-keras==2.20.1, "
-                            "tensorflow-hub==0.16.1 from the attached dataset") == 1, run.stdout + run.stderr
+    assert (
+        run.stdout.count(
+            "[tpu] installed tensorflow-tpu==2.20.0, libtpu==0.0.21, tf-keras==2.20.1, "
+            "tensorflow-hub==0.16.1 from the attached dataset"
+        )
+        == 1
+    ), run.stdout + run.stderr
     if second_interpreter == "exit":
         assert run.returncode == 1  # the second interpreter's own exit code
         assert "tensorflow-tpu imported by the kernel's second interpreter" in run.stderr
     else:
         assert run.returncode == 2
-        assert "train: error: the kernel's second interpreter (after the TPU stack install) was killed by signal 6" \
-            in run.stderr and "pin a libtpu of 0.0.14-0.0.31 in kaggle.tpu_packages" in run.stderr
+        assert (
+            "train: error: the kernel's second interpreter (after the TPU stack install) was killed by signal 6"
+            in run.stderr
+            and "pin a libtpu of 0.0.14-0.0.31 in kaggle.tpu_packages" in run.stderr
+        )
 
 
 # ------------------------------------------------------------------------------------------- stack negotiation
@@ -394,8 +491,13 @@ def candidate_wheels(folder: Path) -> list[str]:
         tensorflow_wheel(folder, "tensorflow-tpu", tensorflow)
         fake_wheel(folder, "libtpu", libtpu, {"libtpu/__init__.py": "", "libtpu/libtpu.so": ""})
         minor = ".".join(keras.split(".")[:2])
-        fake_wheel(folder, "tf-keras", keras, {"tf_keras/__init__.py": ""},
-                   requires=[f"tensorflow<{minor[:2]}{int(minor[2:]) + 1},>={minor}"])
+        fake_wheel(
+            folder,
+            "tf-keras",
+            keras,
+            {"tf_keras/__init__.py": ""},
+            requires=[f"tensorflow<{minor[:2]}{int(minor[2:]) + 1},>={minor}"],
+        )
         entries.append(f"pjrt: tensorflow-tpu=={tensorflow} libtpu=={libtpu} tf-keras=={keras} tensorflow-hub==0.16.1")
     fake_wheel(folder, "tensorflow-hub", "0.16.1", {"tensorflow_hub/__init__.py": ""}, requires=["tf-keras>=2.14.1"])
     return entries
@@ -414,17 +516,24 @@ def test_the_kernel_runs_on_the_first_tpu_stack_that_answers_and_names_every_try
     cfg = load_config(None, [*PROJECT, f"kaggle.tpu_packages={json.dumps(entries)}", "kaggle.tpu_probe_seconds=4"])
     kaggle, env = simulated_kaggle(tmp_path, build(cfg, tmp_path / "build")["train"] / "train.py")
     shutil.copytree(tmp_path / "wheels", kaggle / "input" / "datasets" / "tester" / "tpu-wheels")
-    env.update(ISTPUVM="1", FAKE_TENSORFLOW="exit",
-               FAKE_TPU_PROBE=json.dumps({"0.0.10": "fail", "0.0.14": "hang", "0.0.17": "answer"}))
-    run = subprocess.run(offline([python, "__script__.py"]), cwd=kaggle / "working", env=env, capture_output=True,
-                         text=True)
+    env.update(
+        ISTPUVM="1",
+        FAKE_TENSORFLOW="exit",
+        FAKE_TPU_PROBE=json.dumps({"0.0.10": "fail", "0.0.14": "hang", "0.0.17": "answer"}),
+    )
+    run = subprocess.run(
+        offline([python, "__script__.py"]), cwd=kaggle / "working", env=env, capture_output=True, text=True
+    )
     print("\n".join(line for line in run.stdout.splitlines() if line.startswith("[tpu]")))
     tries = [line for line in run.stdout.splitlines() if line.startswith("[tpu] try") and "probing" not in line]
-    assert tries[0] == ("[tpu] try 1/3: tensorflow-tpu 2.19.1 + libtpu 0.0.10 (PJRT): RuntimeError: No TPU platform "
-                        f"registered (libtpu 0.0.10) ({tries[0].rsplit('(', 1)[1]}"), run.stdout + run.stderr
+    assert tries[0] == (
+        "[tpu] try 1/3: tensorflow-tpu 2.19.1 + libtpu 0.0.10 (PJRT): RuntimeError: No TPU platform "
+        f"registered (libtpu 0.0.10) ({tries[0].rsplit('(', 1)[1]}"
+    ), run.stdout + run.stderr
     assert tries[1].startswith("[tpu] try 2/3: tensorflow-tpu 2.20.0 + libtpu 0.0.14 (PJRT): no answer in 4 s (killed)")
-    assert tries[2].startswith("[tpu] try 3/3: tensorflow-tpu 2.20.0 + libtpu 0.0.17 (PJRT): answered: 8 TPU devices, "
-                               "TensorFlow 2.20.0")
+    assert tries[2].startswith(
+        "[tpu] try 3/3: tensorflow-tpu 2.20.0 + libtpu 0.0.17 (PJRT): answered: 8 TPU devices, TensorFlow 2.20.0"
+    )
     assert "[tpu] running the kernel again in a fresh interpreter" in run.stdout
     # The second interpreter got the stack that answered, with its PJRT environment and the record of every try.
     assert run.returncode == 1
@@ -437,19 +546,26 @@ def test_the_kernel_runs_on_the_first_tpu_stack_that_answers_and_names_every_try
 
     # None answers: one error lists every try and says what to change.
     env["FAKE_TPU_PROBE"] = json.dumps(dict.fromkeys(("0.0.10", "0.0.14", "0.0.17"), "fail"))
-    again = subprocess.run(offline([python, "__script__.py"]), cwd=kaggle / "working", env=env, capture_output=True,
-                           text=True)
+    again = subprocess.run(
+        offline([python, "__script__.py"]), cwd=kaggle / "working", env=env, capture_output=True, text=True
+    )
     assert again.returncode == 2, again.stdout[-2000:] + again.stderr[-2000:]
-    assert "train: error: none of the 3 TensorFlow TPU stacks tried answered:\n  1. tensorflow-tpu 2.19.1 + libtpu " \
+    assert (
+        "train: error: none of the 3 TensorFlow TPU stacks tried answered:\n  1. tensorflow-tpu 2.19.1 + libtpu "
         "0.0.10 (PJRT): RuntimeError: No TPU platform registered (libtpu 0.0.10)" in again.stderr
-    assert "  3. tensorflow-tpu 2.20.0 + libtpu 0.0.17 (PJRT): RuntimeError: No TPU platform registered (libtpu " \
+    )
+    assert (
+        "  3. tensorflow-tpu 2.20.0 + libtpu 0.0.17 (PJRT): RuntimeError: No TPU platform registered (libtpu "
         "0.0.17)" in again.stderr
+    )
     assert "Fix: add or reorder candidates in kaggle.tpu_packages" in again.stderr and "Traceback" not in again.stderr
     # ... and names the route that needs no TensorFlow TPU build, with the exact change, and why auto did not take it.
-    assert "Or train with Keras 3 on JAX, which uses the TPU image as it is (nothing installed): --set " \
-        "train.framework=keras_jax with model.backbone=efficientnet (keras.applications) or model.backbone=keras " \
-        "(model.keras_backbone), and rebuild (train.framework=auto did not: model.backbone=hub has no Keras 3 form)" \
+    assert (
+        "Or train with Keras 3 on JAX, which uses the TPU image as it is (nothing installed): --set "
+        "train.framework=keras_jax with model.backbone=efficientnet (keras.applications) or model.backbone=keras "
+        "(model.keras_backbone), and rebuild (train.framework=auto did not: model.backbone=hub has no Keras 3 form)"
         in again.stderr
+    )
 
 
 def test_a_failed_probe_is_named_by_its_exception_not_by_tensorflows_node_noise():
@@ -467,10 +583,14 @@ TPU initialization failed: No ba16c7433 device found.
 \t [[{{node configure_tpu_host/_2}}]] [Op:__inference__tpu_init_fn_4]
 """
     assert failure_reason(stderr) == "UnknownError: TPU initialization failed: No ba16c7433 device found."
-    assert failure_reason("Traceback ...\nRuntimeError: No TPU platform registered\n") == \
-        "RuntimeError: No TPU platform registered"
-    assert failure_reason("I1123 starting\nF1123 12:00:01 tpu.cc:1] Check failed: chips found\nRAW: signal 6\n") == \
-        "F1123 12:00:01 tpu.cc:1] Check failed: chips found"
+    assert (
+        failure_reason("Traceback ...\nRuntimeError: No TPU platform registered\n")
+        == "RuntimeError: No TPU platform registered"
+    )
+    assert (
+        failure_reason("I1123 starting\nF1123 12:00:01 tpu.cc:1] Check failed: chips found\nRAW: signal 6\n")
+        == "F1123 12:00:01 tpu.cc:1] Check failed: chips found"
+    )
     assert failure_reason("") == "no output"
 
 
@@ -479,8 +599,11 @@ def test_candidates_parse_in_order_and_the_older_form_is_one_stack():
 
     candidates = parse_candidates(load_config().kaggle.tpu_packages)
     assert [c.label() for c in candidates] == [
-        "tensorflow-tpu 2.19.1 + libtpu 0.0.10 (PJRT)", "tensorflow-tpu 2.20.0 + libtpu 0.0.14 (PJRT)",
-        "tensorflow-tpu 2.20.0 + libtpu 0.0.17 (PJRT)", "the first import (StreamExecutor)"]
+        "tensorflow-tpu 2.19.1 + libtpu 0.0.10 (PJRT)",
+        "tensorflow-tpu 2.20.0 + libtpu 0.0.14 (PJRT)",
+        "tensorflow-tpu 2.20.0 + libtpu 0.0.17 (PJRT)",
+        "the first import (StreamExecutor)",
+    ]
     assert candidates[0].runtime == PJRT and candidates[3].runtime == STREAM_EXECUTOR and FIRST_IMPORTED == "*"
     assert [p["libtpu"] for p in every_pin(candidates)] == ["0.0.10", "0.0.14", "0.0.17"]  # what `wheels` fetches
     (older,) = parse_candidates(PINS)
@@ -497,14 +620,24 @@ def test_the_pjrt_environment_points_at_the_installed_libtpu_and_a_stale_lock_is
 
     (tmp_path / "libtpu").mkdir()
     (tmp_path / "libtpu" / "__init__.py").write_text("")
-    out = subprocess.run([sys.executable, "-c", "from common.launch.negotiation import pjrt_environment as p; "
-                          "import json; print(json.dumps(p()))"], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])})
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from common.launch.negotiation import pjrt_environment as p; import json; print(json.dumps(p()))",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])},
+    )
     import json
 
-    assert json.loads(out.stdout) == {"PJRT_DEVICE": "TPU", "NEXT_PLUGGABLE_DEVICE_USE_C_API": "true",
-                                      "TF_XLA_FLAGS": "--tf_mlir_enable_mlir_bridge=true",
-                                      "TF_PLUGGABLE_DEVICE_LIBRARY_PATH": str(tmp_path / "libtpu" / "libtpu.so")}
+    assert json.loads(out.stdout) == {
+        "PJRT_DEVICE": "TPU",
+        "NEXT_PLUGGABLE_DEVICE_USE_C_API": "true",
+        "TF_XLA_FLAGS": "--tf_mlir_enable_mlir_bridge=true",
+        "TF_PLUGGABLE_DEVICE_LIBRARY_PATH": str(tmp_path / "libtpu" / "libtpu.so"),
+    }
     lock = tmp_path / "libtpu_lockfile"
     lock.write_text("")
     assert clear_stale_lock(lock) and not lock.exists() and not clear_stale_lock(lock)
@@ -518,8 +651,11 @@ def test_the_jax_route_gets_the_images_libtpu_back_after_the_tensorflow_tries(im
     wheels = tmp_path / "kaggle" / "input" / "datasets" / "tester" / "tpu-wheels"
     for version in ("0.0.10", "0.0.17"):
         fake_wheel(wheels, "libtpu", version, {"libtpu/__init__.py": "", "libtpu/libtpu.so": ""})
-    run_in(python, f"import subprocess, sys; subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', "
-                   f"'--no-deps', {str(next(wheels.glob('libtpu-0.0.10-*.whl')))!r}], check=True)")
+    run_in(
+        python,
+        f"import subprocess, sys; subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', "
+        f"'--no-deps', {str(next(wheels.glob('libtpu-0.0.10-*.whl')))!r}], check=True)",
+    )
     assert distributions(python)["libtpu"] == "0.0.10"  # what a TensorFlow try left
     code = """
 from types import SimpleNamespace
@@ -533,11 +669,16 @@ restore_image_package("libtpu", "0.0.17", cfg)  # already the image's: nothing t
     assert out.stdout.strip().splitlines() == ["[tpu] put back the image's libtpu 0.0.17 for JAX"]
     assert distributions(python)["libtpu"] == "0.0.17"
     shutil.rmtree(wheels)  # no wheels and no internet: the error names the setting that avoids the tries
-    run_in(python, "import subprocess, sys; subprocess.run([sys.executable, '-m', 'pip', 'uninstall', '-y', '-q', "
-                   "'libtpu'], check=True)")
+    run_in(
+        python,
+        "import subprocess, sys; subprocess.run([sys.executable, '-m', 'pip', 'uninstall', '-y', '-q', "
+        "'libtpu'], check=True)",
+    )
     failed = run_in(python, code, {"TPU2GPU_KAGGLE_ROOT": str(tmp_path / "kaggle")})
-    assert failed.returncode == 1 and "Fix: --set train.framework=keras_jax (it skips the TensorFlow tries)" \
-        in failed.stderr
+    assert (
+        failed.returncode == 1
+        and "Fix: --set train.framework=keras_jax (it skips the TensorFlow tries)" in failed.stderr
+    )
 
 
 @pytest.mark.e2e
@@ -553,22 +694,39 @@ def test_auto_trains_on_keras_jax_in_a_fresh_interpreter_when_no_installed_stack
     image = tmp_path / "keras-jax"
     fake_wheel(image, "keras", "3.15.1", {"keras/__init__.py": ""})
     fake_wheel(image, "jax", "0.7.2", {"jax/__init__.py": ""})
-    run_in(python, f"import subprocess, sys; subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', "
-                   f"'--no-index', '--no-deps', *{[str(w) for w in image.glob('*.whl')]!r}], check=True)")
-    cfg = load_config(None, [*PROJECT, f"kaggle.tpu_packages={json.dumps(entries)}", "kaggle.tpu_probe_seconds=4",
-                             "model.backbone=efficientnet", "model.efficientnet_weights=none"])
+    run_in(
+        python,
+        f"import subprocess, sys; subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', "
+        f"'--no-index', '--no-deps', *{[str(w) for w in image.glob('*.whl')]!r}], check=True)",
+    )
+    cfg = load_config(
+        None,
+        [
+            *PROJECT,
+            f"kaggle.tpu_packages={json.dumps(entries)}",
+            "kaggle.tpu_probe_seconds=4",
+            "model.backbone=efficientnet",
+            "model.efficientnet_weights=none",
+        ],
+    )
     kaggle, env = simulated_kaggle(tmp_path, build(cfg, tmp_path / "build")["train"] / "train.py")
     shutil.copytree(tmp_path / "wheels", kaggle / "input" / "datasets" / "tester" / "tpu-wheels")
-    env.update(ISTPUVM="1", FAKE_TENSORFLOW="exit",
-               FAKE_TPU_PROBE=json.dumps(dict.fromkeys(("0.0.10", "0.0.14", "0.0.17"), "fail")))
-    run = subprocess.run(offline([python, "__script__.py"]), cwd=kaggle / "working", env=env, capture_output=True,
-                         text=True)
+    env.update(
+        ISTPUVM="1",
+        FAKE_TENSORFLOW="exit",
+        FAKE_TPU_PROBE=json.dumps(dict.fromkeys(("0.0.10", "0.0.14", "0.0.17"), "fail")),
+    )
+    run = subprocess.run(
+        offline([python, "__script__.py"]), cwd=kaggle / "working", env=env, capture_output=True, text=True
+    )
     tpu = [line for line in run.stdout.splitlines() if line.startswith("[tpu]")]
     print("\n".join(tpu))
     assert tpu[-3] == "[tpu] none of the 3 TensorFlow TPU stacks tried answered:", run.stdout + run.stderr
-    assert tpu[-2:] == ["[tpu] train.framework=auto: taking the Keras 3 on JAX route instead (the image's JAX owns "
-                        "the TPU, TensorFlow only reads the data)", "[tpu] running the kernel again in a fresh "
-                        "interpreter"]
+    assert tpu[-2:] == [
+        "[tpu] train.framework=auto: taking the Keras 3 on JAX route instead (the image's JAX owns "
+        "the TPU, TensorFlow only reads the data)",
+        "[tpu] running the kernel again in a fresh interpreter",
+    ]
     assert run.returncode == 1  # the stand-in TensorFlow ends the second interpreter, which got this far
     assert "second interpreter: TPU2GPU_FRAMEWORK=keras_jax, KERAS_BACKEND=jax, TPU_LOAD_LIBRARY=0" in run.stderr
     said = run.stderr.strip().splitlines()[-1]

@@ -58,8 +58,12 @@ def test_custom_loop_step_on_two_replicas_equals_the_single_device_step(plain_ba
     moved = [np.abs(w1 - w0).max() for w1, w0 in zip(weights_1, initial, strict=True)]
     assert min(moved) > 1e-4  # the step changed every variable ...
     for w2, w1 in zip(weights_2, weights_1, strict=True):
-        np.testing.assert_allclose(w2, w1, atol=1e-5,  # ... identically on one device and on two replicas
-                                   err_msg="weights after one step: 2 replicas against 1, both float32 on the CPU")
+        np.testing.assert_allclose(
+            w2,
+            w1,
+            atol=1e-5,  # ... identically on one device and on two replicas
+            err_msg="weights after one step: 2 replicas against 1, both float32 on the CPU",
+        )
 
 
 @pytest.mark.e2e
@@ -100,21 +104,24 @@ def test_train_export_reload_in_a_fresh_process(train_argv, tmp_path, monkeypatc
     from common.training.finish import read_oof
 
     _, oof_labels, oof_predictions = read_oof(export / "oof.csv", TASKS["multiclass"], card.class_names)
-    assert card.metric["value"] == pytest.approx(TASKS["multiclass"].score("macro_f1", oof_labels, oof_predictions),
-                                                 abs=1e-6)
+    assert card.metric["value"] == pytest.approx(
+        TASKS["multiclass"].score("macro_f1", oof_labels, oof_predictions), abs=1e-6
+    )
     assert {"history.csv", "history.png", "confusion.png", "oof.csv", "verify_batch.npz"} <= {
-        p.name for p in export.iterdir()}
+        p.name for p in export.iterdir()
+    }
     assert not (tmp_path / "out" / "work" / "fold0" / "checkpoints").exists()  # removed once exported
     report = json.loads((tmp_path / "out" / "export" / "training_report.json").read_text())
     assert report["folds"]["fold0"]["macro_f1"] == card.metrics["macro_f1"]
-    assert card.runtime == report["runtime"] == {"framework": "tf_keras", "steps_per_execution": 2,
-                                                   "tpu_stack": stack}
+    assert card.runtime == report["runtime"] == {"framework": "tf_keras", "steps_per_execution": 2, "tpu_stack": stack}
 
     # A new process with TensorFlow alone (no tf_keras, TF Hub, Keras 3 or JAX) reproduces the probabilities.
     batch = np.load(export / "verify_batch.npz")
-    code = (TENSORFLOW_ALONE + "import numpy as np; from common.export.loader import load_export; "
-            f"card, predict = load_export({str(export)!r}); b = np.load({str(export / 'verify_batch.npz')!r}); "
-            "p = predict(b['images']).numpy(); print(p.dtype, np.abs(p - b['predictions']).max())")
+    code = (
+        TENSORFLOW_ALONE + "import numpy as np; from common.export.loader import load_export; "
+        f"card, predict = load_export({str(export)!r}); b = np.load({str(export / 'verify_batch.npz')!r}); "
+        "p = predict(b['images']).numpy(); print(p.dtype, np.abs(p - b['predictions']).max())"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     dtype, diff = out.stdout.split()
     assert dtype == "float32" and float(diff) < 1e-4
@@ -123,8 +130,7 @@ def test_train_export_reload_in_a_fresh_process(train_argv, tmp_path, monkeypatc
 
 
 @pytest.mark.e2e
-def test_bfloat16_training_exports_a_float32_signature_and_says_which_part_ran_in_what(train_argv, tmp_path,
-                                                                                       capsys):
+def test_bfloat16_training_exports_a_float32_signature_and_says_which_part_ran_in_what(train_argv, tmp_path, capsys):
     from common.export.census import saved_census
 
     assert train_main(train_argv("train.precision=mixed_bfloat16", "train.epochs=1")) == 0
@@ -132,22 +138,28 @@ def test_bfloat16_training_exports_a_float32_signature_and_says_which_part_ran_i
     tf.keras.mixed_precision.set_global_policy("float32")  # leave the process as other tests expect it
     log = capsys.readouterr().out
     # The tiny backbone is a TF Hub SavedModel, as the demo's is: its dtypes are fixed, the policy reaches the head.
-    assert ("[train] precision: backbone float32, head bfloat16 (policy mixed_bfloat16; a TF Hub backbone keeps its "
-            "SavedModel's dtypes)") in log
+    assert (
+        "[train] precision: backbone float32, head bfloat16 (policy mixed_bfloat16; a TF Hub backbone keeps its "
+        "SavedModel's dtypes)"
+    ) in log
     assert "[train] float16 signature not exported: its graph would run 25% of the compute ops in float16" in log
     export = tmp_path / "out" / "export" / "fold0"
     card = read_card(export)
     assert card.precision["trained"] == {"policy": "mixed_bfloat16", "backbone": "float32", "head": "bfloat16"}
     assert card.precisions == {"float32": "serving_default"}
-    assert saved_census(export / "saved_model", "serving_default") == {"Conv2D": {"float32": 3},
-                                                                       "MatMul": {"float32": 1}}
-    code = (TENSORFLOW_ALONE + "import numpy as np, tensorflow as tf; "
-            f"m = tf.saved_model.load({str(export / 'saved_model')!r}); s = m.signatures['serving_default']; "
-            "spec = s.structured_input_signature[1]['images']; "
-            "out = s(images=tf.zeros([3, 16, 16, 3], tf.uint8))['predictions']; "
-            "dtypes = {v.dtype.name for v in s.variables}; "
-            "bf16 = 'DT_BFLOAT16' in str(s.graph.as_graph_def()); "  # nested functions included
-            "print(spec.dtype.name, out.dtype.name, out.shape[0], out.shape[1], ','.join(sorted(dtypes)), bf16)")
+    assert saved_census(export / "saved_model", "serving_default") == {
+        "Conv2D": {"float32": 3},
+        "MatMul": {"float32": 1},
+    }
+    code = (
+        TENSORFLOW_ALONE + "import numpy as np, tensorflow as tf; "
+        f"m = tf.saved_model.load({str(export / 'saved_model')!r}); s = m.signatures['serving_default']; "
+        "spec = s.structured_input_signature[1]['images']; "
+        "out = s(images=tf.zeros([3, 16, 16, 3], tf.uint8))['predictions']; "
+        "dtypes = {v.dtype.name for v in s.variables}; "
+        "bf16 = 'DT_BFLOAT16' in str(s.graph.as_graph_def()); "  # nested functions included
+        "print(spec.dtype.name, out.dtype.name, out.shape[0], out.shape[1], ','.join(sorted(dtypes)), bf16)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     # uint8 in, float32 out, float32 variables, and no bfloat16 anywhere in the serving graph
     assert out.stdout.split() == ["uint8", "float32", "3", "10", "float32", "False"]
@@ -186,8 +198,10 @@ def test_fold_estimates_come_from_the_last_fold_scaled_to_the_schedule():
     assert export_reserve_seconds(timing, 5) == 50 and export_reserve_seconds(None, 5) == 300
     assert should_start(1, 730.0, 729.5) == (True, "")
     start, why = should_start(2, 600.0, 729.5)
-    assert not start and why == ("[train] time budget: 10.0 min left, fold 2 needs about 12.2 min (the last fold's "
-                                 "epochs and export, or train.fold_minutes): fold 2 not started")
+    assert not start and why == (
+        "[train] time budget: 10.0 min left, fold 2 needs about 12.2 min (the last fold's "
+        "epochs and export, or train.fold_minutes): fold 2 not started"
+    )
 
 
 def test_the_budget_cuts_only_an_epoch_that_has_a_next_one():
@@ -197,25 +211,43 @@ def test_the_budget_cuts_only_an_epoch_that_has_a_next_one():
     assert cuts_after(1, 2, now, 60.0, deadline=now + 59)  # one more epoch would end past the deadline
     assert not cuts_after(2, 2, now, 60.0, deadline=now + 59)  # after the last planned epoch nothing is cut
     assert not cuts_after(1, 2, now, 60.0, deadline=now + 60)  # it ends exactly at the deadline: it fits
-    assert cut_message(1, 59.4, 60.2) == ("[train] time budget: 59 s left before the export, an epoch takes 60 s: "
-                                          "stopping after epoch 1 (the budget cuts this fold)")
+    assert cut_message(1, 59.4, 60.2) == (
+        "[train] time budget: 59 s left before the export, an epoch takes 60 s: "
+        "stopping after epoch 1 (the budget cuts this fold)"
+    )
 
 
 @pytest.mark.e2e
 def test_the_time_budget_cuts_a_fold_starts_no_fold_it_cannot_finish_and_inference_weighs_the_cut(
-        train_argv, demo_dir, tmp_path, capsys):
+    train_argv, demo_dir, tmp_path, capsys
+):
     from infer_gpu.infer import main as infer_main
 
     # 30 min: fold 0 starts (nothing measured yet, train.fold_minutes=0) and the budget cuts it after its first epoch,
     # since the export's 60 min (train.export_minutes) are kept back, whatever the host's speed. Minutes are left for
     # fold 1, but it would need 10000 epochs at fold 0's pace: it is not started, nor are the folds after it.
-    assert train_main(train_argv("train.fold=-1", "train.epochs=10000", "train.steps_per_epoch=8",
-                                 "train.time_budget_hours=0.5", "train.export_minutes=60")) == 0
+    assert (
+        train_main(
+            train_argv(
+                "train.fold=-1",
+                "train.epochs=10000",
+                "train.steps_per_epoch=8",
+                "train.time_budget_hours=0.5",
+                "train.export_minutes=60",
+            )
+        )
+        == 0
+    )
     log = capsys.readouterr().out
     export = tmp_path / "out" / "export"
     card = read_card(export / "fold0")
-    assert card.time_budget == {"cut": True, "epochs_trained": 1, "epochs_planned": 10000, "exported_epoch": 1,
-                                   "budget_hours": 0.5}
+    assert card.time_budget == {
+        "cut": True,
+        "epochs_trained": 1,
+        "epochs_planned": 10000,
+        "exported_epoch": 1,
+        "budget_hours": 0.5,
+    }
     assert "stopping after epoch 1 (the budget cuts this fold)" in log
     planned = re.search(r"time budget: ([\d.]+) min left, fold 1 needs about ([\d.]+) min", log)
     left, needed = float(planned.group(1)), float(planned.group(2))
@@ -225,14 +257,25 @@ def test_the_time_budget_cuts_a_fold_starts_no_fold_it_cannot_finish_and_inferen
     assert list(report["folds"]) == ["fold0"] and report["not_started"] == [1, 2, 3, 4]
 
     def infer(*settings):
-        return infer_main([a for s in (f"infer.exports=[{export}]", f"runtime.competition_dir={demo_dir}",
-                                       f"runtime.output_dir={tmp_path / 'infer'}", *settings)
-                           for a in ("--set", s)])
+        return infer_main(
+            [
+                a
+                for s in (
+                    f"infer.exports=[{export}]",
+                    f"runtime.competition_dir={demo_dir}",
+                    f"runtime.output_dir={tmp_path / 'infer'}",
+                    *settings,
+                )
+                for a in ("--set", s)
+            ]
+        )
 
     assert infer() == 0
     log = capsys.readouterr().out
-    assert (f"[infer] {export / 'fold0'}: the training time budget cut this fold after 1 of 10000 epochs (exported: "
-            "epoch 1); infer.cut_folds=weight: weight 0.00") in log
+    assert (
+        f"[infer] {export / 'fold0'}: the training time budget cut this fold after 1 of 10000 epochs (exported: "
+        "epoch 1); infer.cut_folds=weight: weight 0.00"
+    ) in log
     assert len((tmp_path / "infer" / "submission.csv").read_text().splitlines()) == 361
     with pytest.raises(ExportError, match="the training time budget cut every export, and infer.cut_folds=exclude"):
         infer("infer.cut_folds=exclude")
@@ -289,9 +332,16 @@ def test_all_folds_in_turn_give_out_of_fold_scores(tmp_path, tiny_backbone):
     labels = ["cat", "dog", "emu"] * 12
     comp = write_competition(tmp_path / "comp", labels, size=16)
     convert_competition(comp, tmp_path / "rec", load_config(None, ["data.folds=2"]).data)
-    argv = [f"runtime.tfrecords={tmp_path / 'rec'}", f"model.hub_handle={tiny_backbone}", "data.image_size=16",
-            "train.fold=-1", "train.epochs=1", "train.steps_per_epoch=2", "train.batch_size_per_replica=4",
-            f"runtime.output_dir={tmp_path / 'out'}"]
+    argv = [
+        f"runtime.tfrecords={tmp_path / 'rec'}",
+        f"model.hub_handle={tiny_backbone}",
+        "data.image_size=16",
+        "train.fold=-1",
+        "train.epochs=1",
+        "train.steps_per_epoch=2",
+        "train.batch_size_per_replica=4",
+        f"runtime.output_dir={tmp_path / 'out'}",
+    ]
     assert train_main([a for item in argv for a in ("--set", item)]) == 0
     report = json.loads((tmp_path / "out" / "export" / "training_report.json").read_text())
     assert sorted(report["folds"]) == ["fold0", "fold1"]
@@ -325,12 +375,24 @@ def test_the_best_epoch_is_exported_not_the_last(tmp_path, tiny_backbone):
                 png = io.BytesIO()
                 Image.fromarray(pixels).save(png, format="PNG")
                 writer.write(serialize_example(png.getvalue(), f"{split}{i}", (i + shift) % 3, RecordSchema()))
-    argv = [f"runtime.tfrecords={tmp_path / 'rec'}", "data.class_names=[cat,dog,emu]", "data.train_files=train/*.tfrec",
-            "data.val_files=val/*.tfrec", f"model.hub_handle={tiny_backbone}", "data.image_size=16",
-            "train.fold=0", "train.epochs=4", "train.steps_per_epoch=6", "train.batch_size_per_replica=4",
-            "train.learning_rate=0.1", "train.warmup_epochs=0", "train.metric=log_loss", "model.dropout=0",
-            "train.early_stopping=2",
-            f"runtime.output_dir={tmp_path / 'out'}"]
+    argv = [
+        f"runtime.tfrecords={tmp_path / 'rec'}",
+        "data.class_names=[cat,dog,emu]",
+        "data.train_files=train/*.tfrec",
+        "data.val_files=val/*.tfrec",
+        f"model.hub_handle={tiny_backbone}",
+        "data.image_size=16",
+        "train.fold=0",
+        "train.epochs=4",
+        "train.steps_per_epoch=6",
+        "train.batch_size_per_replica=4",
+        "train.learning_rate=0.1",
+        "train.warmup_epochs=0",
+        "train.metric=log_loss",
+        "model.dropout=0",
+        "train.early_stopping=2",
+        f"runtime.output_dir={tmp_path / 'out'}",
+    ]
     assert train_main([a for item in argv for a in ("--set", item)]) == 0
     export = tmp_path / "out" / "export" / "fold0"
     card = read_card(export)
@@ -352,13 +414,24 @@ def test_ema_exports_the_optimisers_averaged_weights(demo_records, tiny_backbone
     from common.training.fold import train_fold
 
     records_dir, _ = demo_records
-    cfg = load_config(None, [f"model.hub_handle={tiny_backbone}", "data.image_size=16", "train.epochs=2",
-                             "train.steps_per_epoch=5", "train.batch_size_per_replica=16", "train.ema=0.9",
-                             "train.keep=last", "train.learning_rate=0.1"])
+    cfg = load_config(
+        None,
+        [
+            f"model.hub_handle={tiny_backbone}",
+            "data.image_size=16",
+            "train.epochs=2",
+            "train.steps_per_epoch=5",
+            "train.batch_size_per_replica=16",
+            "train.ema=0.9",
+            "train.keep=last",
+            "train.learning_rate=0.1",
+        ],
+    )
     strategy = get_strategy("default")
     backend = TFBackend(cfg, strategy, str(tiny_backbone))
-    train_fold(cfg, backend, record_set(str(records_dir), cfg.data, 0), tmp_path / "work",
-               deadline=time.monotonic() + 600)
+    train_fold(
+        cfg, backend, record_set(str(records_dir), cfg.data, 0), tmp_path / "work", deadline=time.monotonic() + 600
+    )
     optimizer = backend.model.optimizer
     assert optimizer.use_ema and optimizer.ema_momentum == pytest.approx(0.9)
     averages = [v.numpy() for v in optimizer._model_variables_moving_average]

@@ -72,20 +72,30 @@ def argv(*settings) -> list[str]:
 @pytest.fixture(scope="module")
 def clean_predictions(trained_export, demo_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("clean")
-    assert infer_main(argv(f"infer.exports=[{trained_export}]", f"runtime.competition_dir={demo_dir}",
-                           f"runtime.output_dir={out}", "runtime.tfrecords=")) == 0
+    assert (
+        infer_main(
+            argv(
+                f"infer.exports=[{trained_export}]",
+                f"runtime.competition_dir={demo_dir}",
+                f"runtime.output_dir={out}",
+                "runtime.tfrecords=",
+            )
+        )
+        == 0
+    )
     return probabilities(out)
 
 
-def test_every_odd_test_image_is_read_and_the_unreadable_ones_get_the_fallback(trained_export, demo_dir, tmp_path,
-                                                                                clean_predictions):
+def test_every_odd_test_image_is_read_and_the_unreadable_ones_get_the_fallback(
+    trained_export, demo_dir, tmp_path, clean_predictions
+):
     competition = shutil.copytree(demo_dir, tmp_path / "competition")
     images = sorted((competition / "test").iterdir())
     made = {}
     for path, (kind, (make, _)) in zip(images, VARIANTS.items(), strict=False):
         path.write_bytes(make(Image.open(path).convert("RGB")))
         made[kind] = path.stem
-    for path, (kind, data) in zip(images[len(VARIANTS):], UNREADABLE.items(), strict=False):
+    for path, (kind, data) in zip(images[len(VARIANTS) :], UNREADABLE.items(), strict=False):
         path.write_bytes(data)
         made[kind] = path.stem
     template = [r["id"] for r in read_csv(competition / "sample_submission.csv")]
@@ -93,29 +103,37 @@ def test_every_odd_test_image_is_read_and_the_unreadable_ones_get_the_fallback(t
 
     # The kernel with TensorFlow alone, the image check on (warn, the default).
     out = tmp_path / "warn"
-    code = (f"import sys; sys.modules.update(dict.fromkeys({BLOCKED!r})); from infer_gpu.infer import main; "
-            f"sys.exit(main({argv(*settings, f'runtime.output_dir={out}')!r}))")
+    code = (
+        f"import sys; sys.modules.update(dict.fromkeys({BLOCKED!r})); from infer_gpu.infer import main; "
+        f"sys.exit(main({argv(*settings, f'runtime.output_dir={out}')!r}))"
+    )
     run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     assert [r["id"] for r in read_csv(out / "submission.csv")] == template  # every row, in the template's order
     got = probabilities(out)
     for kind, (_, tolerance) in VARIANTS.items():
         if tolerance is not None:
-            np.testing.assert_allclose(got[made[kind]], clean_predictions[made[kind]], rtol=0, atol=tolerance,
-                                       err_msg=kind)
+            np.testing.assert_allclose(
+                got[made[kind]], clean_predictions[made[kind]], rtol=0, atol=tolerance, err_msg=kind
+            )
     readable = [got[i] for i in template if i not in (made["empty file"], made["HTML error page"])]
     for kind in UNREADABLE:  # the fallback: the mean prediction of the readable test images
         np.testing.assert_allclose(got[made[kind]], np.mean(readable, axis=0), rtol=0, atol=1e-5, err_msg=kind)
-    assert (f"[infer] 2 test image(s) TensorFlow could not decode were read with Pillow: {made['TIFF bytes']}, "
-            f"{made['truncated JPEG']}") in run.stdout
-    assert (f"[infer] warning: 2 test image(s) cannot be read by TensorFlow or Pillow, e.g. {made['empty file']}, "
-            f"{made['HTML error page']}: each predicted as the mean of the 358 readable test images "
-            "(infer.on_bad_image=fallback); listed in bad_test_images.csv") in run.stdout
+    assert (
+        f"[infer] 2 test image(s) TensorFlow could not decode were read with Pillow: {made['TIFF bytes']}, "
+        f"{made['truncated JPEG']}"
+    ) in run.stdout
+    assert (
+        f"[infer] warning: 2 test image(s) cannot be read by TensorFlow or Pillow, e.g. {made['empty file']}, "
+        f"{made['HTML error page']}: each predicted as the mean of the 358 readable test images "
+        "(infer.on_bad_image=fallback); listed in bad_test_images.csv"
+    ) in run.stdout
     assert "2 x unreadable by Pillow" in run.stdout  # the header check counts them instead of raising
     bad = read_csv(out / "bad_test_images.csv")
-    assert [(r["id"], Path(r["path"]).name) for r in bad] == [(made["empty file"], f"{made['empty file']}.png"),
-                                                               (made["HTML error page"],
-                                                                f"{made['HTML error page']}.png")]
+    assert [(r["id"], Path(r["path"]).name) for r in bad] == [
+        (made["empty file"], f"{made['empty file']}.png"),
+        (made["HTML error page"], f"{made['HTML error page']}.png"),
+    ]
     assert bad[0]["problem"] == "empty (0 bytes)"
     assert bad[1]["problem"].startswith("TensorFlow: ") and "Pillow: UnidentifiedImageError" in bad[1]["problem"]
 
@@ -130,14 +148,17 @@ def test_every_odd_test_image_is_read_and_the_unreadable_ones_get_the_fallback(t
     assert all(made[k] in str(strict.value) for k in ("empty file", "HTML error page", "1x1", "6000x4000"))
     with pytest.raises(DataError) as error:
         infer_main(argv(*settings, f"runtime.output_dir={tmp_path / 'error'}", "infer.on_bad_image=error"))
-    assert str(error.value).startswith("2 of 360 test images cannot be read by TensorFlow or Pillow:\n  "
-                                       f"{made['empty file']} ({images[len(VARIANTS)]}): empty (0 bytes)\n  "
-                                       f"{made['HTML error page']} (")
+    assert str(error.value).startswith(
+        "2 of 360 test images cannot be read by TensorFlow or Pillow:\n  "
+        f"{made['empty file']} ({images[len(VARIANTS)]}): empty (0 bytes)\n  "
+        f"{made['HTML error page']} ("
+    )
     assert not (tmp_path / "strict").exists() and not (tmp_path / "error").exists()  # nothing half-written
 
 
-def test_a_damaged_test_record_and_a_missing_test_file_get_the_fallback(trained_export, demo_dir, tmp_path,
-                                                                       clean_predictions):
+def test_a_damaged_test_record_and_a_missing_test_file_get_the_fallback(
+    trained_export, demo_dir, tmp_path, clean_predictions
+):
     competition = shutil.copytree(demo_dir, tmp_path / "competition")
     template = [r["id"] for r in read_csv(competition / "sample_submission.csv")]
     damaged, absent = template[7], template[11]
@@ -157,16 +178,19 @@ def test_a_damaged_test_record_and_a_missing_test_file_get_the_fallback(trained_
     np.testing.assert_allclose([got[damaged], got[absent]], [fallback, fallback], rtol=0, atol=1e-5)
     np.testing.assert_allclose(got[template[0]], clean_predictions[template[0]], rtol=0, atol=2e-6)
     bad = read_csv(out / "bad_test_images.csv")
-    assert [(r["id"], r["problem"].split(":")[0]) for r in bad] == [(damaged, "TensorFlow"),
-                                                                     (absent, "not in the test records, or its record "
-                                                                              "is damaged")]
+    assert [(r["id"], r["problem"].split(":")[0]) for r in bad] == [
+        (damaged, "TensorFlow"),
+        (absent, "not in the test records, or its record is damaged"),
+    ]
 
     (competition / "test" / f"{absent}.png").unlink()  # a listed test image missing from the folder
     out = tmp_path / "from_folder"
     assert infer_main(argv(*settings, "runtime.tfrecords=", f"runtime.output_dir={out}")) == 0
     assert [r["id"] for r in read_csv(out / "submission.csv")] == template
     assert [r["problem"] for r in read_csv(out / "bad_test_images.csv")] == [
-        f"no image {absent}[.jpg|.jpeg|.png] in {competition / 'test'}"]
+        f"no image {absent}[.jpg|.jpeg|.png] in {competition / 'test'}"
+    ]
     with pytest.raises(DataError, match=rf"1 of 360 test images cannot be read by TensorFlow or Pillow:\n  {absent} "):
-        infer_main(argv(*settings, "runtime.tfrecords=", f"runtime.output_dir={tmp_path / 'e'}",
-                        "infer.on_bad_image=error"))
+        infer_main(
+            argv(*settings, "runtime.tfrecords=", f"runtime.output_dir={tmp_path / 'e'}", "infer.on_bad_image=error")
+        )

@@ -17,8 +17,9 @@ from common.core.packages import optional_import
 import tensorflow as tf
 
 
-def save_tiny_backbone(out_dir: str | Path, width: int = 32, batch_norm: bool = True, seed: int = 0,
-                       overwrite: bool = False) -> Path:
+def save_tiny_backbone(
+    out_dir: str | Path, width: int = 32, batch_norm: bool = True, seed: int = 0, overwrite: bool = False
+) -> Path:
     """Write the SavedModel to out_dir (reused when it is already there, unless overwrite).
 
     batch_norm=False gives a net whose gradient does not depend on how a batch is split over replicas (batch
@@ -36,8 +37,9 @@ def save_tiny_backbone(out_dir: str | Path, width: int = 32, batch_norm: bool = 
             # moving statistics are usable after a short run.
             blocks.append(layers.BatchNormalization(momentum=0.9))
         blocks.append(layers.ReLU())
-    model = tf.keras.Sequential([tf.keras.Input((None, None, 3)), *blocks, layers.GlobalAveragePooling2D()],
-                                name="tiny_backbone")
+    model = tf.keras.Sequential(
+        [tf.keras.Input((None, None, 3)), *blocks, layers.GlobalAveragePooling2D()], name="tiny_backbone"
+    )
     with staged_dir(out_dir, overwrite=True) as tmp:
         tf.saved_model.save(model, str(tmp))
     return out_dir
@@ -56,10 +58,14 @@ def save_tiny_keras_backbone(path: str | Path, width: int = 32, seed: int = 0, o
     layers = keras.layers
     blocks = []
     for filters, stride in ((width, 1), (2 * width, 2), (4 * width, 2)):
-        blocks += [layers.Conv2D(filters, 3, strides=stride, padding="same", use_bias=False),
-                   layers.BatchNormalization(momentum=0.9), layers.ReLU()]
-    model = keras.Sequential([keras.Input((None, None, 3)), *blocks, layers.GlobalAveragePooling2D()],
-                             name="tiny_keras_backbone")
+        blocks += [
+            layers.Conv2D(filters, 3, strides=stride, padding="same", use_bias=False),
+            layers.BatchNormalization(momentum=0.9),
+            layers.ReLU(),
+        ]
+    model = keras.Sequential(
+        [keras.Input((None, None, 3)), *blocks, layers.GlobalAveragePooling2D()], name="tiny_keras_backbone"
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f"partial-{path.name}")
     model.save(partial)

@@ -39,9 +39,11 @@ GPU_SHAPES = ("NvidiaTeslaT4", "NvidiaTeslaP100", "NvidiaL4", "NvidiaTeslaA100",
 MACHINE_SHAPES = (*GPU_SHAPES, *TPU_SHAPES)
 # Kaggle still allocates a P100, and its image's PyTorch no longer runs there (kaggle-cli #1151: the first CUDA op
 # fails with cudaErrorNoKernelImageForDevice; docker-python #1544 dropped sm_60); P100s are being phased out.
-RETIRED_SHAPES = {"NvidiaTeslaP100": "Kaggle's image no longer runs on a P100 (its PyTorch is built without sm_60: the "
-                                     "first CUDA op fails with cudaErrorNoKernelImageForDevice, kaggle-cli #1151), and "
-                                     "P100s are being phased out"}
+RETIRED_SHAPES = {
+    "NvidiaTeslaP100": "Kaggle's image no longer runs on a P100 (its PyTorch is built without sm_60: the "
+    "first CUDA op fails with cudaErrorNoKernelImageForDevice, kaggle-cli #1151), and "
+    "P100s are being phased out"
+}
 _SLUG = re.compile(r"^[a-z0-9](?:[a-z0-9-]*[a-z0-9])?$")
 
 
@@ -85,14 +87,20 @@ def validate_kernel_metadata(meta: dict, folder: Path, inference: bool, code_com
     if len(title) < 5:
         raise MetadataError(f"title: {title!r} is under 5 characters (the kaggle CLI refuses it)")
     if slugify(title) != slug:
-        raise MetadataError(f"title: {title!r} slugifies to {slugify(title)!r}, not the slug {slug!r}; Kaggle would "
-                            "give the kernel another URL. Fix: a title made of the slug's words")
+        raise MetadataError(
+            f"title: {title!r} slugifies to {slugify(title)!r}, not the slug {slug!r}; Kaggle would "
+            "give the kernel another URL. Fix: a title made of the slug's words"
+        )
     if not (folder / meta.get("code_file", "")).is_file():
         raise MetadataError(f"code_file: {meta.get('code_file')!r} does not exist in {folder}")
     if meta.get("language") != "python" or meta.get("kernel_type") != "script":
         raise MetadataError("language must be 'python' and kernel_type 'script'")
-    for key, kind in (("dataset_sources", "dataset"), ("kernel_sources", "kernel"), ("model_sources", "model"),
-                      ("competition_sources", "competition")):
+    for key, kind in (
+        ("dataset_sources", "dataset"),
+        ("kernel_sources", "kernel"),
+        ("model_sources", "model"),
+        ("competition_sources", "competition"),
+    ):
         for source in meta.get(key, []):
             _check_source(key, source, kind)
     shape = meta.get("machine_shape")
@@ -102,17 +110,22 @@ def validate_kernel_metadata(meta: dict, folder: Path, inference: bool, code_com
     if shape in RETIRED_SHAPES:
         raise MetadataError(f"{key}={shape}: {RETIRED_SHAPES[shape]}. Fix: {key}=NvidiaTeslaT4 (GPU T4 x2)")
     if meta.get("enable_gpu") is not (shape in GPU_SHAPES):
-        raise MetadataError(f"machine_shape {shape} with enable_gpu {meta.get('enable_gpu')}: a kernel that asks for "
-                            "a machine without its accelerator can land on another (kaggle-cli #821). Fix: "
-                            f"enable_gpu {str(shape in GPU_SHAPES).lower()} in kernel-metadata/")
+        raise MetadataError(
+            f"machine_shape {shape} with enable_gpu {meta.get('enable_gpu')}: a kernel that asks for "
+            "a machine without its accelerator can land on another (kaggle-cli #821). Fix: "
+            f"enable_gpu {str(shape in GPU_SHAPES).lower()} in kernel-metadata/"
+        )
     if "docker_image" in meta:
-        raise MetadataError("docker_image: a pinned image puts a TPU kernel on the CPU image (kaggle-cli #1197); "
-                            "remove it")
+        raise MetadataError(
+            "docker_image: a pinned image puts a TPU kernel on the CPU image (kaggle-cli #1197); remove it"
+        )
     if not isinstance(meta.get("enable_internet"), bool):
         raise MetadataError("enable_internet must be set explicitly: the CLI's default is true")
     if inference and code_competition and meta["enable_internet"]:
-        raise MetadataError("enable_internet: true on the inference kernel of a code competition, whose submissions "
-                            "must run offline. Fix: kaggle.infer_internet=false")
+        raise MetadataError(
+            "enable_internet: true on the inference kernel of a code competition, whose submissions "
+            "must run offline. Fix: kaggle.infer_internet=false"
+        )
 
 
 def validate_dataset_metadata(meta: dict) -> None:
@@ -143,17 +156,24 @@ def template_values(cfg: Config) -> dict:
     wheels = wheels_ref(k.tpu_wheels, k.owner) if k.train_accelerator in TPU_SHAPES else ""
     dataset = f"{k.owner}/{k.model_dataset}" + (f"/{k.dataset_version}" if k.dataset_version else "")
     return {
-        "owner": k.owner, "train_kernel": k.train_kernel, "infer_kernel": k.infer_kernel,
-        "model_dataset": k.model_dataset, "private": k.private,
+        "owner": k.owner,
+        "train_kernel": k.train_kernel,
+        "infer_kernel": k.infer_kernel,
+        "model_dataset": k.model_dataset,
+        "private": k.private,
         "train_title": k.train_title or k.train_kernel.replace("-", " "),
         "infer_title": k.infer_title or k.infer_kernel.replace("-", " "),
         "dataset_title": k.dataset_title or k.model_dataset.replace("-", " "),
-        "train_internet": k.train_internet, "infer_internet": k.infer_internet,
-        "train_accelerator": k.train_accelerator, "infer_accelerator": k.infer_accelerator,
-        "train_gpu": k.train_accelerator in GPU_SHAPES, "infer_gpu": k.infer_accelerator in GPU_SHAPES,
+        "train_internet": k.train_internet,
+        "infer_internet": k.infer_internet,
+        "train_accelerator": k.train_accelerator,
+        "infer_accelerator": k.infer_accelerator,
+        "train_gpu": k.train_accelerator in GPU_SHAPES,
+        "infer_gpu": k.infer_accelerator in GPU_SHAPES,
         "train_dataset_sources": list(dict.fromkeys([*k.dataset_sources, *filter(None, [wheels])])),
         "infer_dataset_sources": [dataset],
-        "competition_sources": [k.competition] if k.competition else [], "model_sources": list(k.model_sources),
+        "competition_sources": [k.competition] if k.competition else [],
+        "model_sources": list(k.model_sources),
     }
 
 
@@ -161,14 +181,21 @@ def kernel_config(cfg: Config, kernel: str) -> dict:
     """The project config as the kernel runs it on Kaggle: inputs by their attached names, output in /kaggle/working.
     The inference kernel gets the model dataset as its exports, and keeps runtime.tfrecords only when that is the
     competition's own data (the only input attached to both kernels)."""
-    runtime = dataclasses.replace(cfg.runtime, output_dir="", scratch_dir="",
-                                  competition_dir=cfg.kaggle.competition or cfg.runtime.competition_dir)
+    runtime = dataclasses.replace(
+        cfg.runtime,
+        output_dir="",
+        scratch_dir="",
+        competition_dir=cfg.kaggle.competition or cfg.runtime.competition_dir,
+    )
     run = dataclasses.replace(cfg, runtime=runtime)
     if kernel == "infer":
         exports = cfg.infer.exports or (f"{cfg.kaggle.owner}/{cfg.kaggle.model_dataset}",)
         shared = runtime.tfrecords if runtime.tfrecords == cfg.kaggle.competition else ""
-        run = dataclasses.replace(run, infer=dataclasses.replace(cfg.infer, exports=exports),
-                                  runtime=dataclasses.replace(runtime, tfrecords=shared))
+        run = dataclasses.replace(
+            run,
+            infer=dataclasses.replace(cfg.infer, exports=exports),
+            runtime=dataclasses.replace(runtime, tfrecords=shared),
+        )
     return config_to_dict(run)
 
 
@@ -241,24 +268,35 @@ if code:
 # come before the entry point is imported: on a TPU image without a TPU build, the TPU stack is installed and the
 # kernel runs again (run_kernel). Inference: TensorFlow alone, whichever build the GPU image holds: the entry point
 # under core's guarded, which ends a user's error with one line and exit code 2.
-START = {"train": """from common.launch.kernel import run_kernel  # noqa: E402
+START = {
+    "train": """from common.launch.kernel import run_kernel  # noqa: E402
 code = run_kernel("train", "{entry}", config_path, BUNDLE_PATH)""",
-         "infer": """from common.core.errors import guarded  # noqa: E402
+    "infer": """from common.core.errors import guarded  # noqa: E402
 from {entry} import main  # noqa: E402
-code = guarded("infer", lambda: main(["--config", config_path]))"""}
+code = guarded("infer", lambda: main(["--config", config_path]))""",
+}
 
 
 def build_script(cfg: Config, kernel: str) -> str:
     package, entry = KERNELS[kernel]
     data = bundle_zip(["common", package], LEFT_OUT[kernel])
     encoded = base64.b64encode(data).decode()
-    chunks = "\n".join(f'    "{encoded[i:i + 100]}"' for i in range(0, len(encoded), 100))
+    chunks = "\n".join(f'    "{encoded[i : i + 100]}"' for i in range(0, len(encoded), 100))
     config = json.dumps(kernel_config(cfg, kernel), indent=1)
-    note = {"train": " (on a TPU image without a TPU build of TensorFlow it installs the TPU stack first: see\n"
-                     "common/launch/tpu_stack.py in the bundle)",
-            "infer": " (the TPU launcher and training, common/launch and common/training, left out)"}[kernel]
-    return SCRIPT.format(kernel=kernel, sha=hashlib.sha256(data).hexdigest(), packages=["common", package],
-                         config=config, chunks=chunks, start=START[kernel].format(entry=entry), note=note)
+    note = {
+        "train": " (on a TPU image without a TPU build of TensorFlow it installs the TPU stack first: see\n"
+        "common/launch/tpu_stack.py in the bundle)",
+        "infer": " (the TPU launcher and training, common/launch and common/training, left out)",
+    }[kernel]
+    return SCRIPT.format(
+        kernel=kernel,
+        sha=hashlib.sha256(data).hexdigest(),
+        packages=["common", package],
+        config=config,
+        chunks=chunks,
+        start=START[kernel].format(entry=entry),
+        note=note,
+    )
 
 
 def build(cfg: Config, out_dir: str | Path, demo: bool = False) -> dict[str, Path]:
@@ -270,8 +308,11 @@ def build(cfg: Config, out_dir: str | Path, demo: bool = False) -> dict[str, Pat
     if problems and not demo:
         raise MetadataError("the training kernel could not run on Kaggle:\n- " + "\n- ".join(problems))
     if problems:
-        print(f"[build] demo build in {out}: for reading, not for pushing; on Kaggle it would stop because\n- "
-              + "\n- ".join(problems), flush=True)
+        print(
+            f"[build] demo build in {out}: for reading, not for pushing; on Kaggle it would stop because\n- "
+            + "\n- ".join(problems),
+            flush=True,
+        )
     values = template_values(cfg)
     with staged_dir(out, overwrite=True) as tmp:
         for kernel in KERNELS:
@@ -279,8 +320,9 @@ def build(cfg: Config, out_dir: str | Path, demo: bool = False) -> dict[str, Pat
             folder.mkdir()
             meta = _fill(json.loads((TEMPLATES / f"{kernel}.json").read_text()), values)
             (folder / meta["code_file"]).write_text(build_script(cfg, kernel))
-            validate_kernel_metadata(meta, folder, inference=kernel == "infer",
-                                     code_competition=cfg.kaggle.code_competition)
+            validate_kernel_metadata(
+                meta, folder, inference=kernel == "infer", code_competition=cfg.kaggle.code_competition
+            )
             (folder / "kernel-metadata.json").write_text(json.dumps(meta, indent=2) + "\n")
         dataset = _fill(json.loads((TEMPLATES / "dataset.json").read_text()), values)
         validate_dataset_metadata(dataset)

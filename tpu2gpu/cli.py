@@ -48,8 +48,10 @@ def cmd_train(args) -> int:
     from tpu2gpu.launcher import launch
 
     cfg = config_from_args(args)  # checked here, before any process starts
-    kernel_args = [*(["--config", args.config] if args.config else []),
-                   *[a for s in args.overrides for a in ("--set", s)]]
+    kernel_args = [
+        *(["--config", args.config] if args.config else []),
+        *[a for s in args.overrides for a in ("--set", s)],
+    ]
     return launch(kernel_args, args.processes, cfg.runtime.cpu_devices, torch=chosen_framework(cfg) == "torch")
 
 
@@ -87,8 +89,9 @@ def cmd_tfrecords(args) -> int:
         manifest = convert_competition(competition, out, cfg.data, overwrite=args.overwrite)
     for name, split in manifest["splits"].items():
         sizes = [s["bytes"] / 1e6 for s in split["shards"]]
-        print(f"{name:>8}: {split['count']:6d} records in {len(sizes):3d} shards of "
-              f"{min(sizes):.2f}-{max(sizes):.2f} MB")
+        print(
+            f"{name:>8}: {split['count']:6d} records in {len(sizes):3d} shards of {min(sizes):.2f}-{max(sizes):.2f} MB"
+        )
     skipped = manifest["skipped"]
     if skipped["count"]:
         print(f"skipped {skipped['count']} bad image(s) (data.on_bad_image=skip): listed in {out}/{skipped['file']}")
@@ -158,9 +161,11 @@ def cmd_verify_export(args) -> int:
     for card in workflow.verify_export(Path(args.export)):
         m, metric = card.metrics, card.metric
         value = "n/a" if metric["value"] is None else f"{metric['value']:.4f}"
-        print(f"fold{card.fold}: complete, {card.task}, {len(card.class_names)} classes, {card.image_size} px, "
-              f"{metric['name']} {value} (epoch {m['best_epoch']} of {m['epochs']}), signatures "
-              f"{sorted(card.precisions)}")
+        print(
+            f"fold{card.fold}: complete, {card.task}, {len(card.class_names)} classes, {card.image_size} px, "
+            f"{metric['name']} {value} (epoch {m['best_epoch']} of {m['epochs']}), signatures "
+            f"{sorted(card.precisions)}"
+        )
     return 0
 
 
@@ -168,8 +173,13 @@ def cmd_publish(args) -> int:
     from tpu2gpu import workflow
 
     cfg = config_from_args(args)
-    workflow.publish_export(Path(args.export), Path(args.build) / "dataset" / "dataset-metadata.json",
-                            f"{cfg.kaggle.owner}/{cfg.kaggle.model_dataset}", args.message, args.dry_run)
+    workflow.publish_export(
+        Path(args.export),
+        Path(args.build) / "dataset" / "dataset-metadata.json",
+        f"{cfg.kaggle.owner}/{cfg.kaggle.model_dataset}",
+        args.message,
+        args.dry_run,
+    )
     return 0
 
 
@@ -192,8 +202,13 @@ def cmd_workflow(args) -> int:
     workflow.push(build_dir, "train", args.dry_run)
     workflow.wait(workflow.kernel_ref(cfg, "train"), args.interval, dry_run=args.dry_run)
     workflow.fetch(workflow.kernel_ref(cfg, "train"), fetched, args.dry_run)
-    workflow.publish_export(fetched / "export", build_dir / "dataset" / "dataset-metadata.json",
-                            f"{cfg.kaggle.owner}/{cfg.kaggle.model_dataset}", args.message, args.dry_run)
+    workflow.publish_export(
+        fetched / "export",
+        build_dir / "dataset" / "dataset-metadata.json",
+        f"{cfg.kaggle.owner}/{cfg.kaggle.model_dataset}",
+        args.message,
+        args.dry_run,
+    )
     version = workflow.push(build_dir, "infer", args.dry_run)
     workflow.wait(workflow.kernel_ref(cfg, "infer"), args.interval, dry_run=args.dry_run)
     if not args.submit:
@@ -202,8 +217,11 @@ def cmd_workflow(args) -> int:
     if not cfg.kaggle.code_competition:  # a file competition: upload what the kernel wrote
         workflow.fetch(workflow.kernel_ref(cfg, "infer"), infer_out, args.dry_run)
     elif args.dry_run:  # no push ran, so no version is known: say where it comes from instead of inventing one
-        print(f"# then: kaggle competitions submit {cfg.kaggle.competition} -k {workflow.kernel_ref(cfg, 'infer')} "
-              f"-f {cfg.infer.submission} -v <the version the push above reports> -m {args.message}", flush=True)
+        print(
+            f"# then: kaggle competitions submit {cfg.kaggle.competition} -k {workflow.kernel_ref(cfg, 'infer')} "
+            f"-f {cfg.infer.submission} -v <the version the push above reports> -m {args.message}",
+            flush=True,
+        )
         return 0
     workflow.submit(cfg, build_dir, version or 0, args.message, infer_out / cfg.infer.submission, args.dry_run)
     return 0
@@ -234,31 +252,54 @@ def _local_steps(steps) -> None:
     p = _step(steps, "config", "print the resolved config (defaults < --config file < --set)", cmd_config)
     p.add_argument("--reference", action="store_true", help="print every key, its default and meaning (markdown)")
     _step(steps, "env", "print the environment block: versions, devices, strategy, replicas", cmd_env)
-    p = _step(steps, "train", "run the training kernel here: one process, or N training together (keras_jax, torch)",
-              cmd_train, description="The training kernel on this machine. With --processes N > 1, N processes on "
-              "127.0.0.1 train together as the hosts of a pod slice or several GPU nodes would: keras_jax with "
-              "runtime.cpu_devices / N CPU devices each, torch as N torchrun nodes (gloo on the CPU); logs are "
-              "prefixed [pK] and the first failure stops the rest.")
+    p = _step(
+        steps,
+        "train",
+        "run the training kernel here: one process, or N training together (keras_jax, torch)",
+        cmd_train,
+        description="The training kernel on this machine. With --processes N > 1, N processes on "
+        "127.0.0.1 train together as the hosts of a pod slice or several GPU nodes would: keras_jax with "
+        "runtime.cpu_devices / N CPU devices each, torch as N torchrun nodes (gloo on the CPU); logs are "
+        "prefixed [pK] and the first failure stops the rest.",
+    )
     p.add_argument("--processes", type=int, default=1, help="processes to train with (default: %(default)s)")
-    p = _step(steps, "demo-data", "write the embedded demo competition (Kaggle layout, digits)", cmd_demo_data,
-              config=False)
+    p = _step(
+        steps, "demo-data", "write the embedded demo competition (Kaggle layout, digits)", cmd_demo_data, config=False
+    )
     p.add_argument("--out", default=str(DEFAULT_DEMO_DIR), help="folder to write (default: %(default)s)")
     p.add_argument("--overwrite", action="store_true", help="rewrite it even if complete")
-    p = _step(steps, "tfrecords", "convert a competition folder (CSV + images, or class folders) into sharded "
-              "TFRecords", cmd_tfrecords,
-              description="Convert a Kaggle-style competition (a CSV of ids and labels and a folder of JPEG/PNG "
-              "images, or the images in one folder per class; a test folder) into TFRecord shards with a manifest. "
-              "Column names, layout, folds, shard size and re-encoding come from the data section of the config.")
-    p.add_argument("--competition", metavar="DIR", help="competition folder (default: runtime.competition_dir, "
-                   "else the embedded demo)")
+    p = _step(
+        steps,
+        "tfrecords",
+        "convert a competition folder (CSV + images, or class folders) into sharded TFRecords",
+        cmd_tfrecords,
+        description="Convert a Kaggle-style competition (a CSV of ids and labels and a folder of JPEG/PNG "
+        "images, or the images in one folder per class; a test folder) into TFRecord shards with a manifest. "
+        "Column names, layout, folds, shard size and re-encoding come from the data section of the config.",
+    )
+    p.add_argument(
+        "--competition",
+        metavar="DIR",
+        help="competition folder (default: runtime.competition_dir, else the embedded demo)",
+    )
     p.add_argument("--out", metavar="DIR", help="output folder (default: runtime.tfrecords, else <competition>-tfrec)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
-    p = _step(steps, "verify-records", "check TFRecords against their manifest.json: every shard present and of its "
-              "size (before an upload, after a download)", cmd_verify_records, config=False)
+    p = _step(
+        steps,
+        "verify-records",
+        "check TFRecords against their manifest.json: every shard present and of its "
+        "size (before an upload, after a download)",
+        cmd_verify_records,
+        config=False,
+    )
     p.add_argument("--records", required=True, metavar="DIR", help="a `tpu2gpu tfrecords` folder")
     p.add_argument("--full", action="store_true", help="also read every record back (its CRC): seconds per GB")
-    p = _step(steps, "augment-preview", "draw a grid of augmented (and mixed) training images with their targets",
-              cmd_augment_preview)
+    p = _step(
+        steps,
+        "augment-preview",
+        "draw a grid of augmented (and mixed) training images with their targets",
+        cmd_augment_preview,
+    )
     p.add_argument("--out", required=True, metavar="FILE.png")
     p.add_argument("--rows", type=int, default=4)
     p.add_argument("--cols", type=int, default=6)
@@ -271,50 +312,81 @@ def _kernel_steps(steps) -> None:
     _kaggle_step(steps, "push", "kaggle kernels push a built kernel", cmd_push, kernel=True)
     p = _kaggle_step(steps, "wait", "poll kaggle kernels status until the kernel completes", cmd_wait, kernel=True)
     p.add_argument("--interval", type=float, default=60.0, help="seconds between polls")
-    p = _kaggle_step(steps, "fetch", "kaggle kernels output: download a kernel's outputs and log", cmd_fetch,
-                     kernel=True)
+    p = _kaggle_step(
+        steps, "fetch", "kaggle kernels output: download a kernel's outputs and log", cmd_fetch, kernel=True
+    )
     p.add_argument("--out", default="runs/kaggle/train", help="download folder (default: %(default)s)")
-    p = _step(steps, "verify-export", "check that every fold export is complete and show its card", cmd_verify_export,
-              config=False)
+    p = _step(
+        steps,
+        "verify-export",
+        "check that every fold export is complete and show its card",
+        cmd_verify_export,
+        config=False,
+    )
     p.add_argument("--export", default="runs/kaggle/train/export", help="export folder (default: %(default)s)")
-    p = _kaggle_step(steps, "publish", "verify the export and create / version the model dataset (--dir-mode zip)",
-                     cmd_publish)
+    p = _kaggle_step(
+        steps, "publish", "verify the export and create / version the model dataset (--dir-mode zip)", cmd_publish
+    )
     p.add_argument("--export", default="runs/kaggle/train/export", help="export folder (default: %(default)s)")
     p.add_argument("-m", "--message", default="tpu2gpu export")
 
 
 def _wheels_steps(steps) -> None:
     """The TPU stack's wheels, downloaded into a dataset folder and published for the training kernel."""
-    p = _step(steps, "wheels", "download the TPU stack's wheels (kaggle.tpu_packages) for Kaggle's TPU image into a "
-              "dataset folder", cmd_wheels)
+    p = _step(
+        steps,
+        "wheels",
+        "download the TPU stack's wheels (kaggle.tpu_packages) for Kaggle's TPU image into a dataset folder",
+        cmd_wheels,
+    )
     p.add_argument("--out", default="build/tpu-wheels", help="dataset folder to write (default: %(default)s)")
     p.add_argument("--python", default=IMAGE_PYTHON, help="the TPU image's Python (default: %(default)s)")
-    p.add_argument("--platform", action="append", default=[], help="pip --platform tags (repeatable; default: "
-                   "manylinux x86_64 tags)")
+    p.add_argument(
+        "--platform",
+        action="append",
+        default=[],
+        help="pip --platform tags (repeatable; default: manylinux x86_64 tags)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing folder")
     p.add_argument("--dry-run", action="store_true", help="print the pip command instead of running it")
-    p = _kaggle_step(steps, "publish-wheels", "create / version the wheels dataset (kaggle.tpu_wheels)",
-                     cmd_publish_wheels)
-    p.add_argument("--wheels", default="build/tpu-wheels", help="folder made by `tpu2gpu wheels` (default: "
-                   "%(default)s)")
+    p = _kaggle_step(
+        steps, "publish-wheels", "create / version the wheels dataset (kaggle.tpu_wheels)", cmd_publish_wheels
+    )
+    p.add_argument(
+        "--wheels", default="build/tpu-wheels", help="folder made by `tpu2gpu wheels` (default: %(default)s)"
+    )
     p.add_argument("-m", "--message", default="tpu2gpu TPU wheels")
 
 
 def _submission_steps(steps) -> None:
     """The submission, and the whole workflow that ends in it."""
-    p = _kaggle_step(steps, "submit", "submit to the competition: the pushed inference kernel (code competition) or "
-                     "its fetched submission.csv", cmd_submit)
+    p = _kaggle_step(
+        steps,
+        "submit",
+        "submit to the competition: the pushed inference kernel (code competition) or its fetched submission.csv",
+        cmd_submit,
+    )
     p.add_argument("-m", "--message", default="tpu2gpu submission")
-    p.add_argument("--version", type=int, default=0, help="inference kernel version (default: the one `push "
-                   "--kernel infer` recorded)")
-    p.add_argument("--file", default="runs/kaggle/infer/submission.csv", help="file to upload when the competition "
-                   "is not a code competition (default: %(default)s, where `fetch --kernel infer --out "
-                   "runs/kaggle/infer` puts it)")
-    p = _kaggle_step(steps, "workflow", "build, push train, wait, fetch, publish, push infer, wait (, submit)",
-                     cmd_workflow)
+    p.add_argument(
+        "--version",
+        type=int,
+        default=0,
+        help="inference kernel version (default: the one `push --kernel infer` recorded)",
+    )
+    p.add_argument(
+        "--file",
+        default="runs/kaggle/infer/submission.csv",
+        help="file to upload when the competition "
+        "is not a code competition (default: %(default)s, where `fetch --kernel infer --out "
+        "runs/kaggle/infer` puts it)",
+    )
+    p = _kaggle_step(
+        steps, "workflow", "build, push train, wait, fetch, publish, push infer, wait (, submit)", cmd_workflow
+    )
     p.add_argument("--out", default="runs/kaggle/train", help="where the training output is downloaded")
-    p.add_argument("--infer-out", default="runs/kaggle/infer", help="where the inference output is downloaded (file "
-                   "competitions)")
+    p.add_argument(
+        "--infer-out", default="runs/kaggle/infer", help="where the inference output is downloaded (file competitions)"
+    )
     p.add_argument("--interval", type=float, default=60.0)
     p.add_argument("-m", "--message", default="tpu2gpu")
     p.add_argument("--submit", action="store_true", help="submit to the competition at the end")

@@ -86,8 +86,12 @@ def run(root: Path, framework: str = "tf_keras", processes: int = 1) -> float:
     from tpu2gpu.demo_data import make_demo_competition
 
     backbone = DemoBackbone.of(root, framework)
-    paths = [f"runtime.competition_dir={root / 'competition'}", f"runtime.tfrecords={root / 'tfrecords'}",
-             f"train.framework={framework}", *backbone.settings]
+    paths = [
+        f"runtime.competition_dir={root / 'competition'}",
+        f"runtime.tfrecords={root / 'tfrecords'}",
+        f"train.framework={framework}",
+        *backbone.settings,
+    ]
     cfg = load_config(CONFIG, paths)
     if processes > 1:  # the one-process demo's global batch, split over the processes: the same steps and rate
         paths.append(f"train.batch_size={cfg.train.batch_size_per_replica}")
@@ -95,8 +99,11 @@ def run(root: Path, framework: str = "tf_keras", processes: int = 1) -> float:
 
     step("1/7 competition folder")
     competition = make_demo_competition(root / "competition")
-    print(f"{competition}: train.csv, train/ ({len(list((competition / 'train').iterdir()))} PNGs), test/, "
-          "sample_submission.csv", flush=True)
+    print(
+        f"{competition}: train.csv, train/ ({len(list((competition / 'train').iterdir()))} PNGs), test/, "
+        "sample_submission.csv",
+        flush=True,
+    )
 
     step("2/7 TFRecords")
     manifest = convert_competition(competition, root / "tfrecords", cfg.data, overwrite=True)
@@ -106,14 +113,28 @@ def run(root: Path, framework: str = "tf_keras", processes: int = 1) -> float:
     print(backbone.save(backbone.path), flush=True)
 
     step(f"4/7 training kernel ({framework}" + (f", {processes} processes on 127.0.0.1)" if processes > 1 else ")"))
-    train(["--config", str(CONFIG), *settings, "--set", f"runtime.output_dir={root / 'train'}"], processes,
-          in_child=framework == "torch_xla")
+    train(
+        ["--config", str(CONFIG), *settings, "--set", f"runtime.output_dir={root / 'train'}"],
+        processes,
+        in_child=framework == "torch_xla",
+    )
 
     step("5/7 inference kernel (TensorFlow alone: tf_keras, tensorflow_hub, Keras 3 and JAX blocked)")
-    infer_argv = ["--config", str(CONFIG), *settings, "--set", f"infer.exports=[{root / 'train' / 'export'}]",
-                  "--set", f"runtime.output_dir={root / 'infer'}", "--set", "runtime.tfrecords="]
-    code = (f"import sys; sys.modules.update(dict.fromkeys({BLOCKED_IN_CHECK!r})); "
-            f"from infer_gpu.infer import main; sys.exit(main({infer_argv!r}))")
+    infer_argv = [
+        "--config",
+        str(CONFIG),
+        *settings,
+        "--set",
+        f"infer.exports=[{root / 'train' / 'export'}]",
+        "--set",
+        f"runtime.output_dir={root / 'infer'}",
+        "--set",
+        "runtime.tfrecords=",
+    ]
+    code = (
+        f"import sys; sys.modules.update(dict.fromkeys({BLOCKED_IN_CHECK!r})); "
+        f"from infer_gpu.infer import main; sys.exit(main({infer_argv!r}))"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
     step("6/7 score against the held-out answers")
@@ -142,14 +163,21 @@ class DemoBackbone:
 
         if framework == "keras_jax":
             path = root / "backbone.keras"
-            return cls(path, ".keras file (Keras 3)", ("model.backbone=keras", f"model.keras_backbone={path}"),
-                       backbones.save_tiny_keras_backbone)
+            return cls(
+                path,
+                ".keras file (Keras 3)",
+                ("model.backbone=keras", f"model.keras_backbone={path}"),
+                backbones.save_tiny_keras_backbone,
+            )
         if framework in ("torch_xla", "torch"):  # torch_xla: two XLA CPU devices stand for the TPU's chips
             path = root / "timm_backbone"
             batch = "runtime.cpu_devices=2" if framework == "torch_xla" else "train.batch_size_per_replica=128"
-            return cls(path, f"timm {backbones.TINY_TIMM_ARCHITECTURE} (save_for_hf folder)",
-                       ("model.backbone=timm", f"model.timm_model={path}", batch, *TORCH_SETTINGS),
-                       backbones.save_tiny_timm_backbone)
+            return cls(
+                path,
+                f"timm {backbones.TINY_TIMM_ARCHITECTURE} (save_for_hf folder)",
+                ("model.backbone=timm", f"model.timm_model={path}", batch, *TORCH_SETTINGS),
+                backbones.save_tiny_timm_backbone,
+            )
         path = root / "backbone"
         return cls(path, "SavedModel (TF Hub contract)", (f"model.hub_handle={path}",), backbones.save_tiny_backbone)
 
@@ -183,15 +211,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", type=Path, default=DEMO_ROOT, help="where the demo writes (default: %(default)s)")
     parser.add_argument("--fresh", action="store_true", help="delete the previous demo's outputs first")
-    parser.add_argument("--framework", choices=tuple(ROUTES), default="tf_keras",
-                        help="tf_keras (default), Keras 3 on JAX, or a timm model with PyTorch/XLA or plain PyTorch "
-                        "(written to runs/demo-<framework>)")
-    parser.add_argument("--processes", type=int, default=1, help="keras_jax, torch: train with this many processes "
-                        "on 127.0.0.1, as the hosts of a pod slice or GPU nodes would (runs/demo-<framework>-<N>proc)")
+    parser.add_argument(
+        "--framework",
+        choices=tuple(ROUTES),
+        default="tf_keras",
+        help="tf_keras (default), Keras 3 on JAX, or a timm model with PyTorch/XLA or plain PyTorch "
+        "(written to runs/demo-<framework>)",
+    )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="keras_jax, torch: train with this many processes "
+        "on 127.0.0.1, as the hosts of a pod slice or GPU nodes would (runs/demo-<framework>-<N>proc)",
+    )
     args = parser.parse_args(argv)
     if args.processes > 1 and args.framework not in ("keras_jax", "torch"):
-        parser.error("--processes trains across processes on the keras_jax and torch routes: add --framework "
-                     "keras_jax or torch")
+        parser.error(
+            "--processes trains across processes on the keras_jax and torch routes: add --framework keras_jax or torch"
+        )
     if args.framework == "keras_jax":
         os.environ.setdefault("KERAS_BACKEND", "jax")  # before keras is first imported
     if args.framework != "tf_keras" and args.root == DEMO_ROOT:
@@ -205,15 +243,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"demo: error: {err}", file=sys.stderr)
         return 2
     root = args.root
-    print(f"""
+    print(
+        f"""
 === done in {time.perf_counter() - start:.0f} s ===
-competition     {root / 'competition'}
-tfrecords       {root / 'tfrecords'}
+competition     {root / "competition"}
+tfrecords       {root / "tfrecords"}
 backbone        {DemoBackbone.of(root, args.framework).path}
-export          {root / 'train' / 'export' / 'fold0'}  (training_report.json beside it; {trained_by(root)})
-submission      {root / 'infer' / 'submission.csv'}
-kernel bundles  {root / 'build'}
-macro-F1        {macro_f1:.4f} on the held-out test set (target >= {MIN_MACRO_F1})""", flush=True)
+export          {root / "train" / "export" / "fold0"}  (training_report.json beside it; {trained_by(root)})
+submission      {root / "infer" / "submission.csv"}
+kernel bundles  {root / "build"}
+macro-F1        {macro_f1:.4f} on the held-out test set (target >= {MIN_MACRO_F1})""",
+        flush=True,
+    )
     return 0 if macro_f1 >= MIN_MACRO_F1 else 1
 
 

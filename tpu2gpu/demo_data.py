@@ -27,8 +27,9 @@ def _write_csv(path: Path, header: tuple[str, ...], rows) -> None:
         writer.writerows(rows)
 
 
-def make_demo_competition(out_dir: str | Path, image_size: int = 32, test_fraction: float = 0.2,
-                          seed: int = 0, overwrite: bool = False) -> Path:
+def make_demo_competition(
+    out_dir: str | Path, image_size: int = 32, test_fraction: float = 0.2, seed: int = 0, overwrite: bool = False
+) -> Path:
     """Write the demo competition into out_dir (reused as it is when already complete, unless overwrite)."""
     from PIL import Image
     from sklearn.datasets import load_digits
@@ -41,8 +42,9 @@ def make_demo_competition(out_dir: str | Path, image_size: int = 32, test_fracti
     images = (digits.images / 16.0 * 255.0).round().astype(np.uint8)  # 0..16 ink levels -> 0..255
     ids = np.array([f"digit_{i:04d}" for i in range(len(images))])
     labels = np.array([CLASS_NAMES[t] for t in digits.target])
-    train_idx, test_idx = train_test_split(np.arange(len(images)), test_size=test_fraction, random_state=seed,
-                                           stratify=digits.target)
+    train_idx, test_idx = train_test_split(
+        np.arange(len(images)), test_size=test_fraction, random_state=seed, stratify=digits.target
+    )
     with staged_dir(out_dir, overwrite=True) as tmp:
         for split, indices in (("train", train_idx), ("test", test_idx)):
             (tmp / split).mkdir()

@@ -35,9 +35,15 @@ def process_environment(environ, index: int, processes: int, port: int, devices:
     variables (JAX warns that they can hang its distributed start; the processes meet on 127.0.0.1)."""
     flags = [f for f in environ.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
     kept = {k: v for k, v in environ.items() if not k.lower().endswith("_proxy")}
-    return {**kept, JOB_ADDRESSES: f"127.0.0.1:{port}", NUM_PROCESSES: str(processes), PROCESS_ID: str(index),
-            "XLA_FLAGS": " ".join([*flags, f"--xla_force_host_platform_device_count={devices}"]),
-            "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+    return {
+        **kept,
+        JOB_ADDRESSES: f"127.0.0.1:{port}",
+        NUM_PROCESSES: str(processes),
+        PROCESS_ID: str(index),
+        "XLA_FLAGS": " ".join([*flags, f"--xla_force_host_platform_device_count={devices}"]),
+        "JAX_PLATFORMS": "cpu",
+        "PYTHONUNBUFFERED": "1",
+    }
 
 
 def _stream(index: int, child: subprocess.Popen) -> None:
@@ -58,18 +64,25 @@ def launch(kernel_args: list[str], processes: int, cpu_devices: int, torch: bool
         return main(kernel_args)
     port, devices = free_port(), max(1, cpu_devices // processes)
     if torch:
-        command, env = node_command(processes, f"127.0.0.1:{port}", f"tpu2gpu-{port}", kernel_args), \
-            {**worker_environment(os.environ, processes), "CUDA_VISIBLE_DEVICES": ""}
+        command, env = (
+            node_command(processes, f"127.0.0.1:{port}", f"tpu2gpu-{port}", kernel_args),
+            {**worker_environment(os.environ, processes), "CUDA_VISIBLE_DEVICES": ""},
+        )
         environments = [env] * processes
         what = "torchrun nodes of one process each, gloo on the CPU"
     else:
         command = [sys.executable, "-m", "train_tpu.train", *kernel_args]
         environments = [process_environment(os.environ, i, processes, port, devices) for i in range(processes)]
         what = f"{devices} CPU device(s) each"
-    children = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                for env in environments]
-    print(f"[tpu2gpu train] {processes} processes on 127.0.0.1:{port}, {what} (pids "
-          f"{', '.join(str(c.pid) for c in children)})", flush=True)
+    children = [
+        subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for env in environments
+    ]
+    print(
+        f"[tpu2gpu train] {processes} processes on 127.0.0.1:{port}, {what} (pids "
+        f"{', '.join(str(c.pid) for c in children)})",
+        flush=True,
+    )
     streams = [threading.Thread(target=_stream, args=(i, c), daemon=True) for i, c in enumerate(children)]
     for stream in streams:
         stream.start()
@@ -82,8 +95,11 @@ def launch(kernel_args: list[str], processes: int, cpu_devices: int, torch: bool
         print(f"[tpu2gpu train] all {processes} processes finished", flush=True)
         return 0
     index, code = failed
-    print(f"[tpu2gpu train] process {index} of {processes} failed first (exit {code}); the others were stopped. "
-          "Running the same command again resumes from the last checkpoint", flush=True)
+    print(
+        f"[tpu2gpu train] process {index} of {processes} failed first (exit {code}); the others were stopped. "
+        "Running the same command again resumes from the last checkpoint",
+        flush=True,
+    )
     return code
 
 

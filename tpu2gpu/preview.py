@@ -21,18 +21,21 @@ def augment_preview(cfg, out_png: str | Path, rows: int = 4, cols: int = 6) -> l
     import matplotlib.pyplot as plt
 
     if not cfg.runtime.tfrecords:
-        raise ConfigError("runtime.tfrecords is empty: point it at the TFRecords to preview (`tpu2gpu tfrecords` "
-                          "makes them)")
+        raise ConfigError(
+            "runtime.tfrecords is empty: point it at the TFRecords to preview (`tpu2gpu tfrecords` makes them)"
+        )
     records = record_set(resolve_data_path(cfg.runtime.tfrecords), cfg.data, max(cfg.train.fold, 0))
     task = get_task(cfg.data.task)
-    scaling = task.target_scaling(read_ids_and_labels(records.train_files, records.schema, True)[1]) \
-        if task.scaling else None
+    scaling = (
+        task.target_scaling(read_ids_and_labels(records.train_files, records.schema, True)[1]) if task.scaling else None
+    )
 
     def to_target(labels):
         return task.target(labels, len(records.class_names), scaling)
 
-    dataset = make_train_dataset(records.train_files, cfg.data, InputShare(rows * cols), to_target, records.schema,
-                                 seed=cfg.train.seed)
+    dataset = make_train_dataset(
+        records.train_files, cfg.data, InputShare(rows * cols), to_target, records.schema, seed=cfg.train.seed
+    )
     images, targets = (t.numpy() for t in next(iter(dataset)))
     titles = [task.describe_target(t, records.class_names, scaling) for t in targets]
     fig, axes = plt.subplots(rows, cols, figsize=(2.2 * cols, 2.4 * rows), squeeze=False)

@@ -27,56 +27,75 @@ def _backbone_problems(cfg: Config) -> list[str]:
     if cfg.model.backbone == "keras":
         path = cfg.model.keras_backbone
         attached_model = path.strip("/").lower() in [m.lower() for m in k.model_sources]
-        return [] if path.startswith("/kaggle/input/") or attached_model else [
+        if path.startswith("/kaggle/input/") or attached_model:
+            return []
+        return [
             f"model.keras_backbone={path!r} is not in an attached input. Fix: a /kaggle/input/... path in a dataset "
-            "of kaggle.dataset_sources (a .keras file), or the handle of a Kaggle Model listed in kaggle.model_sources "
-            "(a KerasHub preset, owner/model/keras/variation/version)"]
+            "of kaggle.dataset_sources (a .keras file), or the handle of a Kaggle Model listed in "
+            "kaggle.model_sources (a KerasHub preset, owner/model/keras/variation/version)"
+        ]
     if cfg.model.backbone == "timm":
         return _timm_problems(cfg.model, k.train_internet)
     if cfg.model.backbone == "efficientnet":
         weights = cfg.model.efficientnet_weights
         if jax and weights == "noisy-student":
-            return ["model.efficientnet_weights='noisy-student' is the efficientnet package's; keras.applications "
-                    "(train.framework=keras_jax) has none, imagenet or a weights file"]
+            return [
+                "model.efficientnet_weights='noisy-student' is the efficientnet package's; keras.applications "
+                "(train.framework=keras_jax) has none, imagenet or a weights file"
+            ]
         return _weights_problems(weights, k.train_internet)
     if jax:
-        return ["model.backbone=hub cannot train under train.framework=keras_jax (a TF Hub SavedModel has no Keras 3 "
-                "form). Fix: model.backbone=efficientnet or keras, or train.framework=tf_keras"]
+        return [
+            "model.backbone=hub cannot train under train.framework=keras_jax (a TF Hub SavedModel has no Keras 3 "
+            "form). Fix: model.backbone=efficientnet or keras, or train.framework=tf_keras"
+        ]
     handle = cfg.model.hub_handle
-    bare = handle[len(KAGGLE_MODELS_URL):] if handle.startswith(KAGGLE_MODELS_URL) else handle
+    bare = handle[len(KAGGLE_MODELS_URL) :] if handle.startswith(KAGGLE_MODELS_URL) else handle
     is_models_handle = "://" not in bare and len(bare.strip("/").split("/")) == 5
     listed = [m.lower() for m in k.model_sources]
     if handle.startswith("/kaggle/input/"):
         return []  # a path in an input the user attached
     if is_models_handle and not Path(handle).exists():
         if bare.strip("/").lower() not in listed and not k.train_internet:
-            return [f"model.hub_handle={handle!r} is not in kaggle.model_sources {list(k.model_sources)} and "
-                    f"kaggle.train_internet is false, so the kernel could not load it. Fix: add {bare.strip('/')!r} "
-                    "to kaggle.model_sources (or set kaggle.train_internet=true)"]
+            return [
+                f"model.hub_handle={handle!r} is not in kaggle.model_sources {list(k.model_sources)} and "
+                f"kaggle.train_internet is false, so the kernel could not load it. Fix: add {bare.strip('/')!r} "
+                "to kaggle.model_sources (or set kaggle.train_internet=true)"
+            ]
         return []
     if "://" in handle:
         if not k.train_internet:
-            return [f"model.hub_handle={handle!r} is downloaded at run time, but kaggle.train_internet is false. Fix: "
-                    "use the model's Kaggle Models handle (owner/model/framework/variation/version) and list it in "
-                    "kaggle.model_sources, or set kaggle.train_internet=true"]
+            return [
+                f"model.hub_handle={handle!r} is downloaded at run time, but kaggle.train_internet is false. Fix: "
+                "use the model's Kaggle Models handle (owner/model/framework/variation/version) and list it in "
+                "kaggle.model_sources, or set kaggle.train_internet=true"
+            ]
         return []
-    return [f"model.hub_handle={handle!r} is a local path, which does not exist on Kaggle. Fix: a Kaggle Models "
-            "handle listed in kaggle.model_sources, e.g. "
-            "google/efficientnet-v2/tensorflow2/imagenet21k-b0-feature-vector/1"]
+    return [
+        f"model.hub_handle={handle!r} is a local path, which does not exist on Kaggle. Fix: a Kaggle Models "
+        "handle listed in kaggle.model_sources, e.g. "
+        "google/efficientnet-v2/tensorflow2/imagenet21k-b0-feature-vector/1"
+    ]
 
 
 def _timm_problems(model, internet: bool) -> list[str]:
     """model.timm_model: a folder in an attached input, or a name whose pretrained weights timm downloads."""
     name = model.timm_model
     if "/" in name:
-        return [] if name.startswith("/kaggle/input/") else [
-            f"model.timm_model={name!r} is a local folder, which does not exist on Kaggle. Fix: put it (config.json + "
-            "model.safetensors) in a dataset listed in kaggle.dataset_sources and give its /kaggle/input/... path"]
+        if name.startswith("/kaggle/input/"):
+            return []
+        return [
+            f"model.timm_model={name!r} is a local folder, which does not exist on Kaggle. Fix: put it "
+            "(config.json + model.safetensors) in a dataset listed in kaggle.dataset_sources and give its "
+            "/kaggle/input/... path"
+        ]
     if model.timm_weights == "pretrained" and not internet:
-        return [f"model.timm_model={name!r} with model.timm_weights=pretrained is downloaded at run time, but "
-                "kaggle.train_internet is false. Fix: set kaggle.train_internet=true, or save the model with "
-                "timm.models.save_for_hf into a dataset listed in kaggle.dataset_sources and give its "
-                "/kaggle/input/... path"]
+        return [
+            f"model.timm_model={name!r} with model.timm_weights=pretrained is downloaded at run time, but "
+            "kaggle.train_internet is false. Fix: set kaggle.train_internet=true, or save the model with "
+            "timm.models.save_for_hf into a dataset listed in kaggle.dataset_sources and give its "
+            "/kaggle/input/... path"
+        ]
     return []
 
 
@@ -84,27 +103,38 @@ def _weights_problems(weights: str, internet: bool) -> list[str]:
     """model.efficientnet_weights: downloaded (needs the internet), none, or a file in an attached input."""
     if weights in ("imagenet", "noisy-student"):
         if not internet:
-            return [f"model.efficientnet_weights={weights!r} is downloaded at run time, but kaggle.train_internet is "
-                    "false. Fix: set kaggle.train_internet=true, or put the weights file in a dataset listed in "
-                    "kaggle.dataset_sources and give its /kaggle/input/... path"]
+            return [
+                f"model.efficientnet_weights={weights!r} is downloaded at run time, but kaggle.train_internet is "
+                "false. Fix: set kaggle.train_internet=true, or put the weights file in a dataset listed in "
+                "kaggle.dataset_sources and give its /kaggle/input/... path"
+            ]
         return []
     if weights != "none" and not weights.startswith("/kaggle/input/"):
-        return [f"model.efficientnet_weights={weights!r} is a local file, which does not exist on Kaggle. Fix: a "
-                "/kaggle/input/... path in a dataset listed in kaggle.dataset_sources"]
+        return [
+            f"model.efficientnet_weights={weights!r} is a local file, which does not exist on Kaggle. Fix: a "
+            "/kaggle/input/... path in a dataset listed in kaggle.dataset_sources"
+        ]
     return []
 
 
 def _data_problems(cfg: Config) -> list[str]:
     """The training data: the competition's, or TFRecords / a competition folder in an attached input."""
     k = cfg.kaggle
-    key, data = ("runtime.tfrecords", cfg.runtime.tfrecords) if cfg.runtime.tfrecords else \
-        ("runtime.competition_dir", k.competition or cfg.runtime.competition_dir)
+    key, data = (
+        ("runtime.tfrecords", cfg.runtime.tfrecords)
+        if cfg.runtime.tfrecords
+        else ("runtime.competition_dir", k.competition or cfg.runtime.competition_dir)
+    )
     if not data:
-        return ["no training data: set kaggle.competition (the competition's data), runtime.tfrecords or "
-                "runtime.competition_dir to an input attached to the training kernel"]
+        return [
+            "no training data: set kaggle.competition (the competition's data), runtime.tfrecords or "
+            "runtime.competition_dir to an input attached to the training kernel"
+        ]
     if not (data.startswith(("gs://", "/kaggle/input/")) or data == k.competition or _attached_as_dataset(cfg, data)):
-        return [f"{key}={data!r} is not attached to the training kernel. Fix: name the competition "
-                "(kaggle.competition) or a dataset listed in kaggle.dataset_sources (owner/slug or slug)"]
+        return [
+            f"{key}={data!r} is not attached to the training kernel. Fix: name the competition "
+            "(kaggle.competition) or a dataset listed in kaggle.dataset_sources (owner/slug or slug)"
+        ]
     return []
 
 
@@ -125,7 +155,8 @@ def _tpu_stack_problems(cfg: Config) -> list[str]:
             "the training kernel runs on a TPU (kaggle.train_accelerator=" + k.train_accelerator + "), whose Kaggle "
             "image has no TPU build of TensorFlow, and has no way to install one. Fix: attach the TPU stack's wheels "
             "(`tpu2gpu wheels`, `tpu2gpu publish-wheels`, then kaggle.tpu_wheels=<its slug>) or set "
-            "kaggle.train_internet=true; if the image already has a TPU build, kaggle.tpu_runtime=image")
+            "kaggle.train_internet=true; if the image already has a TPU build, kaggle.tpu_runtime=image"
+        )
     return problems
 
 
@@ -134,11 +165,15 @@ def _accelerator_problems(cfg: Config) -> list[str]:
     would train on its CPU. (train.framework=auto picks between them by the hardware the kernel finds.)"""
     framework, shape = cfg.train.framework, cfg.kaggle.train_accelerator
     if framework == "torch_xla" and shape not in TPU_SHAPES:
-        return [f"train.framework=torch_xla on kaggle.train_accelerator={shape}: torch_xla runs on a TPU, and has no "
-                "CUDA devices. Fix: train.framework=torch (plain PyTorch on the GPUs) or auto"]
+        return [
+            f"train.framework=torch_xla on kaggle.train_accelerator={shape}: torch_xla runs on a TPU, and has no "
+            "CUDA devices. Fix: train.framework=torch (plain PyTorch on the GPUs) or auto"
+        ]
     if framework == "torch" and shape in TPU_SHAPES:
-        return [f"train.framework=torch on kaggle.train_accelerator={shape} would train on the TPU VM's CPU. Fix: "
-                "train.framework=torch_xla (the TPU's chips) or auto, or kaggle.train_accelerator=NvidiaTeslaT4"]
+        return [
+            f"train.framework=torch on kaggle.train_accelerator={shape} would train on the TPU VM's CPU. Fix: "
+            "train.framework=torch_xla (the TPU's chips) or auto, or kaggle.train_accelerator=NvidiaTeslaT4"
+        ]
     return []
 
 

@@ -16,8 +16,10 @@ def _wheels_dataset(cfg) -> str:
 
     ref = wheels_ref(cfg.kaggle.tpu_wheels, cfg.kaggle.owner)
     if not ref:
-        raise UserError("kaggle.tpu_wheels is empty: set it to the slug of the wheels dataset, e.g. "
-                        "--set kaggle.tpu_wheels=tpu2gpu-tpu-wheels")
+        raise UserError(
+            "kaggle.tpu_wheels is empty: set it to the slug of the wheels dataset, e.g. "
+            "--set kaggle.tpu_wheels=tpu2gpu-tpu-wheels"
+        )
     return ref
 
 
@@ -35,11 +37,18 @@ def cmd_wheels(args) -> int:
     validate_dataset_metadata(meta)
     platforms = tuple(args.platform) or IMAGE_PLATFORMS
     for pins in stacks:
-        print(f"[wheels] {', '.join(f'{n}=={v}' for n, v in pins.items())} for Python {args.python} "
-              f"({platforms[0]}, ...) into {args.out}", flush=True)
+        print(
+            f"[wheels] {', '.join(f'{n}=={v}' for n, v in pins.items())} for Python {args.python} "
+            f"({platforms[0]}, ...) into {args.out}",
+            flush=True,
+        )
         if args.dry_run:
-            print("$ " + shlex.join(["pip", *download_args(pins, Path(args.out), cfg.kaggle.tpu_find_links,
-                                                            args.python, platforms)]))
+            print(
+                "$ "
+                + shlex.join(
+                    ["pip", *download_args(pins, Path(args.out), cfg.kaggle.tpu_find_links, args.python, platforms)]
+                )
+            )
     if args.dry_run:
         return 0
     with staged_dir(Path(args.out), overwrite=args.overwrite) as tmp:
@@ -48,9 +57,11 @@ def cmd_wheels(args) -> int:
         (tmp / "dataset-metadata.json").write_text(json.dumps(meta, indent=2) + "\n")
     wheels = sorted(Path(args.out).glob("*.whl"))
     print("\n".join(f"{wheel.stat().st_size / 1e6:9.1f} MB  {wheel.name}" for wheel in wheels))
-    print(f"[wheels] dataset {ref} ready in {args.out} ({len(stacks)} stacks, {len(wheels)} wheels, "
-          f"{sum(w.stat().st_size for w in wheels) / 1e6:.0f} MB): `tpu2gpu publish-wheels --wheels {args.out}` "
-          "uploads it")
+    print(
+        f"[wheels] dataset {ref} ready in {args.out} ({len(stacks)} stacks, {len(wheels)} wheels, "
+        f"{sum(w.stat().st_size for w in wheels) / 1e6:.0f} MB): `tpu2gpu publish-wheels --wheels {args.out}` "
+        "uploads it"
+    )
     return 0
 
 

@@ -37,9 +37,12 @@ def kaggle_executable() -> str:
 
 
 # Failures the kaggle CLI (2.2.4) prints but exits 0 on (kaggle_api_extended.py), and sources it silently dropped.
-_SILENT_FAILURES = re.compile(r"^(Kernel push error|Dataset creation error|Dataset version creation error|"
-                              r"The following are not valid .* sources|Upload unsuccessful|"
-                              r"Could not submit to competition|Could not find competition)", re.M)
+_SILENT_FAILURES = re.compile(
+    r"^(Kernel push error|Dataset creation error|Dataset version creation error|"
+    r"The following are not valid .* sources|Upload unsuccessful|"
+    r"Could not submit to competition|Could not find competition)",
+    re.M,
+)
 PUSHED_NAME = "pushed.json"
 
 
@@ -72,8 +75,10 @@ def push(build_dir: Path, kernel: str, dry_run: bool = False) -> int | None:
         return None
     found = re.search(r"Kernel version (\d+) successfully pushed", output)
     if not found:
-        raise WorkflowError(f"`kaggle kernels push` reported no version number: {output[-500:]!r}. Fix: look the "
-                            "version up on the kernel's page and pass it as --version")
+        raise WorkflowError(
+            f"`kaggle kernels push` reported no version number: {output[-500:]!r}. Fix: look the "
+            "version up on the kernel's page and pass it as --version"
+        )
     version = int(found.group(1))
     (folder / PUSHED_NAME).write_text(json.dumps({"kernel": kernel, "version": version}) + "\n")
     return version
@@ -109,8 +114,10 @@ def wait(ref: str, interval: float = 60.0, timeout_hours: float = 12.0, dry_run:
         if status == "COMPLETE":
             return status
         if status in ("ERROR", "CANCEL_REQUESTED", "CANCEL_ACKNOWLEDGED"):
-            raise WorkflowError(f"kernel {ref} ended with {status}: {output.stdout.strip()[-800:]}. Its log: "
-                                f"`kaggle kernels output {ref} -p <dir>`")
+            raise WorkflowError(
+                f"kernel {ref} ended with {status}: {output.stdout.strip()[-800:]}. Its log: "
+                f"`kaggle kernels output {ref} -p <dir>`"
+            )
         if elapsed > timeout_hours * 3600:
             raise WorkflowError(f"kernel {ref} still {status} after {timeout_hours} h")
         time.sleep(interval)
@@ -129,8 +136,14 @@ def verify_export(export_root: Path) -> list:
     return [read_card(fold) for fold in folds]
 
 
-def publish(folder: Path, dataset_metadata: Path | None, dataset_ref: str, message: str, dir_mode: bool = True,
-            dry_run: bool = False) -> str:
+def publish(
+    folder: Path,
+    dataset_metadata: Path | None,
+    dataset_ref: str,
+    message: str,
+    dir_mode: bool = True,
+    dry_run: bool = False,
+) -> str:
     """Create the dataset, or add a version. Sub-folders (SavedModels) need --dir-mode zip: without it the CLI skips
     them. dataset_metadata, when given, is copied into the folder first."""
     if not dry_run and dataset_metadata is not None:
@@ -141,19 +154,22 @@ def publish(folder: Path, dataset_metadata: Path | None, dataset_ref: str, messa
         print("# then, if it exists (else `kaggle datasets create -p ...`):", flush=True)
         exists = True
     else:
-        status = subprocess.run([kaggle_executable(), "datasets", "status", dataset_ref], capture_output=True,
-                                text=True)
+        status = subprocess.run(
+            [kaggle_executable(), "datasets", "status", dataset_ref], capture_output=True, text=True
+        )
         if status.returncode != 0 and "404" not in status.stdout + status.stderr:  # 404: not created yet
-            raise WorkflowError(f"`kaggle datasets status {dataset_ref}` failed: "
-                                f"{(status.stdout + status.stderr).strip()[-800:]}")
+            raise WorkflowError(
+                f"`kaggle datasets status {dataset_ref}` failed: {(status.stdout + status.stderr).strip()[-800:]}"
+            )
         exists = status.returncode == 0
     if exists:
         return run_kaggle(["datasets", "version", "-p", str(folder), "-m", message, *zipped], dry_run)
     return run_kaggle(["datasets", "create", "-p", str(folder), *zipped], dry_run)
 
 
-def publish_export(export_root: Path, dataset_metadata: Path, dataset_ref: str, message: str,
-                   dry_run: bool = False) -> str:
+def publish_export(
+    export_root: Path, dataset_metadata: Path, dataset_ref: str, message: str, dry_run: bool = False
+) -> str:
     """The model dataset: every fold export checked complete before anything is uploaded."""
     if not dry_run:
         verify_export(export_root)
@@ -169,13 +185,31 @@ def submit(cfg, build_dir: Path, version: int, message: str, submission_file: Pa
         raise WorkflowError("kaggle.competition is empty: set it to the competition slug")
     if not cfg.kaggle.code_competition:
         if not dry_run and not Path(submission_file).is_file():
-            raise WorkflowError(f"{submission_file} does not exist. Fix: `tpu2gpu fetch --kernel infer --out "
-                                f"{Path(submission_file).parent}` downloads the inference kernel's submission first")
+            raise WorkflowError(
+                f"{submission_file} does not exist. Fix: `tpu2gpu fetch --kernel infer --out "
+                f"{Path(submission_file).parent}` downloads the inference kernel's submission first"
+            )
         return run_kaggle(["competitions", "submit", competition, "-f", str(submission_file), "-m", message], dry_run)
     version = version or pushed_version(build_dir, "infer")
     if not version:
-        raise WorkflowError(f"a code-competition submission names the inference kernel's version, and no push of "
-                            f"{Path(build_dir) / 'infer'} is recorded. Fix: `tpu2gpu push --kernel infer` first (it "
-                            "records the version), or pass --version N")
-    return run_kaggle(["competitions", "submit", competition, "-k", kernel_ref(cfg, "infer"), "-f",
-                       cfg.infer.submission, "-v", str(version), "-m", message], dry_run)
+        raise WorkflowError(
+            f"a code-competition submission names the inference kernel's version, and no push of "
+            f"{Path(build_dir) / 'infer'} is recorded. Fix: `tpu2gpu push --kernel infer` first (it "
+            "records the version), or pass --version N"
+        )
+    return run_kaggle(
+        [
+            "competitions",
+            "submit",
+            competition,
+            "-k",
+            kernel_ref(cfg, "infer"),
+            "-f",
+            cfg.infer.submission,
+            "-v",
+            str(version),
+            "-m",
+            message,
+        ],
+        dry_run,
+    )

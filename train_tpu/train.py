@@ -44,10 +44,14 @@ def skipped_images(tfrecord_dir: str, export_root: Path) -> dict | None:
     if not skipped.get("count"):
         return None
     export_root.mkdir(parents=True, exist_ok=True)
-    tf.io.gfile.copy(f"{tfrecord_dir.rstrip('/')}/{skipped['file']}", str(export_root / skipped["file"]),
-                     overwrite=True)
-    print(f"[train] the records leave out {skipped['count']} bad image(s) (data.on_bad_image=skip): listed in "
-          f"{export_root / skipped['file']}", flush=True)
+    tf.io.gfile.copy(
+        f"{tfrecord_dir.rstrip('/')}/{skipped['file']}", str(export_root / skipped["file"]), overwrite=True
+    )
+    print(
+        f"[train] the records leave out {skipped['count']} bad image(s) (data.on_bad_image=skip): listed in "
+        f"{export_root / skipped['file']}",
+        flush=True,
+    )
     return skipped
 
 
@@ -75,9 +79,16 @@ def main(argv: list[str] | None = None) -> int:
     skipped = skipped_images(tfrecord_dir, folders.out / "export") if hosts.writer else None
     report = train_folds(cfg, backend, tfrecord_dir, folders, start + cfg.train.time_budget_hours * 3600)
     if hosts.writer:
-        path = write_report(folders.out / "export", {
-            "folds": report["folds"], "config": config_to_dict(cfg), "runtime": backend.runtime(),
-            "not_started": report["not_started"], "skipped_images": skipped})
+        path = write_report(
+            folders.out / "export",
+            {
+                "folds": report["folds"],
+                "config": config_to_dict(cfg),
+                "runtime": backend.runtime(),
+                "not_started": report["not_started"],
+                "skipped_images": skipped,
+            },
+        )
         for written in [path, *([path.parent / skipped["file"]] if skipped else [])]:
             folders.mirror.push(written)
     return 0

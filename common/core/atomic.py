@@ -35,9 +35,11 @@ def require_space(target: str | Path, needed: int, what: str) -> None:
     """Refuse before writing when `what` (about `needed` bytes) cannot fit beside `target`, both figures named."""
     free = free_bytes(Path(target).parent)
     if needed > free:
-        raise UserError(f"{what} need about {size_text(needed)}, and {Path(target).parent} has {size_text(free)} free; "
-                        "nothing was written. Fix: free space there, or write to a folder on a larger disk (on "
-                        "Kaggle /kaggle/working holds about 20 GB)")
+        raise UserError(
+            f"{what} need about {size_text(needed)}, and {Path(target).parent} has {size_text(free)} free; "
+            "nothing was written. Fix: free space there, or write to a folder on a larger disk (on "
+            "Kaggle /kaggle/working holds about 20 GB)"
+        )
 
 
 def out_of_space(err: BaseException) -> bool:
@@ -69,7 +71,9 @@ def staged_dir(target: str | Path, overwrite: bool = False) -> Iterator[Path]:
     except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
         if out_of_space(err):
-            raise UserError(f"{target.parent} ran out of space while {target.name} was written there "
-                            f"({size_text(free_bytes(target.parent))} free once its partial copy was removed); nothing "
-                            "of it was kept. Fix: free space there, or write to a folder on a larger disk") from None
+            raise UserError(
+                f"{target.parent} ran out of space while {target.name} was written there "
+                f"({size_text(free_bytes(target.parent))} free once its partial copy was removed); nothing "
+                "of it was kept. Fix: free space there, or write to a folder on a larger disk"
+            ) from None
         raise

@@ -2,7 +2,6 @@
 Data only, and a default of the config's, so it lives on the ground floor: the TPU launcher reads and tries them
 (common/launch/tpu_stack.py, negotiation.py), and the config names them without importing it."""
 
-
 # The candidate TPU stacks the training kernel tries in order (common/launch/negotiation.py), researched for Kaggle's
 # TPU image (Python 3.12, tensorflow-cpu 2.20.0, jax with libtpu 0.0.17) on a v5e-8, which TensorFlow reaches only
 # through PJRT: (1) what keras-team/keras-rs CI runs on TPU VMs today (tensorflow-tpu 2.19.1 with its libtpu

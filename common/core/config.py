@@ -220,13 +220,15 @@ def _did_you_mean(name: str, known: typing.Iterable[str]) -> str:
 def _apply(cfg: Config, section: str, key: str, value: Any) -> None:
     sections = {f.name: f for f in dataclasses.fields(Config)}
     if section not in sections:
-        raise ConfigError(f"unknown config section '{section}'{_did_you_mean(section, sections)}; "
-                          f"sections are {list(sections)}")
+        raise ConfigError(
+            f"unknown config section '{section}'{_did_you_mean(section, sections)}; sections are {list(sections)}"
+        )
     target = getattr(cfg, section)
     types = typing.get_type_hints(type(target))
     if key not in types:
-        raise ConfigError(f"unknown config key '{section}.{key}'{_did_you_mean(key, types)}; "
-                          f"keys of '{section}' are {sorted(types)}")
+        raise ConfigError(
+            f"unknown config key '{section}.{key}'{_did_you_mean(key, types)}; keys of '{section}' are {sorted(types)}"
+        )
     spec = next(f for f in dataclasses.fields(target) if f.name == key)
     setattr(target, key, field_value(f"{section}.{key}", value, spec, types[key]))
 
@@ -262,9 +264,11 @@ def _read_yaml(text: str) -> Any:
     dropped = ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:null")
     WordsLoader.yaml_implicit_resolvers = {
         first: [(tag, regexp) for tag, regexp in resolvers if tag not in dropped]
-        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-    WordsLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
-                                      list("tTfF"))
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    WordsLoader.add_implicit_resolver(
+        "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+    )
     return yaml.load(text, Loader=WordsLoader)
 
 
@@ -306,8 +310,14 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
     """--config FILE and repeated --set section.key=value: the same flags on every tpu2gpu step and both kernels."""
     parser.add_argument("--config", metavar="FILE", help="YAML or JSON config over the defaults")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                        help="override one config key, e.g. --set train.epochs=3 (repeatable)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one config key, e.g. --set train.epochs=3 (repeatable)",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> Config:

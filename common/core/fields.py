@@ -40,8 +40,17 @@ def within(default: float, interval: str, word: str | None = None) -> Any:
 
 
 SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)", re.IGNORECASE)
-_SIZE_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20,
-               "gib": 2**30, "tib": 2**40}
+_SIZE_UNITS = {
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 
 
 def byte_size(text: str) -> int | None:
@@ -138,16 +147,20 @@ def field_value(key: str, value: Any, f: dataclasses.Field, annotation: Any) -> 
         try:
             byte_size(str(value))
         except ValueError:
-            raise ConfigError(f"config key '{key}' is {value!r}, not an amount of memory. Fix: a number and a unit, "
-                              "e.g. 16GB, 15.75GiB or 512MB, or '' to leave it to the device") from None
+            raise ConfigError(
+                f"config key '{key}' is {value!r}, not an amount of memory. Fix: a number and a unit, "
+                "e.g. 16GB, 15.75GiB or 512MB, or '' to leave it to the device"
+            ) from None
         return str(value)
     if f.metadata.get("duration"):
         try:
             if duration_seconds(str(value)) == 0:
                 raise ValueError(value)
         except ValueError:
-            raise ConfigError(f"config key '{key}' is {str(value)!r}, not a length of time. Fix: hours, minutes and "
-                              "seconds such as 9h, 2h30m, 45m or 90s, or none for no limit") from None
+            raise ConfigError(
+                f"config key '{key}' is {str(value)!r}, not a length of time. Fix: hours, minutes and "
+                "seconds such as 9h, 2h30m, 45m or 90s, or none for no limit"
+            ) from None
         return str(value)
     choices = choices_of(f, annotation)
     if choices and typing.get_origin(annotation) is not tuple:
@@ -159,8 +172,9 @@ def field_value(key: str, value: Any, f: dataclasses.Field, annotation: Any) -> 
         raise ConfigError(f"config key '{key}' is {value}, outside its range {f.metadata['range']}")
     unknown = [item for item in value if item not in choices] if choices else []
     if unknown:
-        raise ConfigError(f"config key '{key}' names unknown {f.metadata['items']} {unknown}; "
-                          f"choose from {list(choices)}")
+        raise ConfigError(
+            f"config key '{key}' names unknown {f.metadata['items']} {unknown}; choose from {list(choices)}"
+        )
     return value
 
 

@@ -36,10 +36,12 @@ from pathlib import Path
 from common.core.atomic import size_text, staged_dir
 from common.core.errors import DataPathError, root_cause
 
-CREDENTIAL_FIX = ("Fix: export GOOGLE_APPLICATION_CREDENTIALS=<a service-account key file> of an account that may "
-                  "read (and, for an output, write) the bucket (roles/storage.objectAdmin), or run `gcloud auth "
-                  "application-default login`; on Kaggle set runtime.private_dataset=true with Add-ons > Google Cloud "
-                  "Services")
+CREDENTIAL_FIX = (
+    "Fix: export GOOGLE_APPLICATION_CREDENTIALS=<a service-account key file> of an account that may "
+    "read (and, for an output, write) the bucket (roles/storage.objectAdmin), or run `gcloud auth "
+    "application-default login`; on Kaggle set runtime.private_dataset=true with Add-ons > Google Cloud "
+    "Services"
+)
 WRITE_CHECK = ".tpu2gpu-write-check"  # the object an output's write access is proven with, then removed
 
 
@@ -48,7 +50,7 @@ def is_gcs(value) -> bool:
 
 
 def bucket_of(url: str) -> str:
-    return url[len("gs://"):].split("/", 1)[0]
+    return url[len("gs://") :].split("/", 1)[0]
 
 
 def credential_words() -> str:
@@ -57,13 +59,18 @@ def credential_words() -> str:
     if os.environ.get("GOOGLE_AUTH_TOKEN_FOR_TESTING"):
         return "the token in GOOGLE_AUTH_TOKEN_FOR_TESTING"
     if key:
-        return (f"the key file GOOGLE_APPLICATION_CREDENTIALS names ({key})" if Path(key).is_file() else
-                f"no credential: GOOGLE_APPLICATION_CREDENTIALS names {key}, which is not a file")
+        return (
+            f"the key file GOOGLE_APPLICATION_CREDENTIALS names ({key})"
+            if Path(key).is_file()
+            else f"no credential: GOOGLE_APPLICATION_CREDENTIALS names {key}, which is not a file"
+        )
     gcloud = Path(os.environ.get("CLOUDSDK_CONFIG", Path.home() / ".config" / "gcloud"))
     if (gcloud / "application_default_credentials.json").is_file():
         return f"gcloud's application-default credential ({gcloud / 'application_default_credentials.json'})"
-    return ("no credential found (no GOOGLE_APPLICATION_CREDENTIALS, no gcloud application-default login), so only "
-            "a Cloud VM's own service account")
+    return (
+        "no credential found (no GOOGLE_APPLICATION_CREDENTIALS, no gcloud application-default login), so only "
+        "a Cloud VM's own service account"
+    )
 
 
 @contextlib.contextmanager
@@ -75,8 +82,10 @@ def bucket_errors(url: str, doing: str):
         yield
     except (tf.errors.PermissionDeniedError, tf.errors.UnauthenticatedError) as err:
         code = re.search(r"HTTP response code (\d+)", str(err))
-        raise DataPathError(f"gs://{bucket_of(url)} refused {doing} {url} (HTTP {code.group(1) if code else '?'}) "
-                            f"with {credential_words()}. {CREDENTIAL_FIX}") from None
+        raise DataPathError(
+            f"gs://{bucket_of(url)} refused {doing} {url} (HTTP {code.group(1) if code else '?'}) "
+            f"with {credential_words()}. {CREDENTIAL_FIX}"
+        ) from None
 
 
 def require_access(reads=(), writes=()) -> None:
@@ -107,7 +116,7 @@ def remote_files(url: str) -> dict[str, str]:
     found = {}
     for folder, _, files in tf.io.gfile.walk(url):
         for name in files:
-            found[f"{folder.rstrip('/')}/{name}"[len(url.rstrip('/')) + 1:]] = f"{folder.rstrip('/')}/{name}"
+            found[f"{folder.rstrip('/')}/{name}"[len(url.rstrip("/")) + 1 :]] = f"{folder.rstrip('/')}/{name}"
     return found
 
 
@@ -151,11 +160,18 @@ class Mirror:
         with bucket_errors(remote, "reading"):
             remote_marker = _read_remote(f"{remote}/{marker}")
         local = local_marker.read_bytes() if local_marker.is_file() else None
-        behind = (remote_marker is not None and local is not None and progress is not None
-                  and progress(remote_marker) < progress(local))
+        behind = (
+            remote_marker is not None
+            and local is not None
+            and progress is not None
+            and progress(remote_marker) < progress(local)
+        )
         if local is not None and (remote_marker is None or behind):
-            why = (f"is behind the local copy ({progress(remote_marker)} against {progress(local)})" if behind else
-                   f"has no {marker} (an upload cut short, or a folder emptied)")
+            why = (
+                f"is behind the local copy ({progress(remote_marker)} against {progress(local)})"
+                if behind
+                else f"has no {marker} (an upload cut short, or a folder emptied)"
+            )
             print(f"[gcs] {remote} {why}: the complete local copy {folder} is pushed, its {marker} last", flush=True)
             self._forget(folder)  # all of it uploaded again
             self.push(folder, marker)
@@ -216,14 +232,22 @@ class Mirror:
                     tf.io.gfile.remove(f"{remote}/{relative}")
         except tf.errors.OpError as err:  # the bucket stopped answering: a network error, an outage, a quota
             cause = root_cause(err, limit=200)
-            held = f"it holds {remote} without its {marker}, which no reader takes for complete" if marker else \
-                f"{remote} may be missing or older"
-            raise DataPathError(f"pushing {path} to the bucket failed after {done} of {len(changed)} file(s) "
-                                f"({cause}): {held}. Fix: run the same command again once the bucket answers: it "
-                                f"pushes what the bucket lacks from the local copy in {self.local}") from None
+            held = (
+                f"it holds {remote} without its {marker}, which no reader takes for complete"
+                if marker
+                else f"{remote} may be missing or older"
+            )
+            raise DataPathError(
+                f"pushing {path} to the bucket failed after {done} of {len(changed)} file(s) "
+                f"({cause}): {held}. Fix: run the same command again once the bucket answers: it "
+                f"pushes what the bucket lacks from the local copy in {self.local}"
+            ) from None
         size = sum(files[r].stat().st_size for r in changed)
-        print(f"[gcs] {remote}: {len(changed)} file(s), {size_text(size)}, pushed in {time.monotonic() - started:.2f} s"
-              + (f"; {len(stale)} removed" if stale else ""), flush=True)
+        print(
+            f"[gcs] {remote}: {len(changed)} file(s), {size_text(size)}, pushed in {time.monotonic() - started:.2f} s"
+            + (f"; {len(stale)} removed" if stale else ""),
+            flush=True,
+        )
 
     def remove(self, folder: Path) -> None:
         """Everything under `folder` removed from the bucket (runtime.start_over)."""

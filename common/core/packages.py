@@ -20,8 +20,14 @@ import traceback
 from common.core.errors import PackageError, root_cause
 
 # A module's name -> the name pip installs it by, where the two differ.
-DISTRIBUTIONS = {"keras_hub": "keras-hub", "tensorflow_text": "tensorflow-text", "tf_keras": "tf-keras",
-                 "tensorflow_hub": "tensorflow-hub", "sklearn": "scikit-learn", "PIL": "pillow"}
+DISTRIBUTIONS = {
+    "keras_hub": "keras-hub",
+    "tensorflow_text": "tensorflow-text",
+    "tf_keras": "tf-keras",
+    "tensorflow_hub": "tensorflow-hub",
+    "sklearn": "scikit-learn",
+    "PIL": "pillow",
+}
 _SITE_PACKAGE = re.compile(r"[/\\](?:site|dist)-packages[/\\]([A-Za-z0-9_]+)")
 
 
@@ -61,16 +67,22 @@ def import_failure(module: str, needed_for: str, err: Exception) -> str:
     at_fault = next((p for p in chain if p != top), top)  # the first package it imported that failed, else itself
     failed = f"{needed_for} needs {module}, and `import {module}` failed"
     if missing:  # a package it imports is not installed
-        return (f"{failed}: {chain[-1] if chain else top} imports {missing}, which is not installed. Fix: pip install "
-                f"{distribution(missing)}")
+        return (
+            f"{failed}: {chain[-1] if chain else top} imports {missing}, which is not installed. Fix: pip install "
+            f"{distribution(missing)}"
+        )
     if isinstance(err, RecursionError) and legacy_keras_without_tf_keras():
-        return (f"{failed} in {' -> '.join(chain)} (RecursionError): TF_USE_LEGACY_KERAS=1 makes tf.keras mean "
-                f"tf_keras, which is not installed, and {at_fault} imports tf.keras. Fix: pip install "
-                f"{tf_keras_requirement()}")
+        return (
+            f"{failed} in {' -> '.join(chain)} (RecursionError): TF_USE_LEGACY_KERAS=1 makes tf.keras mean "
+            f"tf_keras, which is not installed, and {at_fault} imports tf.keras. Fix: pip install "
+            f"{tf_keras_requirement()}"
+        )
     also = f", or pip uninstall {distribution(at_fault)} if {top} works without it" if at_fault != top else ""
-    return (f"{failed} in {' -> '.join(chain) or top} ({root_cause(err)}): a broken or mismatched install. Fix: "
-            f"pip install --force-reinstall {distribution(at_fault)} at the version the others need (`pip check` "
-            f"names the mismatch){also}")
+    return (
+        f"{failed} in {' -> '.join(chain) or top} ({root_cause(err)}): a broken or mismatched install. Fix: "
+        f"pip install --force-reinstall {distribution(at_fault)} at the version the others need (`pip check` "
+        f"names the mismatch){also}"
+    )
 
 
 def packages_in(err: BaseException, first: str) -> list[str]:
@@ -89,8 +101,13 @@ def _local_package(filename: str) -> str | None:
     """The top-level package of a file outside site-packages (an editable install, a PYTHONPATH folder)."""
     for name, found in list(sys.modules.items()):
         path = getattr(found, "__file__", None)
-        if found is not None and "." not in name and path and path.endswith("__init__.py") and \
-                filename.startswith(os.path.dirname(path) + os.sep):
+        if (
+            found is not None
+            and "." not in name
+            and path
+            and path.endswith("__init__.py")
+            and filename.startswith(os.path.dirname(path) + os.sep)
+        ):
             return name
     return None
 

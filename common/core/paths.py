@@ -40,9 +40,11 @@ def local_folder(value: str, key: str, what: str) -> Path:
     """The local folder `value` (what `key` names: `what`). A gs:// (or any scheme://) URL is refused by name, never
     made into a Path: pathlib turns 'gs://b/x' into a local folder 'gs:/b/x', and an output would stay on this disk."""
     if "://" in str(value):
-        raise DataPathError(f"{key}={value!r} is a URL, and {what} can only be a local folder for now (pathlib would "
-                            f"make it the local folder '{Path(str(value))}'). Fix: a local folder; copy it to or from "
-                            "the bucket with `gcloud storage cp -r`")
+        raise DataPathError(
+            f"{key}={value!r} is a URL, and {what} can only be a local folder for now (pathlib would "
+            f"make it the local folder '{Path(str(value))}'). Fix: a local folder; copy it to or from "
+            "the bucket with `gcloud storage cp -r`"
+        )
     return Path(value)
 
 
@@ -52,7 +54,7 @@ def local_copy(url: str, role: str) -> Path:
     from common.core.platform import detect_platform
 
     base = kaggle_root() / "temp" if detect_platform().on_kaggle else Path("runs")
-    return base / "gcs" / role / url[len("gs://"):].strip("/")
+    return base / "gcs" / role / url[len("gs://") :].strip("/")
 
 
 def output_dir(configured: str, local_default: str, bucket_ok: bool = False) -> Path:
@@ -88,8 +90,10 @@ def compile_cache_dir(runtime) -> Path | None:
     if configured == "off":
         return None
     if configured.lower() in ("no", "none", "false", "disable", "disabled", "0"):  # meant as off, read as a folder
-        raise ConfigError(f"runtime.compile_cache={configured!r} would be a folder named {configured!r}. Fix: "
-                          f"runtime.compile_cache=off to compile without a cache, or ./{configured} for that folder")
+        raise ConfigError(
+            f"runtime.compile_cache={configured!r} would be a folder named {configured!r}. Fix: "
+            f"runtime.compile_cache=off to compile without a cache, or ./{configured} for that folder"
+        )
     if configured:
         return local_folder(configured, "runtime.compile_cache", "the compile cache")
     out = output_dir(runtime.output_dir, "runs/train", bucket_ok=True)
@@ -144,7 +148,7 @@ def find_kaggle_mount(name: str) -> Path | None:
         return None
     matches: list[Path] = []
     for k in range(len(parts), 0, -1):  # old layout: the longest tail of the name that is mounted
-        legacy = input_dir.joinpath(*parts[len(parts) - k:])
+        legacy = input_dir.joinpath(*parts[len(parts) - k :])
         if legacy.is_dir() and parts[len(parts) - k] not in _MOUNT_KINDS:
             matches.append(legacy)
             break
@@ -154,15 +158,16 @@ def find_kaggle_mount(name: str) -> Path | None:
             continue
         for dirpath, dirnames, _ in os.walk(base, followlinks=True):  # an input may be a symlink; depth is capped
             relative = tuple(p.lower() for p in Path(dirpath).relative_to(base).parts)
-            if relative and relative[-len(parts):] == parts:
+            if relative and relative[-len(parts) :] == parts:
                 matches.append(Path(dirpath))
                 dirnames.clear()  # a match's own sub-folders are its content, not other mounts
             elif len(relative) >= _MAX_MOUNT_DEPTH:
                 dirnames.clear()
     if len(matches) > 1:
         listing = ", ".join(str(m) for m in matches)
-        raise DataPathError(f"'{name}' matches several attached inputs ({listing}); name it as owner/slug or give "
-                            "the path")
+        raise DataPathError(
+            f"'{name}' matches several attached inputs ({listing}); name it as owner/slug or give the path"
+        )
     return matches[0] if matches else None
 
 
@@ -175,7 +180,7 @@ def resolve_hub_handle(handle: str) -> str:
     if Path(handle).expanduser().exists():
         return str(Path(handle).expanduser().resolve())
     models_url = "https://www.kaggle.com/models/"
-    bare = handle[len(models_url):] if handle.startswith(models_url) else handle
+    bare = handle[len(models_url) :] if handle.startswith(models_url) else handle
     if "://" not in bare and len(bare.strip("/").split("/")) == 5:
         mount = find_kaggle_mount(bare)
         if mount is not None:
@@ -187,7 +192,7 @@ def resolve_input_path(value: str) -> str:
     """A file or folder the training kernel loads (a .keras backbone, a weights file, a KerasHub preset): a
     '/kaggle/...' path under this kernel's Kaggle root, an attached Kaggle Models handle to its mount, else as given."""
     if value.startswith("/kaggle/"):
-        return str(kaggle_root() / value[len("/kaggle/"):])
+        return str(kaggle_root() / value[len("/kaggle/") :])
     return resolve_hub_handle(value) if "/" in value else value
 
 
@@ -201,7 +206,8 @@ def set_private_credentials() -> None:
     except ImportError as err:
         raise DataPathError(
             "runtime.private_dataset=true needs kaggle_secrets, which exists only inside a Kaggle kernel. Fix: run it "
-            "on Kaggle, or download the data and pass a local path in runtime.tfrecords") from err
+            "on Kaggle, or download the data and pass a local path in runtime.tfrecords"
+        ) from err
     secrets = UserSecretsClient()
     secrets.set_tensorflow_credential(secrets.get_gcloud_credential())
     print("[paths] private dataset: gcloud credential handed to TensorFlow (not shown)")
@@ -212,8 +218,10 @@ def gcs_path(name: str, private: bool = False) -> str:
     try:
         from kaggle_datasets import KaggleDatasets
     except ImportError as err:
-        raise DataPathError(f"'{name}' needs a GCS path, and kaggle_datasets exists only inside a Kaggle kernel. "
-                            "Fix: pass a gs:// URL or a local path") from err
+        raise DataPathError(
+            f"'{name}' needs a GCS path, and kaggle_datasets exists only inside a Kaggle kernel. "
+            "Fix: pass a gs:// URL or a local path"
+        ) from err
     if private:
         set_private_credentials()
     slug = name.strip("/").split("/")[-1]
@@ -223,8 +231,10 @@ def gcs_path(name: str, private: bool = False) -> str:
 def resolve_data_path(name_or_path: str, *, needs_gcs: bool = False, private: bool = False) -> str:
     """A readable location for a dataset: gs:// URL, local path, or an attached Kaggle input (see module doc)."""
     if not name_or_path:
-        raise DataPathError("no dataset given. Fix: set runtime.tfrecords (or runtime.competition_dir) to a path, "
-                            "a gs:// URL or the name of an attached Kaggle dataset")
+        raise DataPathError(
+            "no dataset given. Fix: set runtime.tfrecords (or runtime.competition_dir) to a path, "
+            "a gs:// URL or the name of an attached Kaggle dataset"
+        )
     if name_or_path.startswith("gs://"):
         if private:
             set_private_credentials()
@@ -241,6 +251,5 @@ def resolve_data_path(name_or_path: str, *, needs_gcs: bool = False, private: bo
     raise DataPathError(
         f"'{name_or_path}' is neither a local path nor an attached Kaggle input; {kaggle_input_dir()} holds "
         f"{attached or 'nothing'}. Fix: attach it (dataset_sources / competition_sources in kernel-metadata.json, "
-        "or Add Input in the editor), or pass a path or gs:// URL")
-
-
+        "or Add Input in the editor), or pass a path or gs:// URL"
+    )

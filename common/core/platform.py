@@ -57,8 +57,10 @@ def nvidia_gpus() -> str | None:
     gpus = Counter(tuple(part.strip() for part in line.split(",")) for line in run.stdout.splitlines() if line.strip())
     if run.returncode != 0 or not gpus:
         return None
-    return "; ".join(f"{count} x {name} ({memory} MiB, compute capability {capability})"
-                     for (name, memory, capability), count in gpus.items())
+    return "; ".join(
+        f"{count} x {name} ({memory} MiB, compute capability {capability})"
+        for (name, memory, capability), count in gpus.items()
+    )
 
 
 def keep_tensorflow_off_gpus() -> None:
@@ -71,8 +73,11 @@ def keep_tensorflow_off_gpus() -> None:
         tf.config.set_visible_devices([], "GPU")
     except RuntimeError:  # "Visible devices cannot be modified after being initialized"
         if tf.config.get_visible_devices("GPU"):
-            print("[train] warning: TensorFlow's runtime started before the route could hide the GPUs from it; it may "
-                  "hold GPU memory the training needs", flush=True)
+            print(
+                "[train] warning: TensorFlow's runtime started before the route could hide the GPUs from it; it may "
+                "hold GPU memory the training needs",
+                flush=True,
+            )
 
 
 def gpu_lines() -> list[str]:

@@ -55,7 +55,8 @@ def split_cpu(n_devices: int) -> None:
     except RuntimeError as err:
         raise StrategyError(
             f"runtime.cpu_devices={n_devices} must be applied before TensorFlow runs any op; "
-            "call split_cpu() first thing in the entry point") from err
+            "call split_cpu() first thing in the entry point"
+        ) from err
 
 
 def _connect_tpu(address: str) -> tf.distribute.TPUStrategy:
@@ -77,10 +78,11 @@ def _tpu_strategy(address: str, signals: tuple[str, ...]) -> tf.distribute.TPUSt
         if signals:
             raise StrategyError(
                 f"TPU hardware is present ({', '.join(signals)}) but TensorFlow {tf.__version__} sees no TPU: "
-                f"{root_cause(err)}. "
-                + _tpu_fix()) from err
-        raise StrategyError(f"runtime.strategy=tpu but no TPU answered at {address or '$TPU_NAME'!r}: "
-                            f"{root_cause(err)}") from err
+                f"{root_cause(err)}. " + _tpu_fix()
+            ) from err
+        raise StrategyError(
+            f"runtime.strategy=tpu but no TPU answered at {address or '$TPU_NAME'!r}: {root_cause(err)}"
+        ) from err
 
 
 def get_strategy(kind: str = "auto", tpu_address: str = "") -> tf.distribute.Strategy:
@@ -91,7 +93,8 @@ def get_strategy(kind: str = "auto", tpu_address: str = "") -> tf.distribute.Str
             raise StrategyError(
                 "runtime.strategy=tpu but this machine has no TPU (no ISTPUVM, TPU_ACCELERATOR_TYPE, TPU_NAME or "
                 "/dev/accel*). Fix: run on a TPU kernel (machine_shape TpuV5E8), set runtime.tpu_address, or set "
-                "runtime.strategy=auto")
+                "runtime.strategy=auto"
+            )
         return _tpu_strategy(tpu_address, signals)
     if kind not in ("auto", "mirrored", "default"):
         raise StrategyError(f"runtime.strategy={kind!r} is not one of auto, tpu, mirrored, default")
@@ -134,8 +137,10 @@ def choose_precision(setting: str, strategy: tf.distribute.Strategy) -> str:
     if setting == "auto":
         return precision_for(setting, "tpu" if on_tpu else "gpu" if capability else "cpu", capability)
     if setting == "mixed_bfloat16" and not on_tpu and capability and capability < (8, 0):
-        raise StrategyError(f"train.precision=mixed_bfloat16 on a GPU of compute capability {capability}: "
-                            "no bfloat16 there. Fix: train.precision=auto (float16 on this GPU) or float32")
+        raise StrategyError(
+            f"train.precision=mixed_bfloat16 on a GPU of compute capability {capability}: "
+            "no bfloat16 there. Fix: train.precision=auto (float16 on this GPU) or float32"
+        )
     return setting
 
 

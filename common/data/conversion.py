@@ -65,8 +65,10 @@ def assign_splits(samples: Sequence[Sample], task, folds: int, val_fraction: flo
             splitter = StratifiedGroupKFold(n_splits=folds, shuffle=True, random_state=seed)
         else:
             if smallest < folds:
-                raise DataError(f"data.folds={folds} but the rarest {task.stratum} has {smallest} samples; every fold "
-                                f"needs one. Fix: --set data.folds={max(2, smallest)} or data.folds=0 (hold-out split)")
+                raise DataError(
+                    f"data.folds={folds} but the rarest {task.stratum} has {smallest} samples; every fold "
+                    f"needs one. Fix: --set data.folds={max(2, smallest)} or data.folds=0 (hold-out split)"
+                )
             splitter = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
         names = np.empty(len(samples), dtype=object)
         for k, (_, val_idx) in enumerate(splitter.split(np.zeros(len(samples)), key, groups)):
@@ -78,8 +80,9 @@ def assign_splits(samples: Sequence[Sample], task, folds: int, val_fraction: flo
     if groups is not None:
         from sklearn.model_selection import GroupShuffleSplit
 
-        _, val_idx = next(GroupShuffleSplit(n_splits=1, test_size=val_fraction, random_state=seed).split(idx,
-                                                                                                     groups=groups))
+        _, val_idx = next(
+            GroupShuffleSplit(n_splits=1, test_size=val_fraction, random_state=seed).split(idx, groups=groups)
+        )
     else:
         stratify = key if smallest >= 2 else None
         _, val_idx = train_test_split(idx, test_size=val_fraction, random_state=seed, stratify=stratify)
@@ -112,8 +115,14 @@ def _label_summary(labels: list) -> dict:
     if isinstance(labels[0], list):  # multi-hot: samples on per label
         return {"label_counts": {str(k): int(v) for k, v in enumerate(np.sum(labels, axis=0))}}
     if isinstance(labels[0], float):
-        return {"label_stats": {"mean": float(np.mean(labels)), "std": float(np.std(labels)),
-                                "min": float(np.min(labels)), "max": float(np.max(labels))}}
+        return {
+            "label_stats": {
+                "mean": float(np.mean(labels)),
+                "std": float(np.std(labels)),
+                "min": float(np.min(labels)),
+                "max": float(np.max(labels)),
+            }
+        }
     counts = Counter(labels)
     return {"label_counts": {str(k): counts[k] for k in sorted(counts)}}
 
@@ -155,8 +164,9 @@ def _write_split(name: str, samples: list[Sample], writing: RecordWriting, store
     return split, formats
 
 
-def _write_splits(by_split: dict[str, list[Sample]], writing: RecordWriting,
-                  stored: dict[str, int]) -> tuple[dict, set[str]]:
+def _write_splits(
+    by_split: dict[str, list[Sample]], writing: RecordWriting, stored: dict[str, int]
+) -> tuple[dict, set[str]]:
     """Every split's shards: ({split: its count, shards and labels}, the image formats stored)."""
     splits, formats = {}, set()
     for name, split_samples in by_split.items():
@@ -174,8 +184,9 @@ def _check_folders(source: SampleSource, out_dir: Path, overwrite: bool) -> None
         raise DataError(f"competition folder {root} does not exist")
 
 
-def _by_split(samples: list[Sample], split_of: list[str], test_samples: list[Sample],
-              seed: int) -> dict[str, list[Sample]]:
+def _by_split(
+    samples: list[Sample], split_of: list[str], test_samples: list[Sample], seed: int
+) -> dict[str, list[Sample]]:
     """The samples of each split in a seeded random order, splits in their natural order, test last."""
     order = np.random.default_rng(seed).permutation(len(samples))  # shards mix the classes
     by_split: dict[str, list[Sample]] = {}
@@ -219,8 +230,9 @@ def _manifest(source: SampleSource, data_cfg, schema: RecordSchema, converted: C
     }
 
 
-def convert_competition(source: SampleSource | str | Path, out_dir: str | Path, data_cfg,
-                        overwrite: bool = False) -> dict:
+def convert_competition(
+    source: SampleSource | str | Path, out_dir: str | Path, data_cfg, overwrite: bool = False
+) -> dict:
     """Convert a source of samples (a competition folder, given as a path or a CompetitionFolder) into sharded
     TFRecords + manifest (see the module doc)."""
     if not hasattr(source, "train_samples"):
@@ -247,8 +259,9 @@ def convert_competition(source: SampleSource | str | Path, out_dir: str | Path, 
             splits, formats = _write_splits(by_split, RecordWriting(tmp, data_cfg, schema, facts, pool), stored)
             if bad:
                 write_bad_images(tmp / BAD_IMAGES_NAME, bad)
-            converted = Converted(class_names, label_type, split_info, splits, formats,
-                                  {facts[s.path].geometry for s in samples}, bad)
+            converted = Converted(
+                class_names, label_type, split_info, splits, formats, {facts[s.path].geometry for s in samples}, bad
+            )
             manifest = _manifest(source, data_cfg, schema, converted)
             (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")  # last: it marks completeness
     return manifest

@@ -49,8 +49,12 @@ class ImageProblem(Exception):
 def progress(label: str, done: int, total: int, previous: int) -> None:
     """One updating line in a terminal; in a Kaggle log (not a terminal) a line per quarter."""
     if sys.stderr.isatty():
-        print(f"\r[tfrecords] {label}: {done}/{total} images", end="\n" if done == total else "", file=sys.stderr,
-              flush=True)
+        print(
+            f"\r[tfrecords] {label}: {done}/{total} images",
+            end="\n" if done == total else "",
+            file=sys.stderr,
+            flush=True,
+        )
     elif done == total or done * 4 // total > previous * 4 // total:
         print(f"[tfrecords] {label}: {done}/{total} images", file=sys.stderr, flush=True)
 
@@ -68,8 +72,10 @@ def inspect_image(path: Path, stored_as_is: bool) -> ImageFacts:
             img.load()
             facts = ImageFacts((img.format or "unknown").lower(), f"{img.width}x{img.height} {img.mode}")
             if stored_as_is and facts.format not in ("jpeg", "png"):
-                raise ImageProblem(f"{path} is a {img.format} image; records store JPEG or PNG as they are. Fix: "
-                                   "--set data.reencode=jpeg converts every image")
+                raise ImageProblem(
+                    f"{path} is a {img.format} image; records store JPEG or PNG as they are. Fix: "
+                    "--set data.reencode=jpeg converts every image"
+                )
             if not stored_as_is:
                 try:
                     img.convert("RGB")
@@ -80,8 +86,9 @@ def inspect_image(path: Path, stored_as_is: bool) -> ImageFacts:
         raise ImageProblem(f"{path} is not a readable image ({type(err).__name__}: {err})") from err
 
 
-def check_images(samples: dict[str, list[Sample]], data_cfg,
-                 pool: ThreadPoolExecutor) -> tuple[dict[Path, ImageFacts], list[BadImage]]:
+def check_images(
+    samples: dict[str, list[Sample]], data_cfg, pool: ThreadPoolExecutor
+) -> tuple[dict[Path, ImageFacts], list[BadImage]]:
     """Every sample's image checked once, in parallel ({split: samples}): the facts of the good ones by path, and
     the bad ones (no file, empty, unreadable, not storable) with the CSV line and id that name them."""
     stored_as_is = data_cfg.convert_size <= 0 and data_cfg.reencode == "keep"
@@ -103,8 +110,9 @@ def check_images(samples: dict[str, list[Sample]], data_cfg,
                 facts[sample.path] = result
             else:
                 missing = result == "no image file"
-                problem = (f"no image {sample.id}[{'|'.join(IMAGE_SUFFIXES)}] in {folders[split]}/" if missing
-                           else result)
+                problem = (
+                    f"no image {sample.id}[{'|'.join(IMAGE_SUFFIXES)}] in {folders[split]}/" if missing else result
+                )
                 bad.append(BadImage(split, sample.source, sample.id, str(sample.path or ""), problem))
             progress(f"checking {split} images", done + 1, len(split_samples), done)
             done += 1
@@ -117,13 +125,21 @@ def bad_images_message(bad: list[BadImage], shown: int = 30) -> str:
     if len(bad) > shown:
         lines.append(f"  ... and {len(bad) - shown} more")
     counts = Counter(b.split for b in bad)
-    return (f"{len(bad)} bad image(s) ({', '.join(f'{n} {split}' for split, n in counts.items())}), found in one "
-            "pass; nothing was written:\n" + "\n".join(lines) + "\nFix: replace or remove them (and their CSV rows), "
-            "or --set data.on_bad_image=skip to convert without them (they are listed in " + BAD_IMAGES_NAME + ")")
+    return (
+        f"{len(bad)} bad image(s) ({', '.join(f'{n} {split}' for split, n in counts.items())}), found in one "
+        "pass; nothing was written:\n" + "\n".join(lines) + "\nFix: replace or remove them (and their CSV rows), "
+        "or --set data.on_bad_image=skip to convert without them (they are listed in " + BAD_IMAGES_NAME + ")"
+    )
 
 
-def without_bad_images(samples: list[Sample], test_samples: list[Sample], facts: dict[Path, ImageFacts],
-                       bad: list[BadImage], on_bad_image: str, out_dir: Path) -> tuple[list[Sample], list[Sample]]:
+def without_bad_images(
+    samples: list[Sample],
+    test_samples: list[Sample],
+    facts: dict[Path, ImageFacts],
+    bad: list[BadImage],
+    on_bad_image: str,
+    out_dir: Path,
+) -> tuple[list[Sample], list[Sample]]:
     """The samples whose images are good. data.on_bad_image=error: any bad image stops the conversion, all of them
     named; skip: they are left out, and said so."""
     if bad and on_bad_image == "error":
@@ -131,14 +147,23 @@ def without_bad_images(samples: list[Sample], test_samples: list[Sample], facts:
     samples = [s for s in samples if s.path in facts]
     test_samples = [s for s in test_samples if s.path in facts]
     if not samples:
-        raise DataError(f"every one of the {sum(b.split == 'train' for b in bad)} training images is bad, e.g. "
-                        f"{bad[0].line()}")
+        raise DataError(
+            f"every one of the {sum(b.split == 'train' for b in bad)} training images is bad, e.g. {bad[0].line()}"
+        )
     if bad:
-        print(f"[tfrecords] skipping {len(bad)} bad image(s) (data.on_bad_image=skip; listed in "
-              f"{out_dir / BAD_IMAGES_NAME}):\n" + "\n".join(f"  {b.line()}" for b in bad[:10])
-              + (f"\n  ... and {len(bad) - 10} more" if len(bad) > 10 else "")
-              + ("\n  the test records lack the skipped test images: predict those from the images themselves"
-                 if any(b.split == "test" for b in bad) else ""), file=sys.stderr, flush=True)
+        print(
+            f"[tfrecords] skipping {len(bad)} bad image(s) (data.on_bad_image=skip; listed in "
+            f"{out_dir / BAD_IMAGES_NAME}):\n"
+            + "\n".join(f"  {b.line()}" for b in bad[:10])
+            + (f"\n  ... and {len(bad) - 10} more" if len(bad) > 10 else "")
+            + (
+                "\n  the test records lack the skipped test images: predict those from the images themselves"
+                if any(b.split == "test" for b in bad)
+                else ""
+            ),
+            file=sys.stderr,
+            flush=True,
+        )
     return samples, test_samples
 
 
@@ -151,13 +176,17 @@ def write_bad_images(path: Path, bad: list[BadImage]) -> None:
 
 def skipped_summary(bad: list[BadImage]) -> dict:
     """The manifest's account of the images left out."""
-    return {"count": len(bad), "file": BAD_IMAGES_NAME if bad else None,
-            "by_split": dict(Counter(b.split for b in bad))}
+    return {
+        "count": len(bad),
+        "file": BAD_IMAGES_NAME if bad else None,
+        "by_split": dict(Counter(b.split for b in bad)),
+    }
 
 
 # --------------------------------------------------------------------------------------------------------- prepare
-def prepare_image(path: Path, facts: ImageFacts, convert_size: int = 0, reencode: str = "keep",
-                  jpeg_quality: int = 95) -> tuple[bytes, str]:
+def prepare_image(
+    path: Path, facts: ImageFacts, convert_size: int = 0, reencode: str = "keep", jpeg_quality: int = 95
+) -> tuple[bytes, str]:
     """(bytes to store, their format) for a checked image: its own bytes, or converted to RGB, resized, re-encoded."""
     from PIL import Image
 

@@ -70,9 +70,14 @@ def random_resized_crop(image: tf.Tensor, scale: float, ratio: float) -> tf.Tens
     """A random box of at least `scale` of the area, aspect ratio in [1/ratio, ratio], resized back (Inception)."""
     size = image.shape[0]
     begin, box, _ = tf.image.sample_distorted_bounding_box(
-        tf.shape(image), tf.constant([[[0.0, 0.0, 1.0, 1.0]]]), min_object_covered=0.0,
-        aspect_ratio_range=(1.0 / ratio, ratio), area_range=(scale, 1.0), max_attempts=10,
-        use_image_if_no_bounding_boxes=True)
+        tf.shape(image),
+        tf.constant([[[0.0, 0.0, 1.0, 1.0]]]),
+        min_object_covered=0.0,
+        aspect_ratio_range=(1.0 / ratio, ratio),
+        area_range=(scale, 1.0),
+        max_attempts=10,
+        use_image_if_no_bounding_boxes=True,
+    )
     crop = tf.slice(image, begin, box)
     return _to_uint8(tf.image.resize(crop, [size, size]))
 
@@ -80,6 +85,7 @@ def random_resized_crop(image: tf.Tensor, scale: float, ratio: float) -> tf.Tens
 def affine_transform(size: int, rotation: float, shear: float, zoom: float, shift: float) -> tf.Tensor:
     """A random affine map about the image centre (rotation and shear in degrees, zoom factor range, shift as a
     share of the size), as the 8 output-to-input coefficients ImageProjectiveTransformV3 takes."""
+
     def uniform(limit):
         return tf.random.uniform([], -limit, limit) if limit > 0 else tf.constant(0.0)
 
@@ -109,8 +115,13 @@ def affine(image: tf.Tensor, data_cfg) -> tf.Tensor:
     size = image.shape[0]
     transform = affine_transform(size, data_cfg.rotation, data_cfg.shear, data_cfg.zoom, data_cfg.shift)
     out = tf.raw_ops.ImageProjectiveTransformV3(
-        images=tf.cast(image, tf.float32)[None], transforms=transform[None], output_shape=[size, size],
-        fill_value=0.0, interpolation="BILINEAR", fill_mode="REFLECT")
+        images=tf.cast(image, tf.float32)[None],
+        transforms=transform[None],
+        output_shape=[size, size],
+        fill_value=0.0,
+        interpolation="BILINEAR",
+        fill_mode="REFLECT",
+    )
     return _to_uint8(out[0])
 
 
@@ -198,28 +209,37 @@ def check_mixing(data_cfg) -> None:
     for name in ("mixup", "cutmix"):
         prob, alpha = getattr(data_cfg, f"{name}_prob"), getattr(data_cfg, f"{name}_alpha")
         if prob > 0 and alpha <= 0:
-            raise ConfigError(f"data.{name}_alpha={alpha} must be > 0: it is the Beta(alpha, alpha) of the mixing "
-                              f"weights (e.g. {0.2 if name == 'mixup' else 1.0}), with data.{name}_prob={prob}")
+            raise ConfigError(
+                f"data.{name}_alpha={alpha} must be > 0: it is the Beta(alpha, alpha) of the mixing "
+                f"weights (e.g. {0.2 if name == 'mixup' else 1.0}), with data.{name}_prob={prob}"
+            )
     if data_cfg.mixup_prob + data_cfg.cutmix_prob > 1.0:
-        raise ConfigError(f"data.mixup_prob + data.cutmix_prob = {data_cfg.mixup_prob + data_cfg.cutmix_prob} must "
-                          "be <= 1 (they share the batches)")
+        raise ConfigError(
+            f"data.mixup_prob + data.cutmix_prob = {data_cfg.mixup_prob + data_cfg.cutmix_prob} must "
+            "be <= 1 (they share the batches)"
+        )
 
 
 def mix_batch(images: tf.Tensor, targets: tf.Tensor, data_cfg) -> tuple[tf.Tensor, tf.Tensor]:
     """MixUp on a data.mixup_prob share of batches, CutMix on a data.cutmix_prob share, the rest as they are."""
     draw = tf.random.uniform([])
-    return tf.case([
-        (draw < data_cfg.mixup_prob, lambda: mixup(images, targets, data_cfg.mixup_alpha)),
-        (draw < data_cfg.mixup_prob + data_cfg.cutmix_prob, lambda: cutmix(images, targets, data_cfg.cutmix_alpha)),
-    ], default=lambda: (images, targets))
+    return tf.case(
+        [
+            (draw < data_cfg.mixup_prob, lambda: mixup(images, targets, data_cfg.mixup_alpha)),
+            (draw < data_cfg.mixup_prob + data_cfg.cutmix_prob, lambda: cutmix(images, targets, data_cfg.cutmix_alpha)),
+        ],
+        default=lambda: (images, targets),
+    )
 
 
 def _check_files(files) -> list[str]:
     files = [str(f) for f in files]
     if not files:
-        raise DataError("no TFRecord files given. Fix: set runtime.tfrecords to the records (a folder, gs:// URL or "
-                        "attached dataset name); for records without a tpu2gpu manifest, data.train_files / "
-                        "data.val_files / data.test_files must match files in it")
+        raise DataError(
+            "no TFRecord files given. Fix: set runtime.tfrecords to the records (a folder, gs:// URL or "
+            "attached dataset name); for records without a tpu2gpu manifest, data.train_files / "
+            "data.val_files / data.test_files must match files in it"
+        )
     return files
 
 
@@ -241,8 +261,9 @@ class InputShare:
         return (1, 0) if self.context is None else (self.context.num_input_pipelines, self.context.input_pipeline_id)
 
 
-def make_train_dataset(files, data_cfg, share: InputShare, to_target=None, schema: RecordSchema | None = None,
-                       seed: int | None = None) -> tf.data.Dataset:
+def make_train_dataset(
+    files, data_cfg, share: InputShare, to_target=None, schema: RecordSchema | None = None, seed: int | None = None
+) -> tf.data.Dataset:
     """Endless (image uint8 [B,S,S,3], target) batches: parallel reads (in a fixed order with data.deterministic),
     shuffled, augmented.
 
@@ -254,17 +275,23 @@ def make_train_dataset(files, data_cfg, share: InputShare, to_target=None, schem
     schema = schema or schema_from_config(data_cfg)
     (pipelines, index), batch_size = share.pipelines, share.batch_size
     if pipelines > len(files):
-        raise DataError(f"{len(files)} training file(s) for {pipelines} input pipelines (one per process, or "
-                        "data.input_pipelines): each pipeline reads its own files. Fix: convert into smaller shards "
-                        "(`tpu2gpu tfrecords --set data.shard_target_mb=...`) so that every split has at least "
-                        f"{pipelines} files, or train on fewer processes")
+        raise DataError(
+            f"{len(files)} training file(s) for {pipelines} input pipelines (one per process, or "
+            "data.input_pipelines): each pipeline reads its own files. Fix: convert into smaller shards "
+            "(`tpu2gpu tfrecords --set data.shard_target_mb=...`) so that every split has at least "
+            f"{pipelines} files, or train on fewer processes"
+        )
     fixed, mine = data_cfg.deterministic, sorted(files)[index::pipelines]  # by file: its own share of the sorted list
     if pipelines > 1:
-        print(f"[train] input pipeline {index} of {pipelines}: {len(mine)} of {len(files)} files "
-              f"({', '.join(Path(f).name for f in mine)})", flush=True)
+        print(
+            f"[train] input pipeline {index} of {pipelines}: {len(mine)} of {len(files)} files "
+            f"({', '.join(Path(f).name for f in mine)})",
+            flush=True,
+        )
     records = tf.data.Dataset.from_tensor_slices(mine).shuffle(len(mine), seed=seed)
-    records = records.interleave(tf.data.TFRecordDataset, cycle_length=min(len(mine), 16),
-                                 num_parallel_calls=AUTOTUNE, deterministic=fixed)
+    records = records.interleave(
+        tf.data.TFRecordDataset, cycle_length=min(len(mine), 16), num_parallel_calls=AUTOTUNE, deterministic=fixed
+    )
     # Shuffle serialized records (small) before decoding (large); repeat after, so epochs blend smoothly.
     records = records.shuffle(data_cfg.shuffle_buffer, seed=seed).repeat()
 
@@ -281,15 +308,17 @@ def make_train_dataset(files, data_cfg, share: InputShare, to_target=None, schem
     if to_target is not None:
         dataset = dataset.map(lambda images, labels: (images, to_target(labels)), num_parallel_calls=AUTOTUNE)
         if data_cfg.augment and (data_cfg.mixup_prob > 0 or data_cfg.cutmix_prob > 0):
-            dataset = dataset.map(lambda images, targets: mix_batch(images, targets, data_cfg),
-                                  num_parallel_calls=AUTOTUNE)
+            dataset = dataset.map(
+                lambda images, targets: mix_batch(images, targets, data_cfg), num_parallel_calls=AUTOTUNE
+            )
     options = tf.data.Options()
     options.deterministic = fixed
     return dataset.with_options(options).prefetch(AUTOTUNE)
 
 
-def make_eval_dataset(files, schema: RecordSchema, image_size: int, batch_size: int, labeled: bool,
-                      skip_undecodable: bool = False) -> tf.data.Dataset:
+def make_eval_dataset(
+    files, schema: RecordSchema, image_size: int, batch_size: int, labeled: bool, skip_undecodable: bool = False
+) -> tf.data.Dataset:
     """One pass, in file order, no augmentation: dict batches {'image', 'id'} (+ 'label' when labeled), every record
     once (the last, partial batch kept). skip_undecodable (the test set): a record that cannot be read or decoded is
     left out instead of ending the pass; the inference kernel reads it another way (common/inference/unread.py)."""
@@ -310,6 +339,7 @@ def make_eval_dataset(files, schema: RecordSchema, image_size: int, batch_size: 
 def make_padded_image_batches(files, schema: RecordSchema, image_size: int, batch_size: int) -> tf.data.Dataset:
     """make_eval_dataset's images, every batch padded with zeros to batch_size (static shapes for XLA, and a batch
     that splits evenly over the replicas or devices); the caller drops the padding, the last batch's surplus."""
+
     def pad(item):
         images = item["image"]
         images = tf.pad(images, [[0, batch_size - tf.shape(images)[0]], [0, 0], [0, 0], [0, 0]])
@@ -322,8 +352,9 @@ def read_ids_and_labels(files, schema: RecordSchema, labeled: bool) -> tuple[lis
     """Ids (and labels, in the task's label form) of every record, in make_eval_dataset's order, without decoding
     a single image."""
     records = tf.data.TFRecordDataset(_check_files(files))
-    batches = records.map(lambda r: parse_record(r, schema, labeled), num_parallel_calls=AUTOTUNE,
-                          deterministic=True).batch(4096)
+    batches = records.map(
+        lambda r: parse_record(r, schema, labeled), num_parallel_calls=AUTOTUNE, deterministic=True
+    ).batch(4096)
     ids, labels = [], []
     for batch in batches.as_numpy_iterator():
         ids += [i.decode() for i in batch["id"]]
@@ -337,9 +368,11 @@ def make_image_file_dataset(paths, ids, image_size: int, batch_size: int) -> tf.
     decode_image as training; an image TensorFlow cannot read or decode is left out (ignore_errors: free while every
     image decodes), and the inference kernel reads it another way (common/inference/unread.py)."""
     if len(paths) != len(ids) or not len(paths):
-        raise DataError(f"need one id per image path and at least one image, got {len(paths)} paths, {len(ids)} ids. "
-                        "Fix: data.test_csv must list the test ids and data.test_images (in runtime.competition_dir) "
-                        "hold one image per id")
+        raise DataError(
+            f"need one id per image path and at least one image, got {len(paths)} paths, {len(ids)} ids. "
+            "Fix: data.test_csv must list the test ids and data.test_images (in runtime.competition_dir) "
+            "hold one image per id"
+        )
     dataset = tf.data.Dataset.from_tensor_slices({"path": [str(p) for p in paths], "id": list(ids)})
 
     def load(item):
@@ -347,4 +380,3 @@ def make_image_file_dataset(paths, ids, image_size: int, batch_size: int) -> tf.
 
     dataset = dataset.map(load, num_parallel_calls=AUTOTUNE, deterministic=True).ignore_errors()
     return dataset.batch(batch_size).prefetch(AUTOTUNE)
-

@@ -56,8 +56,10 @@ def serialize_example(image_bytes: bytes, record_id: str, label, schema: RecordS
     if label is not None:
         values = list(label) if isinstance(label, (list, tuple)) else [label]
         feature[schema.label] = (
-            tf.train.Feature(float_list=tf.train.FloatList(value=values)) if schema.label_dtype == "float32"
-            else tf.train.Feature(int64_list=tf.train.Int64List(value=values)))
+            tf.train.Feature(float_list=tf.train.FloatList(value=values))
+            if schema.label_dtype == "float32"
+            else tf.train.Feature(int64_list=tf.train.Int64List(value=values))
+        )
     return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
 
@@ -68,8 +70,10 @@ def read_manifest(tfrecord_dir: str | Path) -> dict:
 
     path = f"{str(tfrecord_dir).rstrip('/')}/{MANIFEST_NAME}"
     if not tf.io.gfile.exists(path):
-        raise DataError(f"{tfrecord_dir} has no {MANIFEST_NAME}: it is not a complete tpu2gpu conversion. Fix: run "
-                        "`tpu2gpu tfrecords` again, or for other TFRecords set data.class_names and the file patterns")
+        raise DataError(
+            f"{tfrecord_dir} has no {MANIFEST_NAME}: it is not a complete tpu2gpu conversion. Fix: run "
+            "`tpu2gpu tfrecords` again, or for other TFRecords set data.class_names and the file patterns"
+        )
     with tf.io.gfile.GFile(path) as f:
         manifest = json.loads(f.read())
     if manifest.get("format") != MANIFEST_FORMAT or not manifest.get("complete"):
@@ -108,8 +112,10 @@ def split_files(manifest: dict, tfrecord_dir: str, fold: int) -> tuple[list[str]
 
 
 SCAN_CACHE = ".tpu2gpu-scan.json"
-RECORDS_FIX = ("Fix: upload the dataset again (an upload or a copy cut short leaves a shard short or damaged), or "
-               "write the records again (`tpu2gpu tfrecords`) and attach them")
+RECORDS_FIX = (
+    "Fix: upload the dataset again (an upload or a copy cut short leaves a shard short or damaged), or "
+    "write the records again (`tpu2gpu tfrecords`) and attach them"
+)
 
 
 def _scan_file(path: str, label_feature: str, collect_labels: bool) -> dict:
@@ -157,8 +163,9 @@ def scan_records(files: Sequence[str], schema: RecordSchema) -> dict[str, dict]:
         scanned = dict(zip(todo, pool.map(lambda p: _scan_file(p, schema.label, collect), todo), strict=True))
     damaged = [f"  {path}: {result['damaged']}" for path, result in scanned.items() if "damaged" in result]
     if damaged:
-        raise DataError(f"{len(damaged)} TFRecord file(s) do not read back whole:\n" + "\n".join(damaged) + "\n"
-                        + RECORDS_FIX)
+        raise DataError(
+            f"{len(damaged)} TFRecord file(s) do not read back whole:\n" + "\n".join(damaged) + "\n" + RECORDS_FIX
+        )
     cache.update({keys[path]: result for path, result in scanned.items()})
     if todo and not folder.startswith("gs://") and os.access(folder, os.W_OK):
         with open(cache_path, "w") as f:
@@ -177,8 +184,10 @@ def check_features(files: Sequence[str], schema: RecordSchema) -> None:
     wanted = {schema.image: "data.image_feature", schema.id: "data.id_feature", schema.label: "data.label_feature"}
     for feature, config_key in wanted.items():
         if feature not in present:
-            raise DataError(f"{files[0]}: the records have no feature '{feature}' ({config_key}); they hold "
-                            f"{present}. Fix: --set {config_key}=<one of those>")
+            raise DataError(
+                f"{files[0]}: the records have no feature '{feature}' ({config_key}); they hold "
+                f"{present}. Fix: --set {config_key}=<one of those>"
+            )
 
 
 def count_and_check(files: Sequence[str], schema: RecordSchema, num_classes: int, what: str) -> int:
@@ -190,9 +199,11 @@ def count_and_check(files: Sequence[str], schema: RecordSchema, num_classes: int
         for path, result in scanned.items():
             outside = [label for label in result["labels"] if not 0 <= label < limit]
             if outside:
-                raise DataError(f"{path} ({what}) holds label(s) {outside[:5]}, outside the {num_classes} classes of "
-                                "data.class_names (labels are indices 0.."
-                                f"{num_classes - 1}). Fix: list every class in data.class_names, in label order")
+                raise DataError(
+                    f"{path} ({what}) holds label(s) {outside[:5]}, outside the {num_classes} classes of "
+                    "data.class_names (labels are indices 0.."
+                    f"{num_classes - 1}). Fix: list every class in data.class_names, in label order"
+                )
     return sum(result["count"] for result in scanned.values())
 
 
@@ -248,8 +259,10 @@ def check_shards(manifest: dict, tfrecord_dir: str, names: Iterable[str]) -> Non
             if expected is not None and found != expected:
                 problems.append(f"  {path}: {found} bytes, the manifest recorded {expected}")
     if problems:
-        raise DataError(f"{len(problems)} TFRecord shard(s) of {root} do not match its {MANIFEST_NAME} (checked "
-                        "before any record is read):\n" + "\n".join(problems) + "\n" + RECORDS_FIX)
+        raise DataError(
+            f"{len(problems)} TFRecord shard(s) of {root} do not match its {MANIFEST_NAME} (checked "
+            "before any record is read):\n" + "\n".join(problems) + "\n" + RECORDS_FIX
+        )
 
 
 def require_whole_records(files: Sequence[str], tfrecord_dir: str, asked_by: str) -> None:
@@ -257,9 +270,10 @@ def require_whole_records(files: Sequence[str], tfrecord_dir: str, asked_by: str
     every damaged shard named in one error."""
     damaged = damaged_files(files)
     if damaged:
-        raise DataError(f"{len(damaged)} TFRecord shard(s) of {tfrecord_dir} hold a damaged record ({asked_by} read "
-                        "every record):\n" + "\n".join(f"  {path}: {words}" for path, words in damaged) + "\n"
-                        + RECORDS_FIX)
+        raise DataError(
+            f"{len(damaged)} TFRecord shard(s) of {tfrecord_dir} hold a damaged record ({asked_by} read "
+            "every record):\n" + "\n".join(f"  {path}: {words}" for path, words in damaged) + "\n" + RECORDS_FIX
+        )
 
 
 def damage_words(err) -> str:
@@ -311,23 +325,36 @@ def record_set(tfrecord_dir: str, data_cfg, fold: int) -> RecordSet:
 
         check_shards(manifest, tfrecord_dir, train_names + val_names)
         if data_cfg.verify_records == "full":
-            require_whole_records(shard_paths(manifest, tfrecord_dir, train_names + val_names), tfrecord_dir,
-                                  "data.verify_records=full")
+            require_whole_records(
+                shard_paths(manifest, tfrecord_dir, train_names + val_names), tfrecord_dir, "data.verify_records=full"
+            )
         task = manifest.get("task", "multiclass")
         if task != data_cfg.task:
-            raise DataError(f"{tfrecord_dir} was converted for data.task={task}, the config says data.task="
-                            f"{data_cfg.task}. Fix: --set data.task={task}, or convert again with this task")
-        return RecordSet(shard_paths(manifest, tfrecord_dir, train_names),
-                         shard_paths(manifest, tfrecord_dir, val_names), count(train_names), count(val_names),
-                         list(manifest["class_names"]),
-                         RecordSchema(**manifest["schema"]), manifest["label_type"], manifest.get("source_images"))
+            raise DataError(
+                f"{tfrecord_dir} was converted for data.task={task}, the config says data.task="
+                f"{data_cfg.task}. Fix: --set data.task={task}, or convert again with this task"
+            )
+        return RecordSet(
+            shard_paths(manifest, tfrecord_dir, train_names),
+            shard_paths(manifest, tfrecord_dir, val_names),
+            count(train_names),
+            count(val_names),
+            list(manifest["class_names"]),
+            RecordSchema(**manifest["schema"]),
+            manifest["label_type"],
+            manifest.get("source_images"),
+        )
     schema = schema_from_config(data_cfg)
     if not data_cfg.class_names and schema.label_dtype == "int64":  # integer labels are class indices
-        raise DataError(f"{tfrecord_dir} has no {MANIFEST_NAME}, so data.class_names must list the classes in label "
-                        "order. Fix: --set data.class_names=[...], or convert the data with `tpu2gpu tfrecords`")
+        raise DataError(
+            f"{tfrecord_dir} has no {MANIFEST_NAME}, so data.class_names must list the classes in label "
+            "order. Fix: --set data.class_names=[...], or convert the data with `tpu2gpu tfrecords`"
+        )
     if fold != 0:
-        raise DataError(f"train.fold={fold}, but records without a manifest have one split (data.train_files / "
-                        "data.val_files): use train.fold=0")
+        raise DataError(
+            f"train.fold={fold}, but records without a manifest have one split (data.train_files / "
+            "data.val_files): use train.fold=0"
+        )
     train_files = glob_files(tfrecord_dir, data_cfg.train_files)
     val_files = glob_files(tfrecord_dir, data_cfg.val_files)
     for key, files in (("data.train_files", train_files), ("data.val_files", val_files)):
@@ -337,7 +364,17 @@ def record_set(tfrecord_dir: str, data_cfg, fold: int) -> RecordSet:
     classes = len(data_cfg.class_names)
     train_count = count_and_check(train_files, schema, classes, "data.train_files")
     val_count = count_and_check(val_files, schema, classes, "data.val_files")
-    print(f"[tfrecords] {tfrecord_dir}: {train_count} training and {val_count} validation records (scanned; no "
-          f"manifest), labels within the {classes} classes", flush=True)
-    return RecordSet(train_files, val_files, train_count, val_count, list(data_cfg.class_names), schema,
-                     "float" if schema.label_dtype == "float32" else "str")
+    print(
+        f"[tfrecords] {tfrecord_dir}: {train_count} training and {val_count} validation records (scanned; no "
+        f"manifest), labels within the {classes} classes",
+        flush=True,
+    )
+    return RecordSet(
+        train_files,
+        val_files,
+        train_count,
+        val_count,
+        list(data_cfg.class_names),
+        schema,
+        "float" if schema.label_dtype == "float32" else "str",
+    )

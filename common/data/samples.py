@@ -47,8 +47,10 @@ def read_csv_columns(csv_path: Path, columns: dict[str, str]) -> list[tuple[int,
         header = reader.fieldnames or []
         for column, key in columns.items():
             if column not in header:
-                raise DataError(f"{csv_path.name} has no column '{column}' (columns: {', '.join(header)}). "
-                                f"Fix: --set {key}=<one of those>")
+                raise DataError(
+                    f"{csv_path.name} has no column '{column}' (columns: {', '.join(header)}). "
+                    f"Fix: --set {key}=<one of those>"
+                )
         rows = [(line, row) for line, row in enumerate(reader, start=2)]
     if not rows:
         raise DataError(f"{csv_path} has a header but no rows")
@@ -64,8 +66,10 @@ def read_train_samples(comp_dir: Path, data_cfg) -> tuple[list[Sample], list[str
     csv_path = comp_dir / data_cfg.train_csv
     label_columns = list(data_cfg.label_columns)
     if label_columns and not task.label_set:
-        raise DataError(f"data.label_columns is for data.task=multilabel (one 0/1 column per class), not {task.name}. "
-                        "Fix: data.label_column for one label column")
+        raise DataError(
+            f"data.label_columns is for data.task=multilabel (one 0/1 column per class), not {task.name}. "
+            "Fix: data.label_column for one label column"
+        )
     columns = {data_cfg.id_column: "data.id_column"}
     columns.update({c: "data.label_columns" for c in label_columns} or {data_cfg.label_column: "data.label_column"})
     if data_cfg.group_column:
@@ -82,8 +86,9 @@ def read_train_samples(comp_dir: Path, data_cfg) -> tuple[list[Sample], list[str
         if not sample_id:
             problems.setdefault("empty id", []).append(f"line {line}")
         elif sample_id in seen:
-            problems.setdefault("duplicated id", []).append(f"line {line} (id '{sample_id}', first on line "
-                                                            f"{seen[sample_id]})")
+            problems.setdefault("duplicated id", []).append(
+                f"line {line} (id '{sample_id}', first on line {seen[sample_id]})"
+            )
         seen.setdefault(sample_id, line)
         if label_columns:  # one 0/1 column per class -> the space-separated form
             value = " ".join(c for c in label_columns if (row[c] or "").strip() in ("1", "1.0", "True", "true"))
@@ -91,7 +96,8 @@ def read_train_samples(comp_dir: Path, data_cfg) -> tuple[list[Sample], list[str
             value = (row[data_cfg.label_column] or "").strip()
             if not value and not task.label_set:  # an empty set of labels is a row with no label on
                 problems.setdefault(f"empty label in column '{data_cfg.label_column}'", []).append(
-                    f"line {line} (id '{sample_id}')")
+                    f"line {line} (id '{sample_id}')"
+                )
         raw.append(value)
         sources.append(source)
     if problems:
@@ -107,17 +113,21 @@ def read_train_samples(comp_dir: Path, data_cfg) -> tuple[list[Sample], list[str
 
 def bad_rows_message(csv_name: str, problems: dict[str, list[str]], shown: int = 5) -> str:
     """Every kind of bad row with its count and its first rows, in one message."""
-    return problems_message(f"{csv_name} has", "bad row(s)", problems, f"correct or remove those rows of {csv_name}",
-                            shown)
+    return problems_message(
+        f"{csv_name} has", "bad row(s)", problems, f"correct or remove those rows of {csv_name}", shown
+    )
 
 
 def problems_message(where: str, what: str, problems: dict[str, list[str]], fix: str, shown: int = 5) -> str:
     """'<where> <N> <what>, found in one pass ...', then each kind with its count and first cases, then the fix."""
-    kinds = [f"  {len(cases)} x {kind}: {', '.join(cases[:shown])}" + (" ..." if len(cases) > shown else "")
-             for kind, cases in problems.items()]
+    kinds = [
+        f"  {len(cases)} x {kind}: {', '.join(cases[:shown])}" + (" ..." if len(cases) > shown else "")
+        for kind, cases in problems.items()
+    ]
     total = sum(len(cases) for cases in problems.values())
-    return (f"{where} {total} {what}, found in one pass before any image was read:\n" + "\n".join(kinds)
-            + f"\nFix: {fix}")
+    return (
+        f"{where} {total} {what}, found in one pass before any image was read:\n" + "\n".join(kinds) + f"\nFix: {fix}"
+    )
 
 
 def read_test_samples(comp_dir: Path, data_cfg, ids: list[str] | None = None) -> list[Sample]:
@@ -138,8 +148,10 @@ def read_test_samples(comp_dir: Path, data_cfg, ids: list[str] | None = None) ->
     first: dict[str, str] = {}
     for sample_id, source in listed:  # one record per test id: a submission has one row per id
         if sample_id in first:
-            raise DataError(f"{source}: test id '{sample_id}' already comes from {first[sample_id]}. Fix: remove the "
-                            "duplicate row, or keep one image per id")
+            raise DataError(
+                f"{source}: test id '{sample_id}' already comes from {first[sample_id]}. Fix: remove the "
+                "duplicate row, or keep one image per id"
+            )
         first[sample_id] = source
     return [Sample(i, index.get(i), source) for i, source in listed]
 
@@ -191,12 +203,15 @@ def class_folders(image_dir: Path, shown: str) -> tuple[dict[str, list[Path]], d
                 classes[folder.name].append(path)
                 if first_in.setdefault(path.name, folder.name) != folder.name:
                     problems.setdefault(SAME_NAME, []).append(
-                        f"{path.name} in '{first_in[path.name]}' and '{folder.name}'")
+                        f"{path.name} in '{first_in[path.name]}' and '{folder.name}'"
+                    )
         if not classes[folder.name]:
             problems.setdefault("class folder without an image", []).append(f"{shown}/{folder.name}/")
     if not classes:
-        raise DataError(f"{image_dir} holds no class folders. Fix: put the training images in one folder per class "
-                        "there, or give a CSV of ids and labels (data.train_csv, data.layout=csv)")
+        raise DataError(
+            f"{image_dir} holds no class folders. Fix: put the training images in one folder per class "
+            "there, or give a CSV of ids and labels (data.train_csv, data.layout=csv)"
+        )
     return classes, problems
 
 
@@ -235,31 +250,47 @@ def read_folder_samples(comp_dir: Path, data_cfg) -> tuple[list[Sample], list[st
     task = get_task(data_cfg.task)
     shown = data_cfg.train_images.rstrip("/")
     if task.label_tokens is None or task.label_set:  # a folder names one class: not a number, not a set of labels
-        raise ConfigError(f"class folders name each image's one class, and data.task={task.name} needs "
-                          f"{'a set of labels' if task.label_set else 'a number'} per image. Fix: data.task=multiclass "
-                          f"(two folders: two classes), or a {data_cfg.train_csv} of ids and labels (data.layout=csv)")
+        raise ConfigError(
+            f"class folders name each image's one class, and data.task={task.name} needs "
+            f"{'a set of labels' if task.label_set else 'a number'} per image. Fix: data.task=multiclass "
+            f"(two folders: two classes), or a {data_cfg.train_csv} of ids and labels (data.layout=csv)"
+        )
     for key in ("label_columns", "group_column"):
         if getattr(data_cfg, key):
-            raise ConfigError(f"data.{key} names columns of {data_cfg.train_csv}, and class folders have none. Fix: "
-                              f"unset data.{key}, or give a {data_cfg.train_csv} (data.layout=csv)")
+            raise ConfigError(
+                f"data.{key} names columns of {data_cfg.train_csv}, and class folders have none. Fix: "
+                f"unset data.{key}, or give a {data_cfg.train_csv} (data.layout=csv)"
+            )
     classes, problems = class_folders(comp_dir / data_cfg.train_images, shown)
     if problems:
         rename = ", and rename one of two images of one name" if SAME_NAME in problems else ""
-        raise DataError(problems_message(f"{shown}/ (one folder per class) has", "bad entries", problems,
-                                         f"put every image in the folder of its class under {shown}/, remove the "
-                                         f"other files and the empty folders{rename}"))
+        raise DataError(
+            problems_message(
+                f"{shown}/ (one folder per class) has",
+                "bad entries",
+                problems,
+                f"put every image in the folder of its class under {shown}/, remove the "
+                f"other files and the empty folders{rename}",
+            )
+        )
     file_names = template_has_file_names(comp_dir, data_cfg)
     found = folder_ids(classes, file_names)
     sources = [f"{shown}/{name}/{path.name}" for _, name, path in found]
-    labels, names, label_type = task.encode([name for _, name, _ in found], sources,
-                                            list(data_cfg.class_names) or class_order(classes))
+    labels, names, label_type = task.encode(
+        [name for _, name, _ in found], sources, list(data_cfg.class_names) or class_order(classes)
+    )
     unique = sum("/" in sample_id for sample_id, _, _ in found)
-    print(f"[tfrecords] {shown}/ read as one folder per class (data.layout={data_cfg.layout}): {len(found)} images "
-          f"of {len(names)} classes; ids are the file "
-          + (f"names, with their extension as in {data_cfg.test_csv}" if file_names else "names' stems")
-          + (f" ({unique} sharing a stem are '<class>/<file name>')" if unique else ""), file=sys.stderr, flush=True)
-    samples = [Sample(i, path, source, label) for (i, _, path), source, label in zip(found, sources, labels,
-                                                                                      strict=True)]
+    print(
+        f"[tfrecords] {shown}/ read as one folder per class (data.layout={data_cfg.layout}): {len(found)} images "
+        f"of {len(names)} classes; ids are the file "
+        + (f"names, with their extension as in {data_cfg.test_csv}" if file_names else "names' stems")
+        + (f" ({unique} sharing a stem are '<class>/<file name>')" if unique else ""),
+        file=sys.stderr,
+        flush=True,
+    )
+    samples = [
+        Sample(i, path, source, label) for (i, _, path), source, label in zip(found, sources, labels, strict=True)
+    ]
     return samples, names, label_type
 
 
@@ -272,9 +303,11 @@ def train_layout(comp_dir: Path, data_cfg) -> str:
         folders = not csv_path.is_file() and image_dir.is_dir() and any(p.is_dir() for p in visible(image_dir))
         layout = "folders" if folders else "csv"
     if layout == "csv" and not csv_path.is_file():
-        raise DataError(f"{csv_path} does not exist. Fix: set data.train_csv or the competition folder; training "
-                        f"images in one folder per class under {data_cfg.train_images}/ need no CSV "
-                        "(data.layout=auto or folders)")
+        raise DataError(
+            f"{csv_path} does not exist. Fix: set data.train_csv or the competition folder; training "
+            f"images in one folder per class under {data_cfg.train_images}/ need no CSV "
+            "(data.layout=auto or folders)"
+        )
     return layout
 
 
@@ -315,8 +348,18 @@ class CompetitionFolder:
         d = self.data_cfg
         layout = train_layout(self.root, d)
         if layout == "folders":
-            return {"competition_dir": str(self.root), "layout": layout, "train_images": d.train_images,
-                    "id_column": d.id_column}
-        return {"competition_dir": str(self.root), "layout": layout, "train_csv": d.train_csv, "id_column": d.id_column,
-                "label_column": d.label_column, "label_columns": list(d.label_columns),
-                "group_column": d.group_column}
+            return {
+                "competition_dir": str(self.root),
+                "layout": layout,
+                "train_images": d.train_images,
+                "id_column": d.id_column,
+            }
+        return {
+            "competition_dir": str(self.root),
+            "layout": layout,
+            "train_csv": d.train_csv,
+            "id_column": d.id_column,
+            "label_column": d.label_column,
+            "label_columns": list(d.label_columns),
+            "group_column": d.group_column,
+        }

@@ -59,8 +59,9 @@ def open_source(cfg) -> Source:
     from common.core.platform import detect_platform
 
     if cfg.runtime.tfrecords:
-        root = resolve_data_path(cfg.runtime.tfrecords, needs_gcs=detect_platform().needs_gcs,
-                                 private=cfg.runtime.private_dataset)
+        root = resolve_data_path(
+            cfg.runtime.tfrecords, needs_gcs=detect_platform().needs_gcs, private=cfg.runtime.private_dataset
+        )
         return RecordSource(root, cfg.data)
     if cfg.runtime.competition_dir:
         return CompetitionSource(CompetitionFolder(Path(resolve_data_path(cfg.runtime.competition_dir)), cfg.data))
@@ -89,25 +90,33 @@ class CompetitionSource:
         if infer_cfg.check_images != "off":
             unlike = check_test_images([s.path for s in found], card, strict=infer_cfg.check_images == "strict")
             if unlike:
-                print(f"[infer] warning: {sum(unlike.values())} of {len(found)} test images differ from the training "
-                      f"images ({', '.join(f'{n} x {kind}' for kind, n in unlike.most_common(5))}); the pipeline "
-                      "resizes and converts them to RGB. infer.check_images=strict refuses them", flush=True)
+                print(
+                    f"[infer] warning: {sum(unlike.values())} of {len(found)} test images differ from the training "
+                    f"images ({', '.join(f'{n} x {kind}' for kind, n in unlike.most_common(5))}); the pipeline "
+                    "resizes and converts them to RGB. infer.check_images=strict refuses them",
+                    flush=True,
+                )
         if not found:  # every image is missing: common/inference/unread.py names them
             import tensorflow as tf
 
             size = card.image_size
-            return tf.data.Dataset.from_tensor_slices({"image": tf.zeros([0, size, size, 3], tf.uint8),
-                                                       "id": tf.constant([], tf.string)}).batch(infer_cfg.batch_size)
-        return make_image_file_dataset([s.path for s in found], [s.id for s in found], card.image_size,
-                                       infer_cfg.batch_size)
+            return tf.data.Dataset.from_tensor_slices(
+                {"image": tf.zeros([0, size, size, 3], tf.uint8), "id": tf.constant([], tf.string)}
+            ).batch(infer_cfg.batch_size)
+        return make_image_file_dataset(
+            [s.path for s in found], [s.id for s in found], card.image_size, infer_cfg.batch_size
+        )
 
     def unread_test_images(self, ids: list[str], card) -> list[TestImage]:
         folder = self.folder.root / self.folder.data_cfg.test_images
         images = []
         for sample in self.folder.test_samples(ids):
             if sample.path is None:
-                images.append(TestImage(sample.id, str(folder), None,
-                                        f"no image {sample.id}[{'|'.join(IMAGE_SUFFIXES)}] in {folder}"))
+                images.append(
+                    TestImage(
+                        sample.id, str(folder), None, f"no image {sample.id}[{'|'.join(IMAGE_SUFFIXES)}] in {folder}"
+                    )
+                )
                 continue
             try:
                 images.append(TestImage(sample.id, str(sample.path), sample.path.read_bytes()))
@@ -142,8 +151,9 @@ class RecordSource:
         files = self.test_files()
         schema = RecordSchema(**card.record_schema)
         check_record_ids(read_ids_and_labels(files, schema, labeled=False)[0], template.ids, self.data_cfg.test_csv)
-        return make_eval_dataset(files, schema, card.image_size, infer_cfg.batch_size, labeled=False,
-                                 skip_undecodable=True)
+        return make_eval_dataset(
+            files, schema, card.image_size, infer_cfg.batch_size, labeled=False, skip_undecodable=True
+        )
 
     def unread_test_images(self, ids: list[str], card) -> list[TestImage]:
         """The image bytes of ids, read from the records once more without decoding (a damaged record is skipped)."""
@@ -158,9 +168,12 @@ class RecordSource:
             for record in records.ignore_errors().as_numpy_iterator():
                 if record["id"].decode() in wanted:
                     found[record["id"].decode()] = (file, record["image"])
-        return [TestImage(i, found[i][0], found[i][1]) if i in found else
-                TestImage(i, self.root, None, "not in the test records, or its record is damaged")
-                for i in ids]
+        return [
+            TestImage(i, found[i][0], found[i][1])
+            if i in found
+            else TestImage(i, self.root, None, "not in the test records, or its record is damaged")
+            for i in ids
+        ]
 
 
 def check_test_images(paths: list[Path], card, strict: bool = False) -> Counter:
@@ -190,10 +203,12 @@ def check_test_images(paths: list[Path], card, strict: bool = False) -> Counter:
         raise DataError(
             f"{len(offending)} test image(s) are unlike the training images, which were "
             f"{'/'.join(sizes or ['any size'])} {'/'.join(sorted(modes)) or 'any mode'} (model_card.json "
-            "source_images), or unreadable:\n" + "\n".join(f"  {line}" for line in offending[:30])
+            "source_images), or unreadable:\n"
+            + "\n".join(f"  {line}" for line in offending[:30])
             + (f"\n  ... and {len(offending) - 30} more" if len(offending) > 30 else "")
             + "\nFix: give test images prepared like the training images, or set infer.check_images=warn to let the "
-            "pipeline resize and convert them (and read or name the unreadable ones)")
+            "pipeline resize and convert them (and read or name the unreadable ones)"
+        )
     return unlike
 
 
@@ -203,9 +218,11 @@ def check_record_ids(ids_in_records: list[str], template_ids: list[str], csv_nam
     a conversion with data.on_bad_image=skip leaves bad test images out."""
     counts = Counter(ids_in_records)
     if template_ids and not any(i in counts for i in template_ids):
-        raise DataError(f"none of the {len(template_ids)} test ids of {csv_name} is in the test records (e.g. "
-                        f"'{template_ids[0]}'; the records hold e.g. {list(counts)[:3]}). Fix: attach the test "
-                        "TFRecords of this competition, or check data.id_feature and data.id_column")
+        raise DataError(
+            f"none of the {len(template_ids)} test ids of {csv_name} is in the test records (e.g. "
+            f"'{template_ids[0]}'; the records hold e.g. {list(counts)[:3]}). Fix: attach the test "
+            "TFRecords of this competition, or check data.id_feature and data.id_column"
+        )
     repeated = [i for i, n in counts.items() if n > 1]
     if repeated:
         raise DataError(f"test id '{repeated[0]}' appears {counts[repeated[0]]} times in the test records")

@@ -73,12 +73,27 @@ class ModelCard:
         """The card of a model of `task` (a common.tasks.types.Task) over `class_names` at `image_size`: the serving
         signature's input and output follow from those three."""
         names = list(class_names)
-        return cls(task=task.name, class_names=names, image_size=image_size,
-                   input={"signature": "serving_default", "name": "images", "dtype": "uint8",
-                          "shape": [None, image_size, image_size, 3], "channels": "RGB", "range": [0, 255]},
-                   output={"name": "predictions", "kind": task.kind, "dtype": "float32",
-                           "shape": [None, task.outputs(len(names))], "names": task.output_names(names)},
-                   **facts)
+        return cls(
+            task=task.name,
+            class_names=names,
+            image_size=image_size,
+            input={
+                "signature": "serving_default",
+                "name": "images",
+                "dtype": "uint8",
+                "shape": [None, image_size, image_size, 3],
+                "channels": "RGB",
+                "range": [0, 255],
+            },
+            output={
+                "name": "predictions",
+                "kind": task.kind,
+                "dtype": "float32",
+                "shape": [None, task.outputs(len(names))],
+                "names": task.output_names(names),
+            },
+            **facts,
+        )
 
     @property
     def width(self) -> int:
@@ -96,9 +111,11 @@ def upgrade(raw: dict) -> dict:
     if "time_budget" not in card:
         metrics = card.get("metrics", {})
         card["time_budget"] = {
-            "cut": metrics.get("stopped_by_time_budget", False), "epochs_trained": metrics.get("epochs"),
+            "cut": metrics.get("stopped_by_time_budget", False),
+            "epochs_trained": metrics.get("epochs"),
             "epochs_planned": card.get("config", {}).get("train", {}).get("epochs"),
-            "exported_epoch": metrics.get("best_epoch")}
+            "exported_epoch": metrics.get("best_epoch"),
+        }
     card.setdefault("precisions", {"float32": SIGNATURES["float32"]})
     card.setdefault("task", "multiclass")  # the first format-2 cards were all multiclass
     known = {f.name for f in dataclasses.fields(ModelCard)}
@@ -114,13 +131,19 @@ def read_card(export_dir: str | Path, require_complete: bool = True) -> ModelCar
     export_dir = Path(export_dir)
     path = export_dir / CARD_NAME
     if not path.is_file():
-        raise ExportError(f"{export_dir} holds no {CARD_NAME}: it is not a tpu2gpu export. Fix: point the inference "
-                          "kernel at the folder the training kernel exported (e.g. export/fold0)")
+        raise ExportError(
+            f"{export_dir} holds no {CARD_NAME}: it is not a tpu2gpu export. Fix: point the inference "
+            "kernel at the folder the training kernel exported (e.g. export/fold0)"
+        )
     raw = json.loads(path.read_text())
     if raw.get("format") != EXPORT_FORMAT:
-        raise ExportError(f"{export_dir} is a {raw.get('format')!r} export; this code reads {EXPORT_FORMAT}. Fix: "
-                          "export it again with this version of the training kernel")
+        raise ExportError(
+            f"{export_dir} is a {raw.get('format')!r} export; this code reads {EXPORT_FORMAT}. Fix: "
+            "export it again with this version of the training kernel"
+        )
     if require_complete and raw.get("complete") is not True:
-        raise ExportError(f"{export_dir} is not marked complete (an interrupted or failed export). Fix: run the "
-                          "training kernel again, or attach a complete export")
+        raise ExportError(
+            f"{export_dir} is not marked complete (an interrupted or failed export). Fix: run the "
+            "training kernel again, or attach a complete export"
+        )
     return ModelCard(**upgrade(raw))

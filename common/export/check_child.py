@@ -16,5 +16,8 @@ from common.export.verify import check_export  # noqa: E402
 
 if __name__ == "__main__":
     diffs, census = check_export(sys.argv[1])
-    print(json.dumps({"max_abs_diff": diffs, "census": census,
-                      "environment": {k: os.environ.get(k) for k in CPU_ONLY_ENV}}))
+    print(
+        json.dumps(
+            {"max_abs_diff": diffs, "census": census, "environment": {k: os.environ.get(k) for k in CPU_ONLY_ENV}}
+        )
+    )

@@ -25,8 +25,13 @@ from tensorflow.python.ops import gen_math_ops, gen_nn_ops
 
 # The raw ops a model's convolutions and matrix products are built from (tf.nn.convolution, depthwise_conv2d,
 # tf.matmul under tf_keras and Keras 3's TensorFlow backend): their two operands are what a tensor core multiplies.
-_COMPUTE = ((gen_nn_ops, "conv2d"), (gen_nn_ops, "depthwise_conv2d_native"), (gen_math_ops, "mat_mul"),
-            (gen_math_ops, "batch_mat_mul_v2"), (gen_math_ops, "batch_mat_mul_v3"))
+_COMPUTE = (
+    (gen_nn_ops, "conv2d"),
+    (gen_nn_ops, "depthwise_conv2d_native"),
+    (gen_math_ops, "mat_mul"),
+    (gen_math_ops, "batch_mat_mul_v2"),
+    (gen_math_ops, "batch_mat_mul_v3"),
+)
 
 
 def _accumulating_in_float32(original):

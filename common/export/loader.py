@@ -1,7 +1,7 @@
 """An export loaded for inference: TensorFlow alone (no tf_keras, no tensorflow_hub), any version the GPU image has.
 
-    card, predict = load_export(export_dir)       # predict(uint8 images [N, S, S, 3]) -> float32 [N, K]
-    fetch_exports("gs://bucket/run/export", Path("runs/gcs/input/..."))  # its complete exports, copied there
+card, predict = load_export(export_dir)       # predict(uint8 images [N, S, S, 3]) -> float32 [N, K]
+fetch_exports("gs://bucket/run/export", Path("runs/gcs/input/..."))  # its complete exports, copied there
 """
 
 from __future__ import annotations
@@ -20,10 +20,14 @@ def serving_functions(export_dir: str | Path, card: ModelCard, precisions=("floa
     SavedModel. TensorFlow only."""
     for precision in precisions:
         if precision not in card.precisions:
-            raise ExportError(f"{export_dir} offers {sorted(card.precisions)} computation, not {precision}. Fix: "
-                              "infer.precision=auto or float32, or re-export with train.export_float16=true")
-    loaded = tf.saved_model.load(str(Path(export_dir) / SAVED_MODEL_DIR),
-                                 options=tf.saved_model.LoadOptions(experimental_io_device="/job:localhost"))
+            raise ExportError(
+                f"{export_dir} offers {sorted(card.precisions)} computation, not {precision}. Fix: "
+                "infer.precision=auto or float32, or re-export with train.export_float16=true"
+            )
+    loaded = tf.saved_model.load(
+        str(Path(export_dir) / SAVED_MODEL_DIR),
+        options=tf.saved_model.LoadOptions(experimental_io_device="/job:localhost"),
+    )
 
     def signature(precision: str):
         serve = loaded.signatures[card.precisions[precision]]
@@ -57,10 +61,12 @@ def fetch_exports(url: str, local: Path) -> Path:
         cut = sorted(str(f) for f in saved if (f / CARD_NAME).as_posix() not in files)
         if cut:
             where = url.rstrip("/") + ("" if cut[0] == "." else f"/{cut[0]}")
-            raise ExportError(f"{where} holds a SavedModel without its {CARD_NAME}: its upload "
-                              "was cut short, so it is not taken for an export. Fix: run the training again with the "
-                              "same runtime.output_dir (it uploads that fold again), or remove the folder from the "
-                              "bucket to go without it")
+            raise ExportError(
+                f"{where} holds a SavedModel without its {CARD_NAME}: its upload "
+                "was cut short, so it is not taken for an export. Fix: run the training again with the "
+                "same runtime.output_dir (it uploads that fold again), or remove the folder from the "
+                "bucket to go without it"
+            )
         download(files, local)
     print(f"[gcs] {url}: {len(saved)} export(s), {len(files)} files, copied into {local}", flush=True)
     return local

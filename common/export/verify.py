@@ -33,8 +33,9 @@ def verify_in_fresh_process(folder: Path) -> dict:
     """Reload `folder` in a new interpreter that cannot import BLOCKED_IN_CHECK (common.core.children), on the CPU:
     {'max_abs_diff': per signature, 'census': per signature, 'environment': the accelerator settings it saw}."""
     env = cpu_only_environment(os.environ)
-    result = subprocess.run([sys.executable, "-m", "common.export.check_child", str(folder)], capture_output=True,
-                            text=True, env=env)
+    result = subprocess.run(
+        [sys.executable, "-m", "common.export.check_child", str(folder)], capture_output=True, text=True, env=env
+    )
     if result.returncode != 0:
         tail = "\n".join(result.stderr.strip().splitlines()[-8:])
         raise ExportError(f"the export in {folder} failed its check in a fresh process:\n{tail}")
@@ -54,8 +55,10 @@ def check_export(folder: str) -> tuple[dict[str, float], dict[str, dict]]:
         share = float16_share(census)
         censuses[signature] = {"float16_share": round(share, 4), "ops": census}
         if precision == "float16" and share < FLOAT16_MIN_SHARE:
-            raise SystemExit(f"{signature} computes only {share:.0%} of its convolutions and matmuls "
-                             f"in float16 ({census}): not a float16 signature. Fix: train.export_float16=false")
+            raise SystemExit(
+                f"{signature} computes only {share:.0%} of its convolutions and matmuls "
+                f"in float16 ({census}): not a float16 signature. Fix: train.export_float16=false"
+            )
         outputs = loaded.signatures[signature](images=tf.constant(batch["images"]))[OUTPUT_NAME]
         width = card.width
         if outputs.dtype != tf.float32 or outputs.shape[-1] != width:
@@ -64,7 +67,9 @@ def check_export(folder: str) -> tuple[dict[str, float], dict[str, dict]]:
         # A float16 signature was held to its tolerance before it was saved, in tensor-core arithmetic (writer.py's
         # float16_copy); this CPU's float16 kernels are another arithmetic, so their figure is recorded, not gated.
         if precision == "float32" and not diffs[precision] < VERIFY_TOLERANCE:
-            raise SystemExit(f"{signature} (reloaded, on this CPU) differs by {diffs[precision]:.2e} from the trained "
-                             f"model's float32 outputs, computed exactly on the training host (tolerance "
-                             f"{VERIFY_TOLERANCE:.0e})")
+            raise SystemExit(
+                f"{signature} (reloaded, on this CPU) differs by {diffs[precision]:.2e} from the trained "
+                f"model's float32 outputs, computed exactly on the training host (tolerance "
+                f"{VERIFY_TOLERANCE:.0e})"
+            )
     return diffs, censuses

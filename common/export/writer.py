@@ -59,16 +59,21 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
-def _serving_module(models: dict[str, tf.keras.Model], image_size: int,
-                    output_scaling: dict | None = None) -> tf.Module:
+def _serving_module(
+    models: dict[str, tf.keras.Model], image_size: int, output_scaling: dict | None = None
+) -> tf.Module:
     """One tf.function per precision, each taking uint8 images and returning float32 predictions; regression outputs
     are de-standardised in the graph (output_scaling), so the export predicts the value itself."""
     module = tf.Module()
     # Only the variables are tracked (the loader uses the signatures alone): tracking the Keras models saved every
     # layer's object graph too, most of the save's time (MobileNetV3: 3.7 s against 1.3 s) for nothing read back.
-    module.saved_variables = [v if isinstance(v, tf.Variable) else v.value  # Keras 3 wraps a tf.Variable
-                              for model in models.values() for v in model.variables]
+    module.saved_variables = [
+        v if isinstance(v, tf.Variable) else v.value  # Keras 3 wraps a tf.Variable
+        for model in models.values()
+        for v in model.variables
+    ]
     spec = tf.TensorSpec([None, image_size, image_size, 3], tf.uint8, name="images")
+
     def serving_function(model):
         def serve(images):
             outputs = tf.cast(model(images, training=False), tf.float32)
@@ -95,20 +100,30 @@ def float16_copy(build_copy, contents: ExportContents) -> tuple[tf.keras.Model |
     copy = build_copy("mixed_float16")
     share = float16_share(traced_census(copy, contents.card.image_size))
     if share < FLOAT16_MIN_SHARE:
-        note = (f"not exported: its graph would run {share:.0%} of the compute ops in float16 (the backbone computes "
-                f"in {precision_by_part(copy)['backbone']}). On a tensor-core GPU, infer.precision=amp lets "
-                "TensorFlow's automatic mixed precision rewrite the float32 graph")
+        note = (
+            f"not exported: its graph would run {share:.0%} of the compute ops in float16 (the backbone computes "
+            f"in {precision_by_part(copy)['backbone']}). On a tensor-core GPU, infer.precision=amp lets "
+            "TensorFlow's automatic mixed precision rewrite the float32 graph"
+        )
         return None, note, {}
     outputs = _values(tensor_core_outputs(copy, contents.verify_images), contents.output_scaling)
     difference = scaled_difference(outputs, _values(contents.expected, contents.output_scaling))
-    check = {"max_abs_diff": difference, "tolerance": FLOAT16_TOLERANCE, "images": int(len(outputs)),
-             "arithmetic": TENSOR_CORES}
+    check = {
+        "max_abs_diff": difference,
+        "tolerance": FLOAT16_TOLERANCE,
+        "images": int(len(outputs)),
+        "arithmetic": TENSOR_CORES,
+    }
     if difference < FLOAT16_TOLERANCE:
-        note = (f"exported: its graph runs {share:.0%} of the compute ops in float16, {difference:.1e} from the "
-                f"float32 outputs on the verify images ({TENSOR_CORES})")
+        note = (
+            f"exported: its graph runs {share:.0%} of the compute ops in float16, {difference:.1e} from the "
+            f"float32 outputs on the verify images ({TENSOR_CORES})"
+        )
         return copy, note, check
-    note = (f"not exported: on the verify images it differs by {difference:.1e} from the float32 outputs "
-            f"({TENSOR_CORES}; tolerance {FLOAT16_TOLERANCE:.0e}). The float32 signature serves")
+    note = (
+        f"not exported: on the verify images it differs by {difference:.1e} from the float32 outputs "
+        f"({TENSOR_CORES}; tolerance {FLOAT16_TOLERANCE:.0e}). The float32 signature serves"
+    )
     return None, note, check
 
 
@@ -162,9 +177,12 @@ def device_record(contents: ExportContents, expected: np.ndarray) -> dict:
     if contents.device_outputs is None:
         return {}
     difference = scaled_difference(_values(contents.device_outputs, contents.output_scaling), expected)
-    print(f"[train] the training device's float32 ({contents.device}) is {difference:.1e} from the exact float32 "
-          "the export is checked against: the device's arithmetic, recorded, not checked (docs/training.md, "
-          "\"What float32 means where\")", flush=True)
+    print(
+        f"[train] the training device's float32 ({contents.device}) is {difference:.1e} from the exact float32 "
+        "the export is checked against: the device's arithmetic, recorded, not checked (docs/training.md, "
+        '"What float32 means where")',
+        flush=True,
+    )
     return {"device_max_abs_diff": difference, "device": contents.device}
 
 
@@ -185,9 +203,15 @@ def rebuild_job_contents(job_dir: Path, job: dict) -> ExportContents:
     with np.load(Path(job_dir) / "verify.npz") as verify:
         images, expected = verify["images"], verify["expected"]
         device_outputs = verify["device_outputs"] if "device_outputs" in verify.files else None
-    return ExportContents(read_card(job_dir, require_complete=False), images,
-                          {name: Path(path) for name, path in job["extra_files"].items()}, job["output_scaling"],
-                          expected, device_outputs, job["device"])
+    return ExportContents(
+        read_card(job_dir, require_complete=False),
+        images,
+        {name: Path(path) for name, path in job["extra_files"].items()},
+        job["output_scaling"],
+        expected,
+        device_outputs,
+        job["device"],
+    )
 
 
 def write_rebuild_job(job_dir: Path, contents: ExportContents, job: dict) -> None:
@@ -197,9 +221,16 @@ def write_rebuild_job(job_dir: Path, contents: ExportContents, job: dict) -> Non
     device = {} if contents.device_outputs is None else {"device_outputs": contents.device_outputs}
     np.savez(job_dir / "verify.npz", images=contents.verify_images, expected=contents.expected, **device)
     write_card(job_dir, contents.card)
-    (job_dir / "job.json").write_text(json.dumps({
-        **job, "extra_files": {name: str(path) for name, path in contents.extra_files.items()},
-        "output_scaling": contents.output_scaling, "device": contents.device}))
+    (job_dir / "job.json").write_text(
+        json.dumps(
+            {
+                **job,
+                "extra_files": {name: str(path) for name, path in contents.extra_files.items()},
+                "output_scaling": contents.output_scaling,
+                "device": contents.device,
+            }
+        )
+    )
 
 
 def run_rebuild_child(module: str, job_dir: Path, env: dict, what: str) -> None:
@@ -227,13 +258,15 @@ def export_models(export_dir: str | Path, build_copy, contents: ExportContents, 
     else:
         float16, note, check = None, "not exported: train.export_float16=false", {}
     card = contents.card
-    card = dataclasses.replace(card, precision={**card.precision, "float16_signature": note,
-                                                **({"float16_check": check} if check else {})})
+    card = dataclasses.replace(
+        card, precision={**card.precision, "float16_signature": note, **({"float16_check": check} if check else {})}
+    )
     return write_export(export_dir, model, dataclasses.replace(contents, card=card), float16)
 
 
-def write_export(export_dir: str | Path, model: tf.keras.Model, contents: ExportContents,
-                 float16_model: tf.keras.Model | None = None) -> ModelCard:
+def write_export(
+    export_dir: str | Path, model: tf.keras.Model, contents: ExportContents, float16_model: tf.keras.Model | None = None
+) -> ModelCard:
     """Save, reload in a fresh process, compare, then publish export_dir (replacing an older one). Returns the card
     as written: the contents' card with its versions, signatures and verification.
 
@@ -250,27 +283,42 @@ def write_export(export_dir: str | Path, model: tf.keras.Model, contents: Export
     with staged_dir(export_dir, overwrite=True) as tmp:
         models = {"float32": model, **({"float16": float16_model} if float16_model is not None else {})}
         module = _serving_module(models, image_size, output_scaling)
-        tf.saved_model.save(module, str(tmp / SAVED_MODEL_DIR),
-                            signatures={SIGNATURES[p]: getattr(module, SIGNATURES[p]) for p in models},
-                            options=tf.saved_model.SaveOptions(experimental_io_device="/job:localhost"))
+        tf.saved_model.save(
+            module,
+            str(tmp / SAVED_MODEL_DIR),
+            signatures={SIGNATURES[p]: getattr(module, SIGNATURES[p]) for p in models},
+            options=tf.saved_model.SaveOptions(experimental_io_device="/job:localhost"),
+        )
         np.savez(tmp / VERIFY_NAME, images=verify_images, predictions=expected)
         for name, source in contents.extra_files.items():
             if Path(source).is_file():
                 shutil.copyfile(source, tmp / name)
-        card = dataclasses.replace(card, complete=False, versions=library_versions(),
-                                   precisions={p: SIGNATURES[p] for p in models})
+        card = dataclasses.replace(
+            card, complete=False, versions=library_versions(), precisions={p: SIGNATURES[p] for p in models}
+        )
         write_card(tmp, card)
         check = verify_in_fresh_process(tmp)
         card = dataclasses.replace(
-            card, complete=True, precision={**card.precision, "signatures": check["census"]}, verification={
-                "max_abs_diff": check["max_abs_diff"], "environment": check["environment"],
+            card,
+            complete=True,
+            precision={**card.precision, "signatures": check["census"]},
+            verification={
+                "max_abs_diff": check["max_abs_diff"],
+                "environment": check["environment"],
                 "tolerance": {"float32": VERIFY_TOLERANCE},
-                **({"float16": "max_abs_diff.float16 is this CPU's float16 kernels, recorded; the signature held "
-                               "precision.float16_check's tolerance in tensor-core arithmetic before it was saved"}
-                   if float16_model is not None else {}),
-                "images": int(len(verify_images)), "loaded_without": list(BLOCKED_IN_CHECK),
-                "reference": REFERENCE, **device})
+                **(
+                    {
+                        "float16": "max_abs_diff.float16 is this CPU's float16 kernels, recorded; the signature held "
+                        "precision.float16_check's tolerance in tensor-core arithmetic before it was saved"
+                    }
+                    if float16_model is not None
+                    else {}
+                ),
+                "images": int(len(verify_images)),
+                "loaded_without": list(BLOCKED_IN_CHECK),
+                "reference": REFERENCE,
+                **device,
+            },
+        )
         write_card(tmp, card)  # last: "complete" is only ever true in a verified folder
     return card
-
-

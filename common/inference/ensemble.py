@@ -45,14 +45,20 @@ def _exports_under(root: Path) -> list[Path]:
 def find_exports(names_or_paths) -> list[Path]:
     """Export folders (holding model_card.json) under each given path / attached dataset / gs:// folder (copied here
     first, common/export/loader.py), or under /kaggle/input."""
-    roots = [fetch_exports(n, local_copy(n, "input")) if is_gcs(n) else
-             local_folder(resolve_data_path(n), "infer.exports", "an export") for n in names_or_paths]
+    roots = [
+        fetch_exports(n, local_copy(n, "input"))
+        if is_gcs(n)
+        else local_folder(resolve_data_path(n), "infer.exports", "an export")
+        for n in names_or_paths
+    ]
     roots = roots or [kaggle_input_dir()]
     exports = [e for root in roots for e in _exports_under(root)]
     if not exports:
         where = ", ".join(str(r) for r in roots)
-        raise ExportError(f"no export (a folder with {CARD_NAME}) found under {where}. Fix: attach the model dataset "
-                          "the training kernel's export became (dataset_sources), or set infer.exports to its path")
+        raise ExportError(
+            f"no export (a folder with {CARD_NAME}) found under {where}. Fix: attach the model dataset "
+            "the training kernel's export became (dataset_sources), or set infer.exports to its path"
+        )
     return exports
 
 
@@ -74,9 +80,12 @@ def cut_weight(card: ModelCard, export: Path, cut_folds: str) -> float:
     if not record.get("cut"):
         return 1.0
     weight = {"weight": record["epochs_trained"] / record["epochs_planned"], "exclude": 0.0, "include": 1.0}[cut_folds]
-    print(f"[infer] {export}: the training time budget cut this fold after {record['epochs_trained']} of "
-          f"{record['epochs_planned']} epochs (exported: epoch {record['exported_epoch']}); infer.cut_folds="
-          f"{cut_folds}: weight {weight:.2f}", flush=True)
+    print(
+        f"[infer] {export}: the training time budget cut this fold after {record['epochs_trained']} of "
+        f"{record['epochs_planned']} epochs (exported: epoch {record['exported_epoch']}); infer.cut_folds="
+        f"{cut_folds}: weight {weight:.2f}",
+        flush=True,
+    )
     return weight
 
 
@@ -85,12 +94,16 @@ def check_same_classes(members: list[Member]) -> None:
     first = members[0]
     for member in members[1:]:
         if member.card.task != first.card.task:
-            raise ExportError(f"{member.export} is a {member.card.task} model but {first.export} a {first.card.task} "
-                              "one: they cannot be averaged")
+            raise ExportError(
+                f"{member.export} is a {member.card.task} model but {first.export} a {first.card.task} "
+                "one: they cannot be averaged"
+            )
         if member.card.class_names != first.card.class_names:
-            raise ExportError(f"{member.export} predicts classes {member.card.class_names[:5]}... but {first.export} "
-                              f"predicts {first.card.class_names[:5]}...: exports of different class lists cannot "
-                              "be averaged")
+            raise ExportError(
+                f"{member.export} predicts classes {member.card.class_names[:5]}... but {first.export} "
+                f"predicts {first.card.class_names[:5]}...: exports of different class lists cannot "
+                "be averaged"
+            )
 
 
 def load_members(infer_cfg, strategy: tf.distribute.Strategy) -> tuple[list[Member], str]:
@@ -100,9 +113,11 @@ def load_members(infer_cfg, strategy: tf.distribute.Strategy) -> tuple[list[Memb
     cards = [read_card(e) for e in exports]
     weights = [cut_weight(card, export, infer_cfg.cut_folds) for card, export in zip(cards, exports, strict=True)]
     if not any(weights):
-        raise ExportError("the training time budget cut every export, and infer.cut_folds=exclude leaves them all "
-                          "out. Fix: infer.cut_folds=weight (by epochs trained) or include, or train the folds to "
-                          "the end")
+        raise ExportError(
+            "the training time budget cut every export, and infer.cut_folds=exclude leaves them all "
+            "out. Fix: infer.cut_folds=weight (by epochs trained) or include, or train the folds to "
+            "the end"
+        )
     kept = [(e, c, w) for e, c, w in zip(exports, cards, weights, strict=True) if w > 0]
     precision = inference_precision(infer_cfg.precision, [card for _, card, _ in kept])
     if precision == "amp":
@@ -112,8 +127,15 @@ def load_members(infer_cfg, strategy: tf.distribute.Strategy) -> tuple[list[Memb
         members = []
         for export, card, weight in kept:
             predicts = serving_functions(export, card, signatures)
-            members.append(Member(export, card, predicts[signatures[0]], weight,
-                                  predicts["float32"] if precision == "float16" else None))
+            members.append(
+                Member(
+                    export,
+                    card,
+                    predicts[signatures[0]],
+                    weight,
+                    predicts["float32"] if precision == "float16" else None,
+                )
+            )
     check_same_classes(members)
     return members, precision
 
@@ -133,16 +155,23 @@ def confirm_float16(members: list[Member], precision: str, batches_for) -> tuple
             continue
         images += int(batch["image"].shape[0])
         for member in group:
-            difference = scaled_difference(member.predict(batch["image"]).numpy(),
-                                           member.float32_predict(batch["image"]).numpy())
+            difference = scaled_difference(
+                member.predict(batch["image"]).numpy(), member.float32_predict(batch["image"]).numpy()
+            )
             if where is None or difference > worst:
                 worst, where = difference, member.export
     if worst < FLOAT16_TOLERANCE:
-        print(f"[infer] float16 signature{'s' if len(members) > 1 else ''} within {worst:.1e} of float32 on the "
-              f"first {images} test image(s) (tolerance {FLOAT16_TOLERANCE:.0e})", flush=True)
+        print(
+            f"[infer] float16 signature{'s' if len(members) > 1 else ''} within {worst:.1e} of float32 on the "
+            f"first {images} test image(s) (tolerance {FLOAT16_TOLERANCE:.0e})",
+            flush=True,
+        )
         return members, precision
-    print(f"[infer] float16 signature of {where} differs by {worst:.1e} from its float32 one on the first {images} "
-          f"test image(s) (tolerance {FLOAT16_TOLERANCE:.0e}): every export predicts in float32", flush=True)
+    print(
+        f"[infer] float16 signature of {where} differs by {worst:.1e} from its float32 one on the first {images} "
+        f"test image(s) (tolerance {FLOAT16_TOLERANCE:.0e}): every export predicts in float32",
+        flush=True,
+    )
     return [dataclasses.replace(m, predict=m.float32_predict, float32_predict=None) for m in members], "float32"
 
 
@@ -163,10 +192,15 @@ def inference_precision(setting: str, cards: list[ModelCard]) -> str:
 
     offered = all("float16" in card.precisions for card in cards)
     if setting == "float16" and not offered:
-        reasons = {card.precision.get("float16_signature", "an older export") for card in cards
-                   if "float16" not in card.precisions}
-        raise ExportError(f"infer.precision=float16 but not every export has a float16 signature ({'; '.join(reasons)})"
-                          ". Fix: infer.precision=auto or amp")
+        reasons = {
+            card.precision.get("float16_signature", "an older export")
+            for card in cards
+            if "float16" not in card.precisions
+        }
+        raise ExportError(
+            f"infer.precision=float16 but not every export has a float16 signature ({'; '.join(reasons)})"
+            ". Fix: infer.precision=auto or amp"
+        )
     if setting != "auto":
         return setting
     capability = gpu_compute_capability()

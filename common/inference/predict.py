@@ -84,14 +84,20 @@ def member_names(exports) -> list[str]:
 def ensemble_units(members, tta, xla: bool = False) -> list[Unit]:
     """A unit per member and view, members in their order and each member's views in tta_view_names' order."""
     names = member_names([m.export for m in members])
-    return [Unit(name, view, m.weight, m.card, view_step(m.predict, view, xla))
-            for name, m in zip(names, members, strict=True) for view in tta_view_names(tta)]
+    return [
+        Unit(name, view, m.weight, m.card, view_step(m.predict, view, xla))
+        for name, m in zip(names, members, strict=True)
+        for view in tta_view_names(tta)
+    ]
 
 
 def _distributed(dataset: tf.data.Dataset, strategy):
     dataset = without_autotune(dataset)  # read once: nothing to tune, and no tuning thread to wait on at the end
-    return iter(dataset if strategy is None or strategy.num_replicas_in_sync == 1
-                else strategy.experimental_distribute_dataset(dataset))
+    return iter(
+        dataset
+        if strategy is None or strategy.num_replicas_in_sync == 1
+        else strategy.experimental_distribute_dataset(dataset)
+    )
 
 
 def _local(values, strategy) -> list:
@@ -179,11 +185,15 @@ def time_units(units: list[Unit], samples: dict, batch_size: int, strategy, plan
                 plan.timed(unit, batch_size, plan.clock() - started)
 
 
-def ensemble_probabilities(predicts, batches, tta=(), strategy=None, xla: bool = False,
-                           weights=None) -> tuple[list[str], np.ndarray]:
+def ensemble_probabilities(
+    predicts, batches, tta=(), strategy=None, xla: bool = False, weights=None
+) -> tuple[list[str], np.ndarray]:
     """(ids, predictions) over every batch of dicts {'image', 'id'}, averaged over `predicts` (weighted) and TTA
     views, in the batches' order. With a multi-replica strategy each global batch is split over the replicas."""
     weights = [1.0] * len(predicts) if weights is None else [float(w) for w in weights]
-    units = [Unit(f"model{k}", view, weight, None, view_step(predict, view, xla))
-             for k, (predict, weight) in enumerate(zip(predicts, weights, strict=True)) for view in tta_view_names(tta)]
+    units = [
+        Unit(f"model{k}", view, weight, None, view_step(predict, view, xla))
+        for k, (predict, weight) in enumerate(zip(predicts, weights, strict=True))
+        for view in tta_view_names(tta)
+    ]
     return predict_rows(units, {0: batches}, strategy)

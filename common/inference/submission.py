@@ -40,8 +40,10 @@ def read_template(csv_path: Path, id_column: str) -> SubmissionTemplate:
         header = list(reader.fieldnames or [])
         rows = list(reader)
     if id_column not in header:
-        raise DataError(f"{csv_path.name} has no id column '{id_column}' (columns: {', '.join(header)}). Fix: --set "
-                        "data.id_column=<one of those>")
+        raise DataError(
+            f"{csv_path.name} has no id column '{id_column}' (columns: {', '.join(header)}). Fix: --set "
+            "data.id_column=<one of those>"
+        )
     others = [c for c in header if c != id_column]
     label_column = others[0] if len(others) == 1 else None
     values = {r[label_column] for r in rows} if label_column else set()
@@ -54,22 +56,27 @@ def check_template_classes(template: SubmissionTemplate, task: Task, class_names
     if template.label_column is None:
         columns = [c for c in template.header if c != template.id_column]
         if sorted(columns) != sorted(task.output_names(class_names)):
-            raise DataError(f"{csv_name} has columns {columns[:5]}... but the {task.name} model's outputs are "
-                            f"{task.output_names(class_names)[:5]}...: the export was trained for another "
-                            "competition or label set")
+            raise DataError(
+                f"{csv_name} has columns {columns[:5]}... but the {task.name} model's outputs are "
+                f"{task.output_names(class_names)[:5]}...: the export was trained for another "
+                "competition or label set"
+            )
         return
     task.check_template_values(template.label_values, class_names, template.label_column, csv_name)
 
 
 # ------------------------------------------------------------------------------------------------------- submission
-def submission_rows(template: SubmissionTemplate, ids: list[str], probs: np.ndarray, task: Task,
-                    class_names: list[str], thresholds=None) -> list[list[str]]:
+def submission_rows(
+    template: SubmissionTemplate, ids: list[str], probs: np.ndarray, task: Task, class_names: list[str], thresholds=None
+) -> list[list[str]]:
     """Rows in the template's id order: the task's value in the one target column (the class, P(1), the labels
     over their thresholds, the value), or one column per model output (a probability per class)."""
     if not np.all(np.isfinite(probs)):
         bad = ids[int(np.argwhere(~np.isfinite(probs))[0][0])]
-        raise DataError(f"the model gave non-finite predictions (e.g. for '{bad}'): the export or its precision is "
-                        "broken; try infer with the float32 export, or retrain")
+        raise DataError(
+            f"the model gave non-finite predictions (e.g. for '{bad}'): the export or its precision is "
+            "broken; try infer with the float32 export, or retrain"
+        )
     position = {i: k for k, i in enumerate(ids)}
     missing = [i for i in template.ids if i not in position]
     if missing:
@@ -86,14 +93,16 @@ def submission_rows(template: SubmissionTemplate, ids: list[str], probs: np.ndar
     return rows
 
 
-def validate_submission(template: SubmissionTemplate, rows: list[list[str]], task: Task,
-                        class_names: list[str]) -> None:
+def validate_submission(
+    template: SubmissionTemplate, rows: list[list[str]], task: Task, class_names: list[str]
+) -> None:
     """Every test id exactly once and in order, no NaN, every label a class, probabilities in [0, 1]."""
     got = [r[0] for r in rows]
     if got != template.ids:
         missing = sorted(set(template.ids) - set(got))
-        raise DataError(f"submission ids differ from the template's ({len(got)} vs {len(template.ids)}; missing "
-                        f"e.g. {missing[:3]})")
+        raise DataError(
+            f"submission ids differ from the template's ({len(got)} vs {len(template.ids)}; missing e.g. {missing[:3]})"
+        )
     for row in rows:
         if len(row) != len(template.header):
             raise DataError(f"submission row for '{row[0]}' has {len(row)} fields, the header {len(template.header)}")

@@ -71,8 +71,10 @@ class Pace:
         (a shed unit never comes back, so the plan errs on the side of ending in time)."""
         if not self.recent:
             return None
-        return max(sum(s for _, s in batches) / sum(n for n, _ in batches)
-                   for batches in (self.recent, list(self.recent)[-RECENT:]))
+        return max(
+            sum(s for _, s in batches) / sum(n for n, _ in batches)
+            for batches in (self.recent, list(self.recent)[-RECENT:])
+        )
 
 
 def shed_steps(units) -> list[tuple[str, list]]:
@@ -86,8 +88,11 @@ def shed_steps(units) -> list[tuple[str, list]]:
         k, member = k_member
         metric = (first[member].card.metric if first[member].card is not None else None) or {}
         value = metric.get("value")
-        score = 0.0 if value is None or not math.isfinite(value) else (
-            -value if metric.get("name") in LOWER_IS_BETTER else value)
+        score = (
+            0.0
+            if value is None or not math.isfinite(value)
+            else (-value if metric.get("name") in LOWER_IS_BETTER else value)
+        )
         return first[member].weight, score, -k
 
     for _, member in sorted(enumerate(members), key=worst_first):
@@ -170,27 +175,47 @@ class TimePlan:
         ends = now + rows_left * per_image
         first = self.projection is None
         if first:
-            self.projection = {"at_row": rows_done, "at_seconds": round(now, 3), "ends_at_seconds": round(ends, 3),
-                               "images_per_second": round(1 / self.seconds_an_image(self.units), 3)}
+            self.projection = {
+                "at_row": rows_done,
+                "at_seconds": round(now, 3),
+                "ends_at_seconds": round(ends, 3),
+                "images_per_second": round(1 / self.seconds_an_image(self.units), 3),
+            }
         if ends <= self.planned:
             if first:
-                print(f"[infer] time: {self.describe(self.units)}: the {self.rows} rows would end at "
-                      f"{clock_text(ends)}{self.against()}: nothing to shed", flush=True)
+                print(
+                    f"[infer] time: {self.describe(self.units)}: the {self.rows} rows would end at "
+                    f"{clock_text(ends)}{self.against()}: nothing to shed",
+                    flush=True,
+                )
             return
         taken, after = self.shedding(self.live, rows_left, now)
         if taken:
-            self.shed.append({"what": taken, "at_row": rows_done, "at_seconds": round(now, 3),
-                              "projected_seconds": round(ends, 3), "after_seconds": round(after, 3)})
+            self.shed.append(
+                {
+                    "what": taken,
+                    "at_row": rows_done,
+                    "at_seconds": round(now, 3),
+                    "projected_seconds": round(ends, 3),
+                    "after_seconds": round(after, 3),
+                }
+            )
             why = f"{self.describe(self.units)}" if first else f"at row {rows_done} of {self.rows} the pace fell"
-            print(f"[infer] time: {why}: the rows would end at {clock_text(ends)}, past the {clock_text(self.planned)}"
-                  f" planned{self.against(planned=False)}: shedding {', '.join(taken)}; they now end at "
-                  f"{clock_text(after)}", flush=True)
+            print(
+                f"[infer] time: {why}: the rows would end at {clock_text(ends)}, past the {clock_text(self.planned)}"
+                f" planned{self.against(planned=False)}: shedding {', '.join(taken)}; they now end at "
+                f"{clock_text(after)}",
+                flush=True,
+            )
         if after > self.planned and not self.warned:
             self.warned = True
-            print(f"[infer] warning: time: even {', '.join(u.name for u in self.active(self.units))} alone ends at "
-                  f"{clock_text(after)}, past the {clock_text(self.planned)} planned of the {self.limit_text} limit; "
-                  "every row is still written, but Kaggle may stop the run first (Notebook Timeout). Fix: a faster "
-                  "GPU or a smaller model or image size", flush=True)
+            print(
+                f"[infer] warning: time: even {', '.join(u.name for u in self.active(self.units))} alone ends at "
+                f"{clock_text(after)}, past the {clock_text(self.planned)} planned of the {self.limit_text} limit; "
+                "every row is still written, but Kaggle may stop the run first (Notebook Timeout). Fix: a faster "
+                "GPU or a smaller model or image size",
+                flush=True,
+            )
 
     def describe(self, units) -> str:
         members = len(dict.fromkeys(u.member for u in units))
@@ -218,30 +243,58 @@ class TimePlan:
         fixed = (self.first_batch_at or 0.0) + sum(p.warmup_seconds for p in self.pace.values())
         ends = fixed + images * self.seconds_an_image(self.units)
         taken, after = self.shedding(set(self.units), images, fixed) if ends > self.planned else ([], ends)
-        verdict = ("nothing to shed" if not taken else
-                   f"a rerun would shed {', '.join(taken)} and end at {clock_text(after)}")
-        print(f"[infer] time: for {images} test images (infer.expected_test_images), {self.describe(self.units)} "
-              f"would end at {clock_text(ends)}{self.against()}"
-              + (" (the models' time alone: one public batch measures no reading)" if unmeasured else "")
-              + f": {verdict}" + (
-                  ". Fix: fewer folds or infer.tta views, or infer.time_limit set to the competition's own limit"
-                  if taken else ""), flush=True)
-        return {"images": images, "ends_at_seconds": round(ends, 3), "would_shed": taken,
-                "after_shedding_seconds": round(after, 3)}
+        verdict = (
+            "nothing to shed" if not taken else f"a rerun would shed {', '.join(taken)} and end at {clock_text(after)}"
+        )
+        print(
+            f"[infer] time: for {images} test images (infer.expected_test_images), {self.describe(self.units)} "
+            f"would end at {clock_text(ends)}{self.against()}"
+            + (" (the models' time alone: one public batch measures no reading)" if unmeasured else "")
+            + f": {verdict}"
+            + (
+                ". Fix: fewer folds or infer.tta views, or infer.time_limit set to the competition's own limit"
+                if taken
+                else ""
+            ),
+            flush=True,
+        )
+        return {
+            "images": images,
+            "ends_at_seconds": round(ends, 3),
+            "would_shed": taken,
+            "after_shedding_seconds": round(after, 3),
+        }
 
     def record(self, expected: dict | None = None) -> dict:
         """What ran, what was shed, the projection and the time at the end: inference_time.json."""
         now = self.now()
         paces = {u: self.pace[u].seconds_an_image() for u in self.units}
-        units = [{"member": u.member, "view": u.view, "weight": u.weight, "images": self.pace[u].images,
-                  "images_per_second": round(1 / paces[u], 3) if paces[u] else None,
-                  "warmup_seconds": round(self.pace[u].warmup_seconds, 3), "shed": u not in self.live}
-                 for u in self.units]
-        return {"time_limit": self.limit_text, "limit_seconds": self.limit, "time_margin": self.margin,
-                "planned_seconds": None if self.limit is None else round(self.planned, 3), "rows": self.rows,
-                "first_batch_at_seconds": None if self.first_batch_at is None else round(self.first_batch_at, 3),
-                "projection": self.projection, "shed": self.shed, "units": units, "expected": expected,
-                "finished_at_seconds": round(now, 3), "within_limit": self.limit is None or now <= self.limit}
+        units = [
+            {
+                "member": u.member,
+                "view": u.view,
+                "weight": u.weight,
+                "images": self.pace[u].images,
+                "images_per_second": round(1 / paces[u], 3) if paces[u] else None,
+                "warmup_seconds": round(self.pace[u].warmup_seconds, 3),
+                "shed": u not in self.live,
+            }
+            for u in self.units
+        ]
+        return {
+            "time_limit": self.limit_text,
+            "limit_seconds": self.limit,
+            "time_margin": self.margin,
+            "planned_seconds": None if self.limit is None else round(self.planned, 3),
+            "rows": self.rows,
+            "first_batch_at_seconds": None if self.first_batch_at is None else round(self.first_batch_at, 3),
+            "projection": self.projection,
+            "shed": self.shed,
+            "units": units,
+            "expected": expected,
+            "finished_at_seconds": round(now, 3),
+            "within_limit": self.limit is None or now <= self.limit,
+        }
 
 
 def time_plan(infer_cfg, units, rows: int) -> TimePlan | None:

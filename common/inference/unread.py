@@ -73,8 +73,13 @@ def read_with_pillow(images: list[TestImage]) -> tuple[list[tuple[str, bytes]], 
         try:
             read.append((image.id, pillow_png(image.data)))
         except Exception as err:  # noqa: BLE001  Pillow raises many kinds on foreign bytes; each is only a reason here
-            bad.append(BadTestImage(image.id, image.where, f"TensorFlow: {tensorflow_problem(image.data)}; Pillow: "
-                                                           f"{type(err).__name__}: {err}"))
+            bad.append(
+                BadTestImage(
+                    image.id,
+                    image.where,
+                    f"TensorFlow: {tensorflow_problem(image.data)}; Pillow: {type(err).__name__}: {err}",
+                )
+            )
     return read, bad
 
 
@@ -85,14 +90,17 @@ def bad_images_message(bad: list[BadTestImage], shown: int = 30) -> str:
 
 def image_bytes_batches(images: list[bytes], ids: list[str], image_size: int, batch_size: int) -> tf.data.Dataset:
     """The test pipeline's batches from encoded images in memory: decode_image sizes them as it sizes the rest."""
-    dataset = tf.data.Dataset.from_tensor_slices({"bytes": tf.constant(list(images), tf.string),
-                                                  "id": tf.constant(list(ids), tf.string)})
+    dataset = tf.data.Dataset.from_tensor_slices(
+        {"bytes": tf.constant(list(images), tf.string), "id": tf.constant(list(ids), tf.string)}
+    )
     return dataset.map(lambda item: {"image": decode_image(item["bytes"], image_size), "id": item["id"]}).batch(
-        batch_size)
+        batch_size
+    )
 
 
-def predict_unread(card, source, template, predicted: tuple[list[str], np.ndarray], infer_cfg,
-                   predict) -> tuple[list[str], np.ndarray, list[BadTestImage]]:
+def predict_unread(
+    card, source, template, predicted: tuple[list[str], np.ndarray], infer_cfg, predict
+) -> tuple[list[str], np.ndarray, list[BadTestImage]]:
     """The template ids the test pipeline did not return (predicted: its ids and predictions), predicted from what
     Pillow reads, the rest given the mean prediction of the readable test images (or, infer.on_bad_image=error, one
     error naming every one). predict(batches_for) is the ensemble's (common/inference/predict.py: ensemble_predict,
@@ -105,23 +113,40 @@ def predict_unread(card, source, template, predicted: tuple[list[str], np.ndarra
     read, bad = read_with_pillow(source.unread_test_images(left_out, card))
     if bad and (infer_cfg.on_bad_image == "error" or len(bad) == len(template.ids)):
         nothing = len(bad) == len(template.ids)
-        raise DataError(f"{len(bad)} of {len(template.ids)} test images cannot be read by TensorFlow or Pillow"
-                        + (" (all of them: nothing to predict from)" if nothing else "") + ":\n"
-                        + bad_images_message(bad) + "\nFix: replace them"
-                        + ("" if nothing else ", or infer.on_bad_image=fallback to predict them with the mean "
-                           "prediction of the readable test images"))
+        raise DataError(
+            f"{len(bad)} of {len(template.ids)} test images cannot be read by TensorFlow or Pillow"
+            + (" (all of them: nothing to predict from)" if nothing else "")
+            + ":\n"
+            + bad_images_message(bad)
+            + "\nFix: replace them"
+            + (
+                ""
+                if nothing
+                else ", or infer.on_bad_image=fallback to predict them with the mean "
+                "prediction of the readable test images"
+            )
+        )
     if read:
-        print(f"[infer] {len(read)} test image(s) TensorFlow could not decode were read with Pillow: "
-              f"{', '.join(i for i, _ in read[:5])}" + (" ..." if len(read) > 5 else ""), flush=True)
-        more_ids, more = predict(lambda card: image_bytes_batches([b for _, b in read], [i for i, _ in read],
-                                                                  card.image_size, infer_cfg.batch_size))
+        print(
+            f"[infer] {len(read)} test image(s) TensorFlow could not decode were read with Pillow: "
+            f"{', '.join(i for i, _ in read[:5])}" + (" ..." if len(read) > 5 else ""),
+            flush=True,
+        )
+        more_ids, more = predict(
+            lambda card: image_bytes_batches(
+                [b for _, b in read], [i for i, _ in read], card.image_size, infer_cfg.batch_size
+            )
+        )
         predictions = np.concatenate([predictions, more]) if ids else more
         ids = ids + more_ids
     if bad:
         fallback = predictions.mean(axis=0)
-        print(f"[infer] warning: {len(bad)} test image(s) cannot be read by TensorFlow or Pillow, e.g. "
-              f"{', '.join(b.id for b in bad[:5])}: each predicted as the mean of the {len(ids)} readable test "
-              f"images (infer.on_bad_image=fallback); listed in {BAD_TEST_IMAGES}", flush=True)
+        print(
+            f"[infer] warning: {len(bad)} test image(s) cannot be read by TensorFlow or Pillow, e.g. "
+            f"{', '.join(b.id for b in bad[:5])}: each predicted as the mean of the {len(ids)} readable test "
+            f"images (infer.on_bad_image=fallback); listed in {BAD_TEST_IMAGES}",
+            flush=True,
+        )
         ids = ids + [b.id for b in bad]
         predictions = np.concatenate([predictions, np.tile(fallback, (len(bad), 1))])
     return ids, predictions, bad

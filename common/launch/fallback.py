@@ -54,14 +54,17 @@ def restore_image_package(name: str, version: str | None, kaggle_cfg) -> None:
     folder = _route(kaggle_cfg)
     if folder is None:
         if not kaggle_cfg.train_internet:
-            raise TpuStackError(f"the tries replaced the image's {name} {version}, which JAX needs, and neither the "
-                                "wheels nor the internet are there to put it back. Fix: --set "
-                                "train.framework=keras_jax (it skips the TensorFlow tries), and rebuild")
-        folder = download_wheels(pins, Path(tempfile.gettempdir()) / "tpu2gpu-image-wheels",
-                                 kaggle_cfg.tpu_find_links)
+            raise TpuStackError(
+                f"the tries replaced the image's {name} {version}, which JAX needs, and neither the "
+                "wheels nor the internet are there to put it back. Fix: --set "
+                "train.framework=keras_jax (it skips the TensorFlow tries), and rebuild"
+            )
+        folder = download_wheels(pins, Path(tempfile.gettempdir()) / "tpu2gpu-image-wheels", kaggle_cfg.tpu_find_links)
     wheel = check_wheels(pins, folder)[0]
-    _pip(["install", "--no-index", "--no-deps", "--find-links", str(wheel.parent), *pin_specs(pins)],
-         f"putting back the image's {name} {version}")
+    _pip(
+        ["install", "--no-index", "--no-deps", "--find-links", str(wheel.parent), *pin_specs(pins)],
+        f"putting back the image's {name} {version}",
+    )
     print(f"[tpu] put back the image's {name} {version} for JAX", flush=True)
 
 
@@ -81,10 +84,15 @@ def negotiate(cfg, rerun) -> int | None:
             err.args = (f"{err}{why}" if JAX_ROUTE_FIX in str(err) else f"{err} {JAX_ROUTE_FIX}{why}",)
             raise
         reason = str(err).splitlines()[0].split(" Fix:")[0]  # what failed; the fix is this route
-        print(f"[tpu] {reason}\n[tpu] train.framework=auto: taking the Keras 3 on JAX route instead (the image's "
-              "JAX owns the TPU, TensorFlow only reads the data)", flush=True)
-        env = {FRAMEWORK_ENV: "keras_jax", FALLBACK_ENV: json.dumps(
-            {"reason": reason, "tries": [asdict(t) for t in getattr(err, "tries", [])]})}
+        print(
+            f"[tpu] {reason}\n[tpu] train.framework=auto: taking the Keras 3 on JAX route instead (the image's "
+            "JAX owns the TPU, TensorFlow only reads the data)",
+            flush=True,
+        )
+        env = {
+            FRAMEWORK_ENV: "keras_jax",
+            FALLBACK_ENV: json.dumps({"reason": reason, "tries": [asdict(t) for t in getattr(err, "tries", [])]}),
+        }
         if getattr(err, "installed", False):  # this interpreter's packages changed under it: a fresh one trains
             restore_image_package("libtpu", image_libtpu, cfg.kaggle)
             print("[tpu] running the kernel again in a fresh interpreter", flush=True)

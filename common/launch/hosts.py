@@ -45,12 +45,15 @@ def multiprocess_job(cfg, environ=None) -> Job | None:
     if processes == 1:
         return None
     if not 0 <= process_id < processes:
-        raise ConfigError(f"{PROCESS_ID}={process_id} is not one of the job's {processes} processes "
-                          f"(0-{processes - 1})")
+        raise ConfigError(
+            f"{PROCESS_ID}={process_id} is not one of the job's {processes} processes (0-{processes - 1})"
+        )
     coordinator = environ.get(JOB_ADDRESSES, "").split(",")[0].strip()
     if ":" not in coordinator:
-        raise ConfigError(f"{JOB_ADDRESSES} must name the coordinator (process 0) as host:port, got "
-                          f"{environ.get(JOB_ADDRESSES)!r}. Fix: set the same {JOB_ADDRESSES} on every process")
+        raise ConfigError(
+            f"{JOB_ADDRESSES} must name the coordinator (process 0) as host:port, got "
+            f"{environ.get(JOB_ADDRESSES)!r}. Fix: set the same {JOB_ADDRESSES} on every process"
+        )
     return Job(processes, process_id, coordinator)
 
 
@@ -59,5 +62,7 @@ def _integer(environ, name: str) -> int:
     try:
         return int(value)
     except ValueError:
-        raise ConfigError(f"{name}={value!r} is not a whole number. Fix: set all of {', '.join(JOB_VARIABLES)} on "
-                          "every process of a multi-process job, or none") from None
+        raise ConfigError(
+            f"{name}={value!r} is not a whole number. Fix: set all of {', '.join(JOB_VARIABLES)} on "
+            "every process of a multi-process job, or none"
+        ) from None

@@ -48,10 +48,18 @@ def _stream(source, sink) -> None:
 def run_again(kernel: str, entry: str, config_path: str, bundle: str, env: dict[str, str]) -> int:
     """The kernel in a fresh interpreter (the same bundle and config), its output passed through line by line: this
     works whether the kernel runs as `python script.py` or inside a notebook's ipykernel."""
-    code = (f"import sys; sys.path.insert(0, {bundle!r}); import common; from common.launch.kernel import run_kernel; "
-            f"sys.exit(run_kernel({kernel!r}, {entry!r}, {config_path!r}, {bundle!r}))")
-    child = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+    code = (
+        f"import sys; sys.path.insert(0, {bundle!r}); import common; from common.launch.kernel import run_kernel; "
+        f"sys.exit(run_kernel({kernel!r}, {entry!r}, {config_path!r}, {bundle!r}))"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", code],
+        env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        bufsize=1,
+    )
     try:
         err_thread = threading.Thread(target=_stream, args=(child.stderr, sys.stderr), daemon=True)
         err_thread.start()
@@ -62,10 +70,13 @@ def run_again(kernel: str, entry: str, config_path: str, bundle: str, env: dict[
         if child.poll() is None:  # interrupted (a notebook's stop button): the child must not keep the TPU
             child.kill()
     if returncode < 0:  # a signal, e.g. SIGABRT from a libtpu that does not fit this TensorFlow
-        print(f"{kernel}: error: the kernel's second interpreter (after the TPU stack install) was killed by signal "
-              f"{-returncode}. If it died at `import tensorflow`, libtpu and tensorflow-tpu do not fit: pin a libtpu "
-              "of 0.0.14-0.0.31 in kaggle.tpu_packages (0.0.32 and later abort with tensorflow-tpu 2.20)",
-              file=sys.stderr, flush=True)
+        print(
+            f"{kernel}: error: the kernel's second interpreter (after the TPU stack install) was killed by signal "
+            f"{-returncode}. If it died at `import tensorflow`, libtpu and tensorflow-tpu do not fit: pin a libtpu "
+            "of 0.0.14-0.0.31 in kaggle.tpu_packages (0.0.32 and later abort with tensorflow-tpu 2.20)",
+            file=sys.stderr,
+            flush=True,
+        )
         return 2
     return returncode
 

@@ -77,16 +77,20 @@ def parse_candidates(entries) -> list[Candidate]:
         runtime, _, pins = entry.partition(":")
         runtime = runtime.strip().lower()
         if runtime not in (PJRT, STREAM_EXECUTOR) or not pins.strip():
-            raise TpuStackError(f"kaggle.tpu_packages: {entry!r} must be 'pjrt: PIN PIN ...' or 'streamexecutor: PIN "
-                                "PIN ...' (or 'streamexecutor: *' for the first stack that imported), e.g. 'pjrt: "
-                                "tensorflow-tpu==2.19.1 libtpu==0.0.10 tf-keras==2.19.0'")
+            raise TpuStackError(
+                f"kaggle.tpu_packages: {entry!r} must be 'pjrt: PIN PIN ...' or 'streamexecutor: PIN "
+                "PIN ...' (or 'streamexecutor: *' for the first stack that imported), e.g. 'pjrt: "
+                "tensorflow-tpu==2.19.1 libtpu==0.0.10 tf-keras==2.19.0'"
+            )
         first = pins.strip() == FIRST_IMPORTED and runtime == STREAM_EXECUTOR
         candidates.append(Candidate(runtime, {} if first else parse_pins(pins.split())))
     if not candidates:
         raise TpuStackError("kaggle.tpu_packages is empty: name at least one TPU stack to try")
     if not candidates[0].pins:
-        raise TpuStackError("kaggle.tpu_packages starts with 'streamexecutor: *', which repeats an earlier candidate: "
-                            "name a stack's pins first")
+        raise TpuStackError(
+            "kaggle.tpu_packages starts with 'streamexecutor: *', which repeats an earlier candidate: "
+            "name a stack's pins first"
+        )
     return candidates
 
 
@@ -104,8 +108,11 @@ def pjrt_environment() -> dict[str, str]:
     keras-team/keras-rs' TPU CI sets it; libtpu as installed in this interpreter's site-packages."""
     spec = importlib.util.find_spec("libtpu")  # found, not imported
     folder = Path(next(iter(spec.submodule_search_locations))) if spec and spec.submodule_search_locations else None
-    env = {"PJRT_DEVICE": "TPU", "NEXT_PLUGGABLE_DEVICE_USE_C_API": "true",
-           "TF_XLA_FLAGS": "--tf_mlir_enable_mlir_bridge=true"}
+    env = {
+        "PJRT_DEVICE": "TPU",
+        "NEXT_PLUGGABLE_DEVICE_USE_C_API": "true",
+        "TF_XLA_FLAGS": "--tf_mlir_enable_mlir_bridge=true",
+    }
     if folder is not None:
         env["TF_PLUGGABLE_DEVICE_LIBRARY_PATH"] = str(folder / "libtpu.so")
     return env
@@ -143,7 +150,7 @@ def failure_reason(stderr: str) -> str:
     for k in range(len(lines) - 1, -1, -1):
         exception = re.match(r"^([\w.]+(?:Error|Exception|Exit)): ?(.*)", lines[k])
         if exception:
-            detail = [line for line in lines[k + 1:] if not line.startswith(("[[", "Detected at", "<stack", "^"))]
+            detail = [line for line in lines[k + 1 :] if not line.startswith(("[[", "Detected at", "<stack", "^"))]
             return f"{exception.group(1).rsplit('.', 1)[-1]}: {detail[-1] if detail else exception.group(2)}"[:300]
     fatal = [line for line in lines if re.match(r"^F\d{4} ", line) or "Check failed" in line]
     return (fatal or lines or ["no output"])[-1][:300]
@@ -152,11 +159,18 @@ def failure_reason(stderr: str) -> str:
 def probe(candidate: Candidate, pins: dict[str, str], seconds: float, address: str) -> Try:
     """Run common.launch.probe_child in a child interpreter (its own process group) under the candidate's
     environment."""
-    env = importable_environment({**os.environ, **environment_of(candidate), PROBE_ENV: candidate.label(pins),
-                                  "PYTHONUNBUFFERED": "1"})
+    env = importable_environment(
+        {**os.environ, **environment_of(candidate), PROBE_ENV: candidate.label(pins), "PYTHONUNBUFFERED": "1"}
+    )
     start = time.monotonic()
-    child = subprocess.Popen([sys.executable, "-m", "common.launch.probe_child", address or "local"], env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "common.launch.probe_child", address or "local"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, err = child.communicate(timeout=seconds)
     except subprocess.TimeoutExpired:
@@ -173,8 +187,15 @@ def probe(candidate: Candidate, pins: dict[str, str], seconds: float, address: s
             reason = f"killed by signal {-child.returncode} ({failure_reason(err)})"
         else:
             reason = failure_reason(err)
-    return Try(candidate.label(pins), candidate.runtime, pins, round(time.monotonic() - start, 1), answered, reason,
-               imported=IMPORTED_MARK in out)
+    return Try(
+        candidate.label(pins),
+        candidate.runtime,
+        pins,
+        round(time.monotonic() - start, 1),
+        answered,
+        reason,
+        imported=IMPORTED_MARK in out,
+    )
 
 
 def _specs(pins: dict[str, str]) -> str:
@@ -195,7 +216,8 @@ def _no_route(kaggle_cfg, candidates: list[Candidate]) -> TpuStackError:
         f"this TPU machine lacks the TPU stack ({installed_tensorflow()}; needs {needs}), and the kernel cannot "
         f"install it: {where} and kaggle.train_internet is false. Fix: either attach the wheels (`tpu2gpu wheels "
         "--out DIR`, `tpu2gpu publish-wheels --wheels DIR`, kaggle.tpu_wheels=<its slug>) and rebuild, or set "
-        "kaggle.train_internet=true and rebuild (pip installs from the package index)")
+        "kaggle.train_internet=true and rebuild (pip installs from the package index)"
+    )
 
 
 def install_stack(pins: dict[str, str], kaggle_cfg, attached: Path | None) -> bool:
@@ -215,8 +237,11 @@ def install_stack(pins: dict[str, str], kaggle_cfg, attached: Path | None) -> bo
         print(f"[tpu] downloading {_specs(pins)} from {source}", flush=True)
         download_wheels(pins, folder, kaggle_cfg.tpu_find_links)
     removed = install_from(folder, pins)
-    print(f"[tpu] installed {_specs(pins)} from {source} in {time.monotonic() - start:.0f} s"
-          + (f"; removed {', '.join(removed)}" if removed else ""), flush=True)
+    print(
+        f"[tpu] installed {_specs(pins)} from {source} in {time.monotonic() - start:.0f} s"
+        + (f"; removed {', '.join(removed)}" if removed else ""),
+        flush=True,
+    )
     return True
 
 
@@ -226,14 +251,16 @@ def _pins_to_try(candidate: Candidate, tries: list[Try]) -> dict[str, str] | Non
     return next((t.pins for t in tries if t.imported), None)
 
 
-def _try_candidate(number: int, candidates: list[Candidate], kaggle_cfg, attached,
-                   tries: list[Try]) -> tuple[Try, bool]:
+def _try_candidate(
+    number: int, candidates: list[Candidate], kaggle_cfg, attached, tries: list[Try]
+) -> tuple[Try, bool]:
     """(the try, whether it installed anything)."""
     candidate = candidates[number - 1]
     pins = _pins_to_try(candidate, tries)
     if pins is None:
-        return Try(candidate.label(), candidate.runtime, {}, 0.0, False,
-                   "no earlier candidate's TensorFlow imported"), False
+        return Try(
+            candidate.label(), candidate.runtime, {}, 0.0, False, "no earlier candidate's TensorFlow imported"
+        ), False
     try:
         installed = install_stack(pins, kaggle_cfg, attached)
     except TpuStackError as err:
@@ -242,14 +269,19 @@ def _try_candidate(number: int, candidates: list[Candidate], kaggle_cfg, attache
         first_line = str(err).strip().splitlines()[0][:300]  # what failed, and pip's reason
         return Try(candidate.label(pins), candidate.runtime, pins, 0.0, False, f"not installed: {first_line}"), False
     clear_stale_lock()
-    print(f"[tpu] try {number}/{len(candidates)}: probing {candidate.label(pins)} (limit "
-          f"{kaggle_cfg.tpu_probe_seconds:.0f} s)", flush=True)
+    print(
+        f"[tpu] try {number}/{len(candidates)}: probing {candidate.label(pins)} (limit "
+        f"{kaggle_cfg.tpu_probe_seconds:.0f} s)",
+        flush=True,
+    )
     return probe(candidate, pins, kaggle_cfg.tpu_probe_seconds, "local"), installed
 
 
-JAX_ROUTE_FIX = ("Or train with Keras 3 on JAX, which uses the TPU image as it is (nothing installed): --set "
-                 "train.framework=keras_jax with model.backbone=efficientnet (keras.applications) or "
-                 "model.backbone=keras (model.keras_backbone), and rebuild")
+JAX_ROUTE_FIX = (
+    "Or train with Keras 3 on JAX, which uses the TPU image as it is (nothing installed): --set "
+    "train.framework=keras_jax with model.backbone=efficientnet (keras.applications) or "
+    "model.backbone=keras (model.keras_backbone), and rebuild"
+)
 
 
 def no_answer(tries: list[Try], installed: bool = False) -> TpuStackError:
@@ -258,7 +290,8 @@ def no_answer(tries: list[Try], installed: bool = False) -> TpuStackError:
         f"none of the {len(tries)} TensorFlow TPU stacks tried answered:\n{listed}\nFix: add or reorder "
         "candidates in kaggle.tpu_packages (e.g. another libtpu), or set kaggle.tpu_runtime=image if the image's "
         "own TensorFlow sees the TPU (the README's 'TensorFlow on Kaggle's TPU image' says what each candidate is "
-        f"and what 'No TPU platform' means). {JAX_ROUTE_FIX}")
+        f"and what 'No TPU platform' means). {JAX_ROUTE_FIX}"
+    )
     error.tries, error.installed = tries, installed
     return error
 
@@ -289,8 +322,10 @@ def ensure_tpu_stack(kaggle_cfg, rerun) -> int | None:
         attempt, changed = _try_candidate(number, candidates, kaggle_cfg, attached, tries)
         installed = installed or changed
         tries.append(attempt)
-        print(f"[tpu] try {number}/{len(candidates)}: {attempt.stack}: {attempt.reason} ({attempt.seconds:.0f} s)",
-              flush=True)
+        print(
+            f"[tpu] try {number}/{len(candidates)}: {attempt.stack}: {attempt.reason} ({attempt.seconds:.0f} s)",
+            flush=True,
+        )
         if attempt.answered:
             record = {**asdict(attempt), "tries": [asdict(t) for t in tries]}
             env = {STACK_ENV: json.dumps(record), **environment_of(candidates[number - 1])}

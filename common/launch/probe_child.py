@@ -32,11 +32,21 @@ def main(address: str) -> int:
     with tf.device(devices[0].name):
         ones = tf.ones([MATMUL_SIDE, MATMUL_SIDE])
         value = float(tf.reduce_sum(tf.matmul(ones, ones)))
-    if value != MATMUL_SIDE ** 3:
-        print(f"the TPU computed {value} for a sum that is {MATMUL_SIDE ** 3}", file=sys.stderr)
+    if value != MATMUL_SIDE**3:
+        print(f"the TPU computed {value} for a sum that is {MATMUL_SIDE**3}", file=sys.stderr)
         return 1
-    print(VERDICT + json.dumps({"devices": len(devices), "value": value, "tensorflow": tf.__version__,
-                                "seconds": round(time.monotonic() - start, 1)}), flush=True)
+    print(
+        VERDICT
+        + json.dumps(
+            {
+                "devices": len(devices),
+                "value": value,
+                "tensorflow": tf.__version__,
+                "seconds": round(time.monotonic() - start, 1),
+            }
+        ),
+        flush=True,
+    )
     return 0
 
 

@@ -33,9 +33,14 @@ FRAMEWORK_ENV = "TPU2GPU_FRAMEWORK"  # set by the TPU negotiation when it falls 
 KERAS_3_BACKBONES = ("efficientnet", "keras")  # model.backbone values with a Keras 3 form (a TF Hub model has none)
 # The timm architectures the torch_xla route trains: those keras-hub's timm converters (0.29-0.32) rebuild under
 # TensorFlow for the export (keras_hub/src/utils/timm/convert_*.py, by exact name; their output is forward_features').
-TIMM_ARCHITECTURES = (*(f"efficientnet_b{k}" for k in range(6)), "efficientnet_lite0",
-                      *(f"resnet{depth}" for depth in (18, 26, 34, 50, 101, 152)),
-                      "mobilenetv3_small_050", "mobilenetv3_small_100", "mobilenetv3_large_100")
+TIMM_ARCHITECTURES = (
+    *(f"efficientnet_b{k}" for k in range(6)),
+    "efficientnet_lite0",
+    *(f"resnet{depth}" for depth in (18, 26, 34, 50, 101, 152)),
+    "mobilenetv3_small_050",
+    "mobilenetv3_small_100",
+    "mobilenetv3_large_100",
+)
 
 
 def chosen_framework(cfg, environ=None) -> str:
@@ -70,12 +75,16 @@ def use_keras_jax(cfg=None) -> None:
     libtpu: one process may own the TPU, and JAX does."""
     missing = keras_jax_missing()
     if missing:
-        raise StrategyError(f"train.framework=keras_jax needs Keras 3 and JAX, and this environment lacks "
-                            f"{', '.join(missing)}. Fix: run on Kaggle's TPU image (it ships both), or `pip install "
-                            "keras jax`; or train.framework=tf_keras")
+        raise StrategyError(
+            f"train.framework=keras_jax needs Keras 3 and JAX, and this environment lacks "
+            f"{', '.join(missing)}. Fix: run on Kaggle's TPU image (it ships both), or `pip install "
+            "keras jax`; or train.framework=tf_keras"
+        )
     if "keras" in sys.modules and os.environ.get("KERAS_BACKEND", "tensorflow") != "jax":
-        raise StrategyError("keras was imported with another backend before the keras_jax route started: set "
-                            "KERAS_BACKEND=jax before anything imports keras")
+        raise StrategyError(
+            "keras was imported with another backend before the keras_jax route started: set "
+            "KERAS_BACKEND=jax before anything imports keras"
+        )
     os.environ["KERAS_BACKEND"] = "jax"
     os.environ["TPU_LOAD_LIBRARY"] = "0"
 
@@ -93,11 +102,14 @@ def require_tf_keras(cfg=None) -> None:
         f"tf_keras is not installed next to {tensorflow}; the training kernel needs it (hub.KerasLayer is a tf_keras "
         "layer). Fix: on a TPU, let the kernel install its stack (kaggle.tpu_runtime=install with kaggle.tpu_wheels "
         f"or kaggle.train_internet=true); elsewhere `pip install --no-deps tf-keras=={minor}.*` (--no-deps: tf-keras "
-        "would otherwise pull in the `tensorflow` package over the installed one)")
+        "would otherwise pull in the `tensorflow` package over the installed one)"
+    )
 
 
-OTHER_ROUTES_FIX = ("Fix: train.framework=tf_keras (a TPU with its TensorFlow stack, GPUs, the CPU) or keras_jax "
-                    "(the TPU as Kaggle's image ships it, GPUs, several hosts)")
+OTHER_ROUTES_FIX = (
+    "Fix: train.framework=tf_keras (a TPU with its TensorFlow stack, GPUs, the CPU) or keras_jax "
+    "(the TPU as Kaggle's image ships it, GPUs, several hosts)"
+)
 
 
 def use_torch(cfg) -> None:
@@ -106,9 +118,11 @@ def use_torch(cfg) -> None:
     (common/launch/torchrun.py); a broken install is one line."""
     missing = [name for name in ("torch", "timm") if importlib.util.find_spec(name) is None]
     if missing:
-        raise StrategyError(f"train.framework=torch needs torch and timm, and this environment lacks "
-                            f"{', '.join(missing)}. Kaggle's GPU image ships them; elsewhere `pip install -e "
-                            f"'.[torch]'`. {OTHER_ROUTES_FIX}")
+        raise StrategyError(
+            f"train.framework=torch needs torch and timm, and this environment lacks "
+            f"{', '.join(missing)}. Kaggle's GPU image ships them; elsewhere `pip install -e "
+            f"'.[torch]'`. {OTHER_ROUTES_FIX}"
+        )
     os.environ["TPU_LOAD_LIBRARY"] = "0"
     for module in ("torch", "timm"):
         optional_import(module, "train.framework=torch")
@@ -129,26 +143,35 @@ def use_torch_xla(cfg) -> None:
 
     missing = torch_xla_missing()
     if missing:
-        raise StrategyError(f"train.framework=torch_xla needs torch, torch_xla and timm, and this environment lacks "
-                            f"{', '.join(missing)}. Kaggle's TPU image ships them; elsewhere `pip install -e "
-                            f"'.[torch]'` (about 4.6 GB). {OTHER_ROUTES_FIX}")
+        raise StrategyError(
+            f"train.framework=torch_xla needs torch, torch_xla and timm, and this environment lacks "
+            f"{', '.join(missing)}. Kaggle's TPU image ships them; elsewhere `pip install -e "
+            f"'.[torch]'` (about 4.6 GB). {OTHER_ROUTES_FIX}"
+        )
     if multiprocess_job(cfg) is not None:
-        raise StrategyError("the torch_xla route trains on the XLA devices of one host; this job has several "
-                            "processes (runtime.multihost or KERAS_DISTRIBUTION_*). Fix: train.framework=keras_jax "
-                            "(Keras 3 on JAX trains across hosts), or run one process")
+        raise StrategyError(
+            "the torch_xla route trains on the XLA devices of one host; this job has several "
+            "processes (runtime.multihost or KERAS_DISTRIBUTION_*). Fix: train.framework=keras_jax "
+            "(Keras 3 on JAX trains across hosts), or run one process"
+        )
     on_tpu = bool(tpu_hardware_signals())
     if has_nvidia_gpu() and not on_tpu:
-        raise StrategyError("the torch_xla route runs on a TPU or on the CPU: torch_xla from the package index has no "
-                            "CUDA devices, and this machine has NVIDIA GPUs. " + OTHER_ROUTES_FIX)
+        raise StrategyError(
+            "the torch_xla route runs on a TPU or on the CPU: torch_xla from the package index has no "
+            "CUDA devices, and this machine has NVIDIA GPUs. " + OTHER_ROUTES_FIX
+        )
     if "tensorflow" in sys.modules and "torch_xla" not in sys.modules:  # torch_xla first, then TensorFlow: fine
-        raise StrategyError("TensorFlow was imported before torch_xla, and torch_xla imported after it aborts the "
-                            "process (two LLVMs in one process). Fix: import torch_xla first (the training kernel "
-                            "does: start it with `python -m train_tpu.train` or the built kernel script)")
+        raise StrategyError(
+            "TensorFlow was imported before torch_xla, and torch_xla imported after it aborts the "
+            "process (two LLVMs in one process). Fix: import torch_xla first (the training kernel "
+            "does: start it with `python -m train_tpu.train` or the built kernel script)"
+        )
     if on_tpu:
         os.environ.setdefault("PJRT_DEVICE", "TPU")
     else:
-        os.environ.update({"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": str(cfg.runtime.cpu_devices),
-                           "TPU_SKIP_MDS_QUERY": "1"})
+        os.environ.update(
+            {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": str(cfg.runtime.cpu_devices), "TPU_SKIP_MDS_QUERY": "1"}
+        )
     os.environ["TPU_LOAD_LIBRARY"] = "0"  # TensorFlow reads the data only: the TPU is torch_xla's
     # A Python 0 or 1 would be a constant in the graph, any other number an input: the warm-up's rate of 0 at the
     # first step would compile a training graph of its own.
@@ -170,13 +193,15 @@ class Route:
 
 
 # The one name -> backend mapping: train.framework's choices, the build's reachability check and the demo read it.
-ROUTES = {route.name: route for route in (
-    Route("tf_keras", require_tf_keras, "common.training.backends.tf_keras.backend:start",
-          ("hub", "efficientnet")),
-    Route("keras_jax", use_keras_jax, "common.training.backends.keras_jax.backend:start", KERAS_3_BACKBONES),
-    Route("torch_xla", use_torch_xla, "common.training.backends.torch_xla.backend:start", ("timm",)),
-    Route("torch", use_torch, "common.training.backends.torch.backend:start", ("timm",)),
-)}
+ROUTES = {
+    route.name: route
+    for route in (
+        Route("tf_keras", require_tf_keras, "common.training.backends.tf_keras.backend:start", ("hub", "efficientnet")),
+        Route("keras_jax", use_keras_jax, "common.training.backends.keras_jax.backend:start", KERAS_3_BACKBONES),
+        Route("torch_xla", use_torch_xla, "common.training.backends.torch_xla.backend:start", ("timm",)),
+        Route("torch", use_torch, "common.training.backends.torch.backend:start", ("timm",)),
+    )
+}
 
 
 def framework_choices() -> tuple[str, ...]:
@@ -191,21 +216,27 @@ def check_backbone(cfg) -> None:
     model, framework = cfg.model, chosen_framework(cfg)
     if (model.backbone == "timm") != (framework in ("torch_xla", "torch")):
         takers = [name for name, route in ROUTES.items() if model.backbone in route.backbones]
-        raise ConfigError(f"model.backbone={model.backbone} is not trained by train.framework={framework} (it trains "
-                          f"{list(ROUTES[framework].backbones)}). Fix: train.framework={' or '.join(takers)}, or "
-                          "another model.backbone")
+        raise ConfigError(
+            f"model.backbone={model.backbone} is not trained by train.framework={framework} (it trains "
+            f"{list(ROUTES[framework].backbones)}). Fix: train.framework={' or '.join(takers)}, or "
+            "another model.backbone"
+        )
     if model.backbone == "timm" and "/" not in model.timm_model and model.timm_model not in TIMM_ARCHITECTURES:
-        raise ConfigError(f"model.timm_model={model.timm_model!r} is not an architecture the export can rebuild "
-                          f"under TensorFlow (keras-hub's timm converters): {', '.join(TIMM_ARCHITECTURES)}. Fix: one "
-                          "of those, or a folder holding one (config.json + model.safetensors)")
+        raise ConfigError(
+            f"model.timm_model={model.timm_model!r} is not an architecture the export can rebuild "
+            f"under TensorFlow (keras-hub's timm converters): {', '.join(TIMM_ARCHITECTURES)}. Fix: one "
+            "of those, or a folder holding one (config.json + model.safetensors)"
+        )
 
 
 def check_device_augmentation(cfg) -> None:
     """data.augment_on=device is the torch route's (its step augments the batch on the GPU)."""
     if cfg.data.augment_on == "device" and chosen_framework(cfg) != "torch":
-        raise ConfigError(f"data.augment_on=device augments on the GPU inside the torch route's step; "
-                          f"train.framework={chosen_framework(cfg)} augments on the host. Fix: data.augment_on=host, "
-                          "or train.framework=torch")
+        raise ConfigError(
+            f"data.augment_on=device augments on the GPU inside the torch route's step; "
+            f"train.framework={chosen_framework(cfg)} augments on the host. Fix: data.augment_on=host, "
+            "or train.framework=torch"
+        )
 
 
 # The config (common/core, below this floor) checks what the routes mean through these (common/core/fields.py).

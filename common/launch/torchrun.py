@@ -59,24 +59,51 @@ def worker_environment(environ, processes: int) -> dict:
 
 
 def local_command(processes: int, kernel_args: list[str]) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}",
-            "-m", KERNEL, *kernel_args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={processes}",
+        "-m",
+        KERNEL,
+        *kernel_args,
+    ]
 
 
 def node_command(nodes: int, endpoint: str, job: str, kernel_args: list[str], per_node: int = 1) -> list[str]:
     """One node's part of a job across `nodes` nodes: torchrun's c10d rendezvous at endpoint (host:port), the same
     command on every node."""
-    return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--nproc-per-node={per_node}",
-            "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={job}", "-m", KERNEL, *kernel_args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={nodes}",
+        f"--nproc-per-node={per_node}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={endpoint}",
+        f"--rdzv-id={job}",
+        "-m",
+        KERNEL,
+        *kernel_args,
+    ]
 
 
 def start_on_this_machine(processes: int, kernel_args: list[str]) -> int:
     """The training kernel in `processes` processes under torchrun, its output passed through line by line (as a
     notebook shows it too); torchrun's exit code, which is the first failed process's."""
-    print(f"[train] {processes} GPUs: torchrun starts the training kernel once per GPU (DistributedDataParallel)",
-          flush=True)
-    child = subprocess.Popen(local_command(processes, kernel_args), env=worker_environment(os.environ, processes),
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    print(
+        f"[train] {processes} GPUs: torchrun starts the training kernel once per GPU (DistributedDataParallel)",
+        flush=True,
+    )
+    child = subprocess.Popen(
+        local_command(processes, kernel_args),
+        env=worker_environment(os.environ, processes),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+    )
     try:
         for line in child.stdout:
             print(line, end="", flush=True)
@@ -84,4 +111,3 @@ def start_on_this_machine(processes: int, kernel_args: list[str]) -> int:
     finally:
         if child.poll() is None:  # interrupted: the workers must not keep the GPUs
             child.kill()
-

@@ -31,8 +31,16 @@ from common.core.errors import UserError
 from common.core.platform import installed_versions, normalize
 
 # Distributions that write the `tensorflow` package: any of them beside tensorflow-tpu may have overwritten its files.
-TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-intel", "tensorflow-tpu",
-                            "tf-nightly", "tf-nightly-cpu", "tf-nightly-tpu")
+TENSORFLOW_DISTRIBUTIONS = (
+    "tensorflow",
+    "tensorflow-cpu",
+    "tensorflow-gpu",
+    "tensorflow-intel",
+    "tensorflow-tpu",
+    "tf-nightly",
+    "tf-nightly-cpu",
+    "tf-nightly-tpu",
+)
 REQUIRED = ("tensorflow-tpu", "libtpu", "tf-keras")  # what kaggle.tpu_packages must pin
 RERUN_ENV = "TPU2GPU_TPU_STACK_INSTALLED"  # set in the interpreter that runs after the install: never install twice
 # Kaggle's TPU image platform, for `tpu2gpu wheels`.
@@ -62,13 +70,16 @@ def parse_pins(pins) -> dict[str, str]:
     for pin in pins:
         match = re.fullmatch(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*==\s*([A-Za-z0-9.+!]+)\s*", str(pin))
         if not match:
-            raise TpuStackError(f"kaggle.tpu_packages: {pin!r} must be an exact pin name==version, e.g. "
-                                "tensorflow-tpu==2.20.0")
+            raise TpuStackError(
+                f"kaggle.tpu_packages: {pin!r} must be an exact pin name==version, e.g. tensorflow-tpu==2.20.0"
+            )
         parsed[normalize(match.group(1))] = match.group(2)
     missing = [name for name in REQUIRED if name not in parsed]
     if missing:
-        raise TpuStackError(f"kaggle.tpu_packages lacks {missing}: a TPU stack needs tensorflow-tpu, the libtpu it was "
-                            f"built with and tf-keras of its minor version (defaults: {TPU_PACKAGES[0]!r} ...)")
+        raise TpuStackError(
+            f"kaggle.tpu_packages lacks {missing}: a TPU stack needs tensorflow-tpu, the libtpu it was "
+            f"built with and tf-keras of its minor version (defaults: {TPU_PACKAGES[0]!r} ...)"
+        )
     return parsed
 
 
@@ -82,10 +93,16 @@ def installed_tensorflow(installed: dict[str, str] | None = None) -> str:
 def pin_mismatches(pins: dict[str, str], installed: dict[str, str]) -> list[str]:
     """How this environment differs from the pinned stack: pins not installed at their version, and TensorFlow
     distributions other than tensorflow-tpu (they would share its `tensorflow` package). Empty: it is the stack."""
-    wrong = [f"{name} {installed.get(name, 'not installed')} (pinned {version})" for name, version in pins.items()
-             if not same_version(installed.get(name, ""), version)]
-    wrong += [f"{n} {installed[n]} (shares the `tensorflow` package; must go)" for n in TENSORFLOW_DISTRIBUTIONS
-              if n in installed and n not in pins]
+    wrong = [
+        f"{name} {installed.get(name, 'not installed')} (pinned {version})"
+        for name, version in pins.items()
+        if not same_version(installed.get(name, ""), version)
+    ]
+    wrong += [
+        f"{n} {installed[n]} (shares the `tensorflow` package; must go)"
+        for n in TENSORFLOW_DISTRIBUTIONS
+        if n in installed and n not in pins
+    ]
     return wrong
 
 
@@ -96,8 +113,12 @@ def _pip(args: list[str], what: str) -> str:
     if result.returncode != 0:
         tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-6:])
         not_found = re.findall(r"No matching distribution found for (\S+)", result.stdout + result.stderr)
-        hint = (f"no wheel of {', '.join(not_found)} fits Python {sys.version_info.major}.{sys.version_info.minor} "
-                "here (or the index does not have that version). " if not_found else "")
+        hint = (
+            f"no wheel of {', '.join(not_found)} fits Python {sys.version_info.major}.{sys.version_info.minor} "
+            "here (or the index does not have that version). "
+            if not_found
+            else ""
+        )
         raise TpuStackError(f"{what} failed (pip exit {result.returncode}): {hint}{tail}")
     return result.stdout
 
@@ -121,8 +142,10 @@ def check_wheels(pins: dict[str, str], folder: Path) -> list[Path]:
     missing = [f"{n}=={v}" for n, v in pins.items() if not of(n, v)]
     if missing:
         held = sorted(path.name for *_, path in found)
-        raise TpuStackError(f"the wheels in {folder} lack {missing} (it holds {held or 'no wheels'}). Fix: rebuild it "
-                            "with `tpu2gpu wheels` for kaggle.tpu_packages and publish it as a new version")
+        raise TpuStackError(
+            f"the wheels in {folder} lack {missing} (it holds {held or 'no wheels'}). Fix: rebuild it "
+            "with `tpu2gpu wheels` for kaggle.tpu_packages and publish it as a new version"
+        )
     chosen = [p for n, v in pins.items() for p in of(n, v)]
     for path in chosen:
         try:
@@ -131,13 +154,16 @@ def check_wheels(pins: dict[str, str], folder: Path) -> list[Path]:
         except (zipfile.BadZipFile, OSError) as err:
             bad = f"not a zip ({err})"
         if bad:
-            raise TpuStackError(f"corrupt wheel {path} (first bad member: {bad}). Fix: rebuild the wheels dataset with "
-                                "`tpu2gpu wheels` and publish it again")
+            raise TpuStackError(
+                f"corrupt wheel {path} (first bad member: {bad}). Fix: rebuild the wheels dataset with "
+                "`tpu2gpu wheels` and publish it again"
+            )
     return chosen
 
 
-def download_args(pins: dict[str, str], dest: Path, find_links: str = "", python: str = "",
-                  platforms: tuple[str, ...] = ()) -> list[str]:
+def download_args(
+    pins: dict[str, str], dest: Path, find_links: str = "", python: str = "", platforms: tuple[str, ...] = ()
+) -> list[str]:
     """`pip download` of exactly the pins (no dependencies), for this interpreter or another python/platform."""
     args = ["download", "--no-deps", "--only-binary=:all:", "--dest", str(dest), *pin_specs(pins)]
     if python:
@@ -147,8 +173,9 @@ def download_args(pins: dict[str, str], dest: Path, find_links: str = "", python
     return args
 
 
-def download_wheels(pins: dict[str, str], dest: Path, find_links: str = "", python: str = "",
-                    platforms: tuple[str, ...] = ()) -> Path:
+def download_wheels(
+    pins: dict[str, str], dest: Path, find_links: str = "", python: str = "", platforms: tuple[str, ...] = ()
+) -> Path:
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     _pip(download_args(pins, dest, find_links, python, platforms), f"downloading {', '.join(pin_specs(pins))}")
@@ -161,8 +188,11 @@ def install_from(folder: Path, pins: dict[str, str]) -> list[str]:
     uninstalled. Checked first (wheels present, sound, fitting this Python); only then is anything removed."""
     chosen = check_wheels(pins, folder)
     # pip's --find-links lists one folder, not its sub-folders: name every folder that holds a chosen wheel.
-    offline = ["--no-index", "--no-deps", *(a for d in sorted({str(w.parent) for w in chosen})
-                                            for a in ("--find-links", d))]
+    offline = [
+        "--no-index",
+        "--no-deps",
+        *(a for d in sorted({str(w.parent) for w in chosen}) for a in ("--find-links", d)),
+    ]
     _pip(["install", "--dry-run", *offline, *pin_specs(pins)], f"checking the wheels in {folder} against this Python")
     installed = installed_versions()
     remove = [n for n in (*TENSORFLOW_DISTRIBUTIONS, "tf-keras") if n in installed]
@@ -171,8 +201,10 @@ def install_from(folder: Path, pins: dict[str, str]) -> list[str]:
     try:
         _pip(["install", *offline, *pin_specs(pins)], f"installing {', '.join(pin_specs(pins))} from {folder}")
     except TpuStackError as err:
-        broken = TpuStackError(f"{err}\nTensorFlow was uninstalled before this failure: this kernel cannot continue. "
-                               "Fix the wheels (`tpu2gpu wheels`) and run it again")
+        broken = TpuStackError(
+            f"{err}\nTensorFlow was uninstalled before this failure: this kernel cannot continue. "
+            "Fix the wheels (`tpu2gpu wheels`) and run it again"
+        )
         broken.fatal = True
         raise broken from err
     return [f"{n} {installed[n]}" for n in remove]

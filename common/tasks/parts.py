@@ -33,8 +33,10 @@ def number(value: str, source: str, task: str) -> float:
     except ValueError:
         parsed = math.nan
     if not math.isfinite(parsed):
-        raise DataError(f"{source}: label {value!r} is not a number, and data.task={task} needs one. Fix: the right "
-                        "data.label_column, or another data.task")
+        raise DataError(
+            f"{source}: label {value!r} is not a number, and data.task={task} needs one. Fix: the right "
+            "data.label_column, or another data.task"
+        )
     return parsed
 
 
@@ -54,9 +56,11 @@ def check_known_labels(values, sources, label_order, tokens) -> None:
     for value, source in zip(values, sources, strict=True):
         unknown = sorted(set(tokens(value)) - known)
         if unknown:
-            raise DataError(f"{source}: label(s) {unknown} are not in data.class_names {list(label_order)[:8]}"
-                            f"{'...' if len(label_order) > 8 else ''}. Fix: add them, or leave data.class_names "
-                            "empty to take the classes from the data")
+            raise DataError(
+                f"{source}: label(s) {unknown} are not in data.class_names {list(label_order)[:8]}"
+                f"{'...' if len(label_order) > 8 else ''}. Fix: add them, or leave data.class_names "
+                "empty to take the classes from the data"
+            )
 
 
 def scalar_label(num_classes: int) -> dict:
@@ -92,18 +96,28 @@ class Ops:
 def tensorflow_ops() -> Ops:
     """TensorFlow with tf_keras (what `tf.keras` is once `common` has set TF_USE_LEGACY_KERAS=1)."""
     tf = tensorflow()
-    return Ops(tf.keras.losses, tf.keras.metrics, lambda x: tf.cast(x, tf.float32),
-               lambda x: tf.reduce_sum(x, axis=-1), lambda x: tf.reduce_mean(x, axis=-1),
-               lambda values: tf.constant(values, tf.float32))
+    return Ops(
+        tf.keras.losses,
+        tf.keras.metrics,
+        lambda x: tf.cast(x, tf.float32),
+        lambda x: tf.reduce_sum(x, axis=-1),
+        lambda x: tf.reduce_mean(x, axis=-1),
+        lambda values: tf.constant(values, tf.float32),
+    )
 
 
 def keras_ops() -> Ops:
     """Keras 3's own ops: they run on whichever backend Keras was started with (JAX on the keras_jax route)."""
     import keras
 
-    return Ops(keras.losses, keras.metrics, lambda x: keras.ops.cast(x, "float32"),
-               lambda x: keras.ops.sum(x, axis=-1), lambda x: keras.ops.mean(x, axis=-1),
-               lambda values: keras.ops.convert_to_tensor(values, "float32"))
+    return Ops(
+        keras.losses,
+        keras.metrics,
+        lambda x: keras.ops.cast(x, "float32"),
+        lambda x: keras.ops.sum(x, axis=-1),
+        lambda x: keras.ops.mean(x, axis=-1),
+        lambda values: keras.ops.convert_to_tensor(values, "float32"),
+    )
 
 
 def torch_ops(device) -> Ops:
@@ -123,12 +137,17 @@ def torch_ops(device) -> Ops:
         outputs = outputs.clamp(1e-7, 1 - 1e-7)
         return -(targets * torch.log(outputs) + (1 - targets) * torch.log(1 - outputs)).mean(dim=-1)
 
-    losses = SimpleNamespace(categorical_crossentropy=categorical_crossentropy,
-                             binary_crossentropy=binary_crossentropy)
-    return Ops(losses, None, lambda x: x.float(), lambda x: x.sum(dim=-1), lambda x: x.mean(dim=-1),
-               lambda values: torch.tensor(values, dtype=torch.float32, device=device),
-               lambda x: torch.as_tensor(np.asarray(x, dtype=np.float32), device=device),
-               lambda x: x.detach().cpu().numpy())
+    losses = SimpleNamespace(categorical_crossentropy=categorical_crossentropy, binary_crossentropy=binary_crossentropy)
+    return Ops(
+        losses,
+        None,
+        lambda x: x.float(),
+        lambda x: x.sum(dim=-1),
+        lambda x: x.mean(dim=-1),
+        lambda values: torch.tensor(values, dtype=torch.float32, device=device),
+        lambda x: torch.as_tensor(np.asarray(x, dtype=np.float32), device=device),
+        lambda x: x.detach().cpu().numpy(),
+    )
 
 
 def running(metric: str, name: str) -> Callable:
@@ -151,6 +170,7 @@ def one_hot(labels, num_classes: int):
 def cross_entropy(loss: str, weigh: Callable) -> Callable:
     """Per-example cross-entropy (unreduced: fit reduces it, the custom loop averages it globally). Class weights
     scale each example's loss by its target's weight; for soft targets (MixUp) by the targets' mixture of them."""
+
     def make(label_smoothing: float, class_weights=None, ops: Ops | None = None):
         ops = ops or tensorflow_ops()
 
@@ -175,6 +195,7 @@ def squared_error(label_smoothing: float, class_weights=None, ops: Ops | None = 
 
 def sklearn(name: str, **kwargs) -> Callable:
     """A scikit-learn metric of (labels, hard decisions); average='macro' etc. as keyword arguments."""
+
     def score(labels, hard):
         from sklearn import metrics
 

@@ -19,8 +19,9 @@ def classification_scores(labels, probs, class_names) -> dict:
         "count": int(len(labels)),
         "macro_f1": float(f1_score(labels, predicted, average="macro", labels=indices, zero_division=0)),
         "accuracy": float(accuracy_score(labels, predicted)),
-        "per_class": classification_report(labels, predicted, labels=indices, target_names=list(class_names),
-                                           output_dict=True, zero_division=0),
+        "per_class": classification_report(
+            labels, predicted, labels=indices, target_names=list(class_names), output_dict=True, zero_division=0
+        ),
         "confusion_matrix": confusion_matrix(labels, predicted, labels=indices).tolist(),
     }
 
@@ -45,8 +46,7 @@ def plot_history(history_csv: Path, out_png: Path, learning_rates: list[tuple[fl
     # loss, the running training metric, and validation-only metrics (the competition metric), each beside its val_
     panels = [k for k in history if k != "epoch" and not k.startswith("val_")]
     panels += [k for k in history if k.startswith("val_") and k[4:] not in panels]
-    fig, axes = plt.subplots(1, len(panels) + bool(learning_rates), figsize=(5 * (len(panels) + 1), 4),
-                             squeeze=False)
+    fig, axes = plt.subplots(1, len(panels) + bool(learning_rates), figsize=(5 * (len(panels) + 1), 4), squeeze=False)
     if learning_rates:
         ax = axes[0][-1]
         ax.plot([e for e, _ in learning_rates], [r for _, r in learning_rates])
@@ -75,7 +75,8 @@ def plot_confusion(matrix, class_names, out_png: Path) -> None:
     size = min(4 + 0.35 * n, 30)
     fig, ax = plt.subplots(figsize=(size, size))
     ConfusionMatrixDisplay(np.asarray(matrix), display_labels=list(class_names)).plot(
-        ax=ax, include_values=n <= 20, colorbar=False, xticks_rotation="vertical")
+        ax=ax, include_values=n <= 20, colorbar=False, xticks_rotation="vertical"
+    )
     fig.tight_layout()
     fig.savefig(out_png, dpi=100)
     plt.close(fig)

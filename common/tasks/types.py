@@ -109,9 +109,11 @@ class Task:
             return  # a number is written whatever the placeholder
         unknown = sorted({t for v in values for t in self.label_tokens(v)} - set(class_names))
         if unknown:
-            raise DataError(f"{csv_name} uses labels {unknown[:5]} in column '{column}' that the model does not know "
-                            f"(its classes: {list(class_names)[:8]}{'...' if len(class_names) > 8 else ''}). Fix: "
-                            "attach the export trained on this competition's labels, or check data.task")
+            raise DataError(
+                f"{csv_name} uses labels {unknown[:5]} in column '{column}' that the model does not know "
+                f"(its classes: {list(class_names)[:8]}{'...' if len(class_names) > 8 else ''}). Fix: "
+                "attach the export trained on this competition's labels, or check data.task"
+            )
 
 
 # ----------------------------------------------------------------------------------------------------- multiclass
@@ -131,8 +133,9 @@ def _multiclass_f1(average: str) -> Callable:
     def score(labels, predictions, thresholds):
         from sklearn.metrics import f1_score
 
-        return f1_score(labels, _argmax(predictions), average=average, labels=list(range(predictions.shape[1])),
-                        zero_division=0)
+        return f1_score(
+            labels, _argmax(predictions), average=average, labels=list(range(predictions.shape[1])), zero_division=0
+        )
 
     return score
 
@@ -140,8 +143,9 @@ def _multiclass_f1(average: str) -> Callable:
 def _multiclass_auc(labels, predictions, thresholds):
     from sklearn.metrics import roc_auc_score
 
-    return roc_auc_score(labels, predictions, multi_class="ovr", average="macro",
-                         labels=list(range(predictions.shape[1])))
+    return roc_auc_score(
+        labels, predictions, multi_class="ovr", average="macro", labels=list(range(predictions.shape[1]))
+    )
 
 
 def _multiclass_scores(labels, predictions, class_names):
@@ -151,21 +155,34 @@ def _multiclass_scores(labels, predictions, class_names):
 
 
 MULTICLASS = Task(
-    "multiclass", "probabilities", "softmax",
-    scorers={"macro_f1": _multiclass_f1("macro"), "accuracy": parts.on_decisions(_argmax, parts.ACCURACY),
-             "micro_f1": _multiclass_f1("micro"), "log_loss": parts.log_loss_rows, "roc_auc": _multiclass_auc,
-             "qwk": parts.on_decisions(_argmax, parts.QWK)},
-    outputs=lambda num_classes: num_classes, encode=_multiclass_encode, record_label=parts.scalar_label,
+    "multiclass",
+    "probabilities",
+    "softmax",
+    scorers={
+        "macro_f1": _multiclass_f1("macro"),
+        "accuracy": parts.on_decisions(_argmax, parts.ACCURACY),
+        "micro_f1": _multiclass_f1("micro"),
+        "log_loss": parts.log_loss_rows,
+        "roc_auc": _multiclass_auc,
+        "qwk": parts.on_decisions(_argmax, parts.QWK),
+    },
+    outputs=lambda num_classes: num_classes,
+    encode=_multiclass_encode,
+    record_label=parts.scalar_label,
     stratify=parts.by_label,
     target=lambda labels, num_classes, scaling: parts.one_hot(labels, num_classes),
     loss=parts.cross_entropy("categorical_crossentropy", parts.by_target),
-    running_metric=parts.running("CategoricalAccuracy", "accuracy"), decide=_argmax,
+    running_metric=parts.running("CategoricalAccuracy", "accuracy"),
+    decide=_argmax,
     submission_value=lambda p, class_names, thresholds=None: class_names[int(np.argmax(p))],
-    output_names=list, label_text=lambda label, class_names: class_names[int(label)],
+    output_names=list,
+    label_text=lambda label, class_names: class_names[int(label)],
     parse_label=lambda text, class_names: list(class_names).index(text),
     describe_target=lambda target, class_names, scaling: parts.top_classes(target, class_names, " + "),
-    label_tokens=lambda value: [value], weighted_classes=lambda num_classes: num_classes,
-    class_scores=_multiclass_scores)
+    label_tokens=lambda value: [value],
+    weighted_classes=lambda num_classes: num_classes,
+    class_scores=_multiclass_scores,
+)
 
 
 # --------------------------------------------------------------------------------------------------------- binary
@@ -174,8 +191,10 @@ def _binary_encode(values, sources, label_order=()):
     for value, source in zip(values, sources, strict=True):
         number = parts.number(value, source, "binary")
         if number not in (0.0, 1.0):
-            raise DataError(f"{source}: label {value!r} is not 0 or 1, and data.task=binary needs 0/1 targets. "
-                            "Fix: map the positive class to 1, or use data.task=multiclass for named classes")
+            raise DataError(
+                f"{source}: label {value!r} is not 0 or 1, and data.task=binary needs 0/1 targets. "
+                "Fix: map the positive class to 1, or use data.task=multiclass for named classes"
+            )
         labels.append(int(number))
     return labels, ["0", "1"], "int"
 
@@ -211,20 +230,33 @@ def _roc_plot(labels, predictions, folder):
 
 
 BINARY = Task(
-    "binary", "probabilities", "sigmoid",
-    scorers={"roc_auc": _binary_auc, "log_loss": _binary_log_loss,
-             "accuracy": parts.on_decisions(_at_threshold, parts.ACCURACY),
-             "macro_f1": parts.on_decisions(_at_threshold, parts.f1("macro"))},
-    outputs=lambda num_classes: 1, encode=_binary_encode, record_label=parts.scalar_label, stratify=parts.by_label,
+    "binary",
+    "probabilities",
+    "sigmoid",
+    scorers={
+        "roc_auc": _binary_auc,
+        "log_loss": _binary_log_loss,
+        "accuracy": parts.on_decisions(_at_threshold, parts.ACCURACY),
+        "macro_f1": parts.on_decisions(_at_threshold, parts.f1("macro")),
+    },
+    outputs=lambda num_classes: 1,
+    encode=_binary_encode,
+    record_label=parts.scalar_label,
+    stratify=parts.by_label,
     target=parts.one_column,
     # P(1) targets: the mixture of the two classes' weights
     loss=parts.cross_entropy("binary_crossentropy", lambda t, w, ops: w[1] * t[:, 0] + w[0] * (1.0 - t[:, 0])),
-    running_metric=parts.running("BinaryAccuracy", "accuracy"), decide=_at_threshold,
+    running_metric=parts.running("BinaryAccuracy", "accuracy"),
+    decide=_at_threshold,
     submission_value=parts.number_text,
-    output_names=lambda class_names: [class_names[1]], label_text=lambda label, class_names: str(int(label)),
+    output_names=lambda class_names: [class_names[1]],
+    label_text=lambda label, class_names: str(int(label)),
     parse_label=lambda text, class_names: int(text),
     describe_target=lambda target, class_names, scaling: f"P({class_names[1]}) {float(target[0]):.2f}",
-    weighted_classes=lambda num_classes: 2, class_scores=_binary_scores, plots=_roc_plot)
+    weighted_classes=lambda num_classes: 2,
+    class_scores=_binary_scores,
+    plots=_roc_plot,
+)
 
 
 # ----------------------------------------------------------------------------------------------------- multilabel
@@ -246,7 +278,7 @@ def _multilabel_encode(values, sources, label_order=()):
 def _each_label(predictions, thresholds=None):
     """Each label at its threshold (0.5 without); a row with none on gets its most likely label."""
     predictions = np.asarray(predictions, dtype=float)
-    hard = (predictions >= np.asarray(thresholds if thresholds is not None else [0.5] * predictions.shape[1]))
+    hard = predictions >= np.asarray(thresholds if thresholds is not None else [0.5] * predictions.shape[1])
     hard = hard.astype(int)
     empty = hard.sum(axis=1) == 0
     hard[empty, predictions[empty].argmax(axis=1)] = 1
@@ -265,20 +297,32 @@ def _multilabel_f1(average: str) -> Callable:
 
 
 MULTILABEL = Task(
-    "multilabel", "probabilities", "sigmoid",
-    scorers={"samples_f1": _multilabel_f1("samples"), "macro_f1": _multilabel_f1("macro"),
-             "micro_f1": _multilabel_f1("micro"), "roc_auc": _multilabel_auc},
-    outputs=lambda num_classes: num_classes, encode=_multilabel_encode,
+    "multilabel",
+    "probabilities",
+    "sigmoid",
+    scorers={
+        "samples_f1": _multilabel_f1("samples"),
+        "macro_f1": _multilabel_f1("macro"),
+        "micro_f1": _multilabel_f1("micro"),
+        "roc_auc": _multilabel_auc,
+    },
+    outputs=lambda num_classes: num_classes,
+    encode=_multilabel_encode,
     record_label=lambda num_classes: {"label_dtype": "int64", "label_size": num_classes},
     stratify=parts.label_combinations,
     target=lambda labels, num_classes, scaling: parts.columns(labels, num_classes),
     loss=parts.cross_entropy("binary_crossentropy", parts.by_target),
-    running_metric=parts.running("BinaryAccuracy", "accuracy"), decide=_each_label,
+    running_metric=parts.running("BinaryAccuracy", "accuracy"),
+    decide=_each_label,
     submission_value=lambda p, names, thresholds=None: parts.names_on(names, _each_label(p[None, :], thresholds)[0]),
-    output_names=list, label_text=lambda label, class_names: parts.names_on(class_names, label),
+    output_names=list,
+    label_text=lambda label, class_names: parts.names_on(class_names, label),
     parse_label=lambda text, class_names: [int(name in set(text.split())) for name in class_names],
     describe_target=lambda target, class_names, scaling: parts.top_classes(target, class_names, ", ") or "(none)",
-    label_tokens=str.split, label_set=True, choose_thresholds=parts.best_f1_thresholds)
+    label_tokens=str.split,
+    label_set=True,
+    choose_thresholds=parts.best_f1_thresholds,
+)
 
 
 # ----------------------------------------------------------------------------------------------------- regression
@@ -304,23 +348,37 @@ def _predicted_vs_true(labels, predictions, folder):
 def _error(kind: str) -> Callable:
     def score(labels, predictions, thresholds):
         error = predictions[:, 0] - labels.astype(float)
-        return np.sqrt(np.mean(error ** 2)) if kind == "rmse" else np.mean(np.abs(error))
+        return np.sqrt(np.mean(error**2)) if kind == "rmse" else np.mean(np.abs(error))
 
     return score
 
 
 REGRESSION = Task(
-    "regression", "values", "linear",
-    scorers={"rmse": _error("rmse"), "mae": _error("mae"),
-             "qwk": parts.on_decisions(_rounded, parts.QWK, truth=lambda labels: _rounded(labels[:, None]))},
-    outputs=lambda num_classes: 1, encode=_regression_encode,
-    record_label=lambda num_classes: {"label_dtype": "float32", "label_size": 0}, stratify=parts.target_bins,
-    target=_standardised_target, loss=parts.squared_error,
-    running_metric=parts.running("RootMeanSquaredError", "rmse_standardised"), decide=_rounded,
-    submission_value=parts.number_text, output_names=lambda class_names: ["value"],
-    label_text=lambda label, class_names: f"{float(label):g}", parse_label=lambda text, class_names: float(text),
+    "regression",
+    "values",
+    "linear",
+    scorers={
+        "rmse": _error("rmse"),
+        "mae": _error("mae"),
+        "qwk": parts.on_decisions(_rounded, parts.QWK, truth=lambda labels: _rounded(labels[:, None])),
+    },
+    outputs=lambda num_classes: 1,
+    encode=_regression_encode,
+    record_label=lambda num_classes: {"label_dtype": "float32", "label_size": 0},
+    stratify=parts.target_bins,
+    target=_standardised_target,
+    loss=parts.squared_error,
+    running_metric=parts.running("RootMeanSquaredError", "rmse_standardised"),
+    decide=_rounded,
+    submission_value=parts.number_text,
+    output_names=lambda class_names: ["value"],
+    label_text=lambda label, class_names: f"{float(label):g}",
+    parse_label=lambda text, class_names: float(text),
     describe_target=lambda target, class_names, s: f"{float(target[0]) * s['std'] + s['mean']:.3g}",
-    stratum="bin", scaling=parts.standardise, plots=_predicted_vs_true)
+    stratum="bin",
+    scaling=parts.standardise,
+    plots=_predicted_vs_true,
+)
 
 
 TASKS = {task.name: task for task in (MULTICLASS, BINARY, MULTILABEL, REGRESSION)}

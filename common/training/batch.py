@@ -48,9 +48,14 @@ def with_batch(cfg, per_replica: int):
 
 def batch_spec(cfg, records, plan: FoldPlan):
     """The training pipeline's element spec at plan's batch (built, not read): what a compiled step takes."""
-    dataset = make_train_dataset(records.train_files, cfg.data, InputShare(plan.global_batch),
-                                 lambda labels: plan.task.target(labels, len(plan.class_names), plan.scaling),
-                                 records.schema, seed=cfg.train.seed)
+    dataset = make_train_dataset(
+        records.train_files,
+        cfg.data,
+        InputShare(plan.global_batch),
+        lambda labels: plan.task.target(labels, len(plan.class_names), plan.scaling),
+        records.schema,
+        seed=cfg.train.seed,
+    )
     return dataset.element_spec
 
 
@@ -59,16 +64,23 @@ def choose_batch(cfg, records, backend, labels, fold: str):
     and holds its memory against the device's (common/training/memory.py, at most three compiles); the other routes
     start at AUTO_LARGEST and take the batch a device's out of memory names (train_fold's retries)."""
     if cfg.train.batch_size:
-        raise ConfigError(f"train.batch_size={cfg.train.batch_size} sets the global batch, and "
-                          "train.batch_size_per_replica=auto would choose it. Fix: one of them (train.batch_size=0)")
+        raise ConfigError(
+            f"train.batch_size={cfg.train.batch_size} sets the global batch, and "
+            "train.batch_size_per_replica=auto would choose it. Fix: one of them (train.batch_size=0)"
+        )
     if not hasattr(backend, "step_memory"):
-        print(f"[train] batch: auto starts at {AUTO_LARGEST} per replica; a device's out of memory at the first step "
-              "names the batch it tries next (at most twice)", flush=True)
+        print(
+            f"[train] batch: auto starts at {AUTO_LARGEST} per replica; a device's out of memory at the first step "
+            "names the batch it tries next (at most twice)",
+            flush=True,
+        )
         return with_batch(cfg, AUTO_LARGEST)
     capacity, source = backend.device_memory()
     if capacity is None:
-        raise ConfigError(f"train.batch_size_per_replica=auto plans within a device's memory, and the {source}. Fix: "
-                          "runtime.device_memory=16GB (one TPU v5e chip) or your own cap, or a number for the batch")
+        raise ConfigError(
+            f"train.batch_size_per_replica=auto plans within a device's memory, and the {source}. Fix: "
+            "runtime.device_memory=16GB (one TPU v5e chip) or your own cap, or a number for the batch"
+        )
 
     def measure(per_replica: int) -> int:
         trial = with_batch(cfg, per_replica)
@@ -80,10 +92,15 @@ def choose_batch(cfg, records, backend, labels, fold: str):
 
     choice = largest_fitting_batch(measure, capacity)
     if choice.per_replica is None:
-        shape = run_shape(with_batch(cfg, 1), plan_fold(with_batch(cfg, 1), records, backend.replicas, labels),
-                          backend, fold)
-        oom = OutOfMemory(min(choice.needs.values()), capacity, None,
-                          f"the compiled training step needs {size_text(min(choice.needs.values()))}, {source}")
+        shape = run_shape(
+            with_batch(cfg, 1), plan_fold(with_batch(cfg, 1), records, backend.replicas, labels), backend, fold
+        )
+        oom = OutOfMemory(
+            min(choice.needs.values()),
+            capacity,
+            None,
+            f"the compiled training step needs {size_text(min(choice.needs.values()))}, {source}",
+        )
         raise DeviceMemoryError(out_of_memory_line(oom, shape, "choosing a batch (train.batch_size_per_replica=auto)"))
     print(choice.describe(source), flush=True)
     backend.batch_memory = choice.record(source)
@@ -99,12 +116,17 @@ def check_step_fits(cfg, plan: FoldPlan, backend, records, fold: str) -> None:
         needed = backend.step_memory(plan, batch_spec(cfg, records, plan))
     finally:
         backend.release()
-    backend.batch_memory = {"batch_per_replica": plan.global_batch // plan.replicas, "needed_bytes": needed,
-                            "capacity_bytes": capacity, "capacity_from": source}
+    backend.batch_memory = {
+        "batch_per_replica": plan.global_batch // plan.replicas,
+        "needed_bytes": needed,
+        "capacity_bytes": capacity,
+        "capacity_from": source,
+    }
     if needed > capacity:
         oom = OutOfMemory(needed, capacity, None, f"the compiled training step needs {size_text(needed)}, {source}")
-        raise DeviceMemoryError(out_of_memory_line(oom, run_shape(cfg, plan, backend, fold),
-                                                   "checking the compiled training step's memory"))
+        raise DeviceMemoryError(
+            out_of_memory_line(oom, run_shape(cfg, plan, backend, fold), "checking the compiled training step's memory")
+        )
 
 
 def device_capacity(backend) -> int | None:
@@ -119,6 +141,12 @@ def run_shape(cfg, plan: FoldPlan, backend, fold: str) -> RunShape:
         precision = backend.precision()["policy"]
     except Exception:  # the model was never built: the policy asked for
         precision = cfg.train.precision
-    return RunShape(fold, model_name(cfg.model), cfg.data.image_size, plan.global_batch // plan.replicas,
-                    plan.replicas, precision,
-                    "train.batch_size" if cfg.train.batch_size > 0 else "train.batch_size_per_replica")
+    return RunShape(
+        fold,
+        model_name(cfg.model),
+        cfg.data.image_size,
+        plan.global_batch // plan.replicas,
+        plan.replicas,
+        precision,
+        "train.batch_size" if cfg.train.batch_size > 0 else "train.batch_size_per_replica",
+    )

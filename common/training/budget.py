@@ -47,9 +47,11 @@ def should_start(fold: int, seconds_left: float, estimate: float) -> tuple[bool,
     """(start?, the line that says why not)."""
     if seconds_left > 0 and seconds_left >= estimate:
         return True, ""
-    return False, (f"[train] time budget: {max(0.0, seconds_left) / 60:.1f} min left, fold {fold} needs about "
-                   f"{estimate / 60:.1f} min (the last fold's epochs and export, or train.fold_minutes): fold {fold} "
-                   "not started")
+    return False, (
+        f"[train] time budget: {max(0.0, seconds_left) / 60:.1f} min left, fold {fold} needs about "
+        f"{estimate / 60:.1f} min (the last fold's epochs and export, or train.fold_minutes): fold {fold} "
+        "not started"
+    )
 
 
 def cuts_after(epochs_done: int, planned_epochs: int, now: float, longest_epoch: float, deadline: float) -> bool:
@@ -59,12 +61,20 @@ def cuts_after(epochs_done: int, planned_epochs: int, now: float, longest_epoch:
 
 
 def cut_message(epochs_done: int, seconds_left: float, longest_epoch: float) -> str:
-    return (f"[train] time budget: {seconds_left:.0f} s left before the export, an epoch takes {longest_epoch:.0f} s: "
-            f"stopping after epoch {epochs_done} (the budget cuts this fold)")
+    return (
+        f"[train] time budget: {seconds_left:.0f} s left before the export, an epoch takes {longest_epoch:.0f} s: "
+        f"stopping after epoch {epochs_done} (the budget cuts this fold)"
+    )
 
 
-def cut_record(stopped: bool, epochs_trained: int, planned_epochs: int, exported_epoch: int,
-               budget_hours: float) -> dict:
+def cut_record(
+    stopped: bool, epochs_trained: int, planned_epochs: int, exported_epoch: int, budget_hours: float
+) -> dict:
     """The card's `time_budget`: whether the budget cut this fold's schedule, and what was exported."""
-    return {"cut": stopped, "epochs_trained": epochs_trained, "epochs_planned": planned_epochs,
-            "exported_epoch": exported_epoch, "budget_hours": budget_hours}
+    return {
+        "cut": stopped,
+        "epochs_trained": epochs_trained,
+        "epochs_planned": planned_epochs,
+        "exported_epoch": exported_epoch,
+        "budget_hours": budget_hours,
+    }

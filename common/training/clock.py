@@ -44,12 +44,16 @@ class EpochClock:
         """'T s: [first execution f s (n step(s)),] training a s, compile b s (N program(s), M from the cache),
         validation c s, ...': the compile part only where something compiled (the first epoch, as a rule)."""
         total = sum(self.phases.values()) + self.compiles.seconds
-        parts = [f"{phase} {seconds:.1f} s" + (f" ({self.notes[phase]})" if phase in self.notes else "")
-                 for phase, seconds in self.phases.items()]
+        parts = [
+            f"{phase} {seconds:.1f} s" + (f" ({self.notes[phase]})" if phase in self.notes else "")
+            for phase, seconds in self.phases.items()
+        ]
         if self.compiles.programs:
-            parts.insert(list(self.phases).index("training") + 1,
-                         f"compile {self.compiles.seconds:.1f} s ({self.compiles.programs} program(s), "
-                         f"{self.compiles.from_cache} from the cache)")
+            parts.insert(
+                list(self.phases).index("training") + 1,
+                f"compile {self.compiles.seconds:.1f} s ({self.compiles.programs} program(s), "
+                f"{self.compiles.from_cache} from the cache)",
+            )
         return f"{total:.1f} s: " + ", ".join(parts)
 
 
@@ -63,8 +67,14 @@ class FirstStepWatch:
     step that runs for minutes is otherwise a log that stops: XLA on a GPU can spend minutes fitting a program into
     too little memory, and a batch that barely fits can run far slower than one that fits well."""
 
-    def __init__(self, epoch: int, compiled: Callable[[], CompileCount | None], say: Callable[[str], None] = print,
-                 patience: float = FIRST_STEP_PATIENCE, every: float = 5.0):
+    def __init__(
+        self,
+        epoch: int,
+        compiled: Callable[[], CompileCount | None],
+        say: Callable[[str], None] = print,
+        patience: float = FIRST_STEP_PATIENCE,
+        every: float = 5.0,
+    ):
         self.epoch, self.compiled, self.say, self.patience, self.every = epoch, compiled, say, patience, every
         self.began, self.count = time.monotonic(), compiled()
         self.threshold = None  # the own seconds of the next line (None: none said yet)
@@ -94,11 +104,16 @@ class FirstStepWatch:
         if own < threshold or self.done.is_set():
             return None
         self.threshold = 2 * own
-        compiles = (f"{compiling.programs} program(s), {compile_seconds:.1f} s" if compiling is not None
-                    else "not counted on this route")
-        return (f"[train] epoch {self.epoch + 1}: no step has finished {now - self.began:.0f} s into the epoch, "
-                f"{own:.0f} s of them beyond the compiles that finished ({compiles}). A first step this slow is, as a "
-                "rule, a program at the edge of the device's memory (XLA can spend minutes fitting one into too "
-                "little) or input that does not come. It goes on; the next line comes "
-                f"{self.threshold:.0f} s beyond the compiles. Fix, if it never ends: a smaller "
-                "train.batch_size_per_replica (or auto) or data.image_size")
+        compiles = (
+            f"{compiling.programs} program(s), {compile_seconds:.1f} s"
+            if compiling is not None
+            else "not counted on this route"
+        )
+        return (
+            f"[train] epoch {self.epoch + 1}: no step has finished {now - self.began:.0f} s into the epoch, "
+            f"{own:.0f} s of them beyond the compiles that finished ({compiles}). A first step this slow is, as a "
+            "rule, a program at the edge of the device's memory (XLA can spend minutes fitting one into too "
+            "little) or input that does not come. It goes on; the next line comes "
+            f"{self.threshold:.0f} s beyond the compiles. Fix, if it never ends: a smaller "
+            "train.batch_size_per_replica (or auto) or data.image_size"
+        )

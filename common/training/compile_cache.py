@@ -40,12 +40,20 @@ class CompileCount:
     tracing: float = 0.0  # of the seconds, tracing and lowering to XLA (no compile cache holds them): JAX's
 
     def __sub__(self, other: CompileCount) -> CompileCount:
-        return CompileCount(self.programs - other.programs, self.from_cache - other.from_cache,
-                            max(0.0, self.seconds - other.seconds), max(0.0, self.tracing - other.tracing))
+        return CompileCount(
+            self.programs - other.programs,
+            self.from_cache - other.from_cache,
+            max(0.0, self.seconds - other.seconds),
+            max(0.0, self.tracing - other.tracing),
+        )
 
     def __add__(self, other: CompileCount) -> CompileCount:
-        return CompileCount(self.programs + other.programs, self.from_cache + other.from_cache,
-                            self.seconds + other.seconds, self.tracing + other.tracing)
+        return CompileCount(
+            self.programs + other.programs,
+            self.from_cache + other.from_cache,
+            self.seconds + other.seconds,
+            self.tracing + other.tracing,
+        )
 
     def describe(self) -> str:
         tracing = f" ({self.tracing:.1f} s of it tracing and lowering)" if self.tracing else ""
@@ -91,8 +99,11 @@ class CompileCache:
             probe.write_bytes(bytes(1 << 16))  # an entry's worth: a folder that is full says so here
             probe.unlink()
         except OSError as err:
-            print(f"[{route}] compile cache: {folder} cannot be written ({err.strerror or err}): this run compiles "
-                  f"every program without one. Fix: runtime.compile_cache=<a writable folder>, or {OFF}", flush=True)
+            print(
+                f"[{route}] compile cache: {folder} cannot be written ({err.strerror or err}): this run compiles "
+                f"every program without one. Fix: runtime.compile_cache=<a writable folder>, or {OFF}",
+                flush=True,
+            )
             return None
         cache._check()
         return cache
@@ -110,9 +121,12 @@ class CompileCache:
         entries = self._entries()
         if entries and versions != self.versions:
             self._remove(entries)
-            print(f"[{self.route}] compile cache: the {len(entries)} program(s) in {self.folder} were compiled by "
-                  f"{_described(versions)}, and this run is {_described(self.versions)}: removed, this run compiles "
-                  "afresh", flush=True)
+            print(
+                f"[{self.route}] compile cache: the {len(entries)} program(s) in {self.folder} were compiled by "
+                f"{_described(versions)}, and this run is {_described(self.versions)}: removed, this run compiles "
+                "afresh",
+                flush=True,
+            )
             entries = []
         bad = []
         for entry in entries:
@@ -124,9 +138,12 @@ class CompileCache:
         if bad:
             self._remove(bad)
             names = ", ".join(p.name for p in bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
-            print(f"[{self.route}] compile cache: {len(bad)} entr{'y' if len(bad) == 1 else 'ies'} in {self.folder} "
-                  f"cut short, damaged or never vouched for (a run killed before its checkpoint) skipped and removed "
-                  f"({names}): compiled again", flush=True)
+            print(
+                f"[{self.route}] compile cache: {len(bad)} entr{'y' if len(bad) == 1 else 'ies'} in {self.folder} "
+                f"cut short, damaged or never vouched for (a run killed before its checkpoint) skipped and removed "
+                f"({names}): compiled again",
+                flush=True,
+            )
         self._write_ledger()
 
     @staticmethod
@@ -145,13 +162,18 @@ class CompileCache:
                     self.known[entry.name] = (stat.st_size, stat.st_mtime_ns, _digest(entry))
             self._write_ledger()
         except OSError as err:
-            print(f"[{self.route}] compile cache: {self.folder} could not record its entries ({err.strerror or err});"
-                  " a later run compiles them again", flush=True)
+            print(
+                f"[{self.route}] compile cache: {self.folder} could not record its entries ({err.strerror or err});"
+                " a later run compiles them again",
+                flush=True,
+            )
 
     def _write_ledger(self) -> None:
         present = {p.name for p in self._entries()}
-        ledger = {"versions": self.versions,
-                  "entries": {name: seen[2] for name, seen in sorted(self.known.items()) if name in present}}
+        ledger = {
+            "versions": self.versions,
+            "entries": {name: seen[2] for name, seen in sorted(self.known.items()) if name in present},
+        }
         partial = self.folder / f"{LEDGER}.partial-{os.getpid()}"
         partial.write_text(json.dumps(ledger, indent=1) + "\n")
         partial.replace(self.folder / LEDGER)

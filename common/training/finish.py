@@ -78,8 +78,14 @@ def compile_record(compiles) -> dict:
     """The card's runtime.compile: what the fold compiled, and how much came from the compile cache."""
     if compiles is None:
         return {}
-    return {"compile": {"programs": compiles.programs, "from_cache": compiles.from_cache,
-                        "seconds": round(compiles.seconds, 2), "tracing_seconds": round(compiles.tracing, 2)}}
+    return {
+        "compile": {
+            "programs": compiles.programs,
+            "from_cache": compiles.from_cache,
+            "seconds": round(compiles.seconds, 2),
+            "tracing_seconds": round(compiles.tracing, 2),
+        }
+    }
 
 
 def export_fold(cfg, result, records, fold: int, export_dir: Path) -> ModelCard:
@@ -89,25 +95,45 @@ def export_fold(cfg, result, records, fold: int, export_dir: Path) -> ModelCard:
     thresholds = task.choose_thresholds(labels, predictions)  # on this model's own out-of-fold predictions
     report = task.metric_report(labels, predictions, thresholds)
     classes = task.class_scores(labels, predictions, records.class_names)
-    print(f"[train] fold {fold}: validation {metric} {_shown(report[metric])} (epoch {result.best_epoch} of "
-          f"{result.epochs_done}); " + ", ".join(f"{k} {_shown(v)}" for k, v in report.items() if k != metric),
-          flush=True)
+    print(
+        f"[train] fold {fold}: validation {metric} {_shown(report[metric])} (epoch {result.best_epoch} of "
+        f"{result.epochs_done}); " + ", ".join(f"{k} {_shown(v)}" for k, v in report.items() if k != metric),
+        flush=True,
+    )
     peak = backend.peak_memory() if hasattr(backend, "peak_memory") else None  # None where the runtime keeps none
     if peak:
         print(f"[train] fold {fold}: {describe_peak(peak)}", flush=True)
     card = ModelCard.create(
-        task, records.class_names, cfg.data.image_size, fold=fold, label_type=records.label_type,
-        record_schema=asdict(records.schema), source_images=records.source_images,
-        metric={"name": metric, "value": report[metric]}, thresholds=thresholds, target_scaling=plan.scaling,
-        class_weights=plan.class_weights, precision={"trained": backend.precision()},
+        task,
+        records.class_names,
+        cfg.data.image_size,
+        fold=fold,
+        label_type=records.label_type,
+        record_schema=asdict(records.schema),
+        source_images=records.source_images,
+        metric={"name": metric, "value": report[metric]},
+        thresholds=thresholds,
+        target_scaling=plan.scaling,
+        class_weights=plan.class_weights,
+        precision={"trained": backend.precision()},
         runtime={**backend.runtime(), **compile_record(result.compiles), **({"peak_memory": peak} if peak else {})},
         # A fold the budget cut exports its best epoch (train.keep=best); inference weighs it by infer.cut_folds.
-        time_budget=cut_record(result.cut, result.epochs_done, plan.epochs, result.best_epoch,
-                               cfg.train.time_budget_hours),
-        metrics={**report, "count": int(len(labels)), "epochs": result.epochs_done, "best_epoch": result.best_epoch,
-                 "steps_per_epoch": plan.steps_per_epoch, "optimizer_steps": backend.optimizer_steps(),
-                 "keep": cfg.train.keep, "ema": cfg.train.ema, **_class_report(classes)},
-        config=config_to_dict(cfg))
+        time_budget=cut_record(
+            result.cut, result.epochs_done, plan.epochs, result.best_epoch, cfg.train.time_budget_hours
+        ),
+        metrics={
+            **report,
+            "count": int(len(labels)),
+            "epochs": result.epochs_done,
+            "best_epoch": result.best_epoch,
+            "steps_per_epoch": plan.steps_per_epoch,
+            "optimizer_steps": backend.optimizer_steps(),
+            "keep": cfg.train.keep,
+            "ema": cfg.train.ema,
+            **_class_report(classes),
+        },
+        config=config_to_dict(cfg),
+    )
     extra = fold_files(result, records.class_names, classes["confusion_matrix"] if classes else None)
     contents = ExportContents(card, golden_batch(records, cfg.data.image_size), extra, plan.scaling)
     card = backend.export(export_dir, contents)
@@ -120,8 +146,9 @@ def out_of_fold_scores(export_root: Path, folds) -> dict | None:
     ids, labels, predictions, card = [], [], [], None
     for fold in folds:
         card = read_card(export_root / fold)
-        fold_ids, fold_labels, fold_predictions = read_oof(export_root / fold / "oof.csv", get_task(card.task),
-                                                           card.class_names)
+        fold_ids, fold_labels, fold_predictions = read_oof(
+            export_root / fold / "oof.csv", get_task(card.task), card.class_names
+        )
         ids += fold_ids
         labels += fold_labels
         predictions += fold_predictions
@@ -131,8 +158,16 @@ def out_of_fold_scores(export_root: Path, folds) -> dict | None:
     thresholds = task.choose_thresholds(labels, predictions)
     report = task.metric_report(labels, predictions, thresholds)
     metric = card.metric["name"]
-    print(f"[train] out-of-fold over {len(folds)} fold(s), {len(ids)} records: {metric} {_shown(report[metric])}",
-          flush=True)
-    return {"folds": list(folds), "unique_ids": len(set(ids)), "count": len(ids), "metric": metric,
-            "thresholds": thresholds, **report,
-            **_class_report(task.class_scores(labels, predictions, card.class_names))}
+    print(
+        f"[train] out-of-fold over {len(folds)} fold(s), {len(ids)} records: {metric} {_shown(report[metric])}",
+        flush=True,
+    )
+    return {
+        "folds": list(folds),
+        "unique_ids": len(set(ids)),
+        "count": len(ids),
+        "metric": metric,
+        "thresholds": thresholds,
+        **report,
+        **_class_report(task.class_scores(labels, predictions, card.class_names)),
+    }

@@ -169,7 +169,8 @@ class EpochMonitor:
                 f"epoch {epoch + 1} ended at optimiser step {steps} where the plan ends it at {planned} "
                 f"({self.plan.steps_per_epoch} steps per epoch): the {self.backend.name} training loop ran more "
                 "steps than it was asked for. Fix: --set train.steps_per_execution=1, and report the Keras version "
-                "in the log's environment block")
+                "in the log's environment block"
+            )
         taken, self.steps = steps - self.steps - self.first_steps, steps
         if taken <= 0 < self.first_steps:
             return f"step {steps}, all in the first execution"
@@ -219,19 +220,26 @@ def restore_best(backend, monitor: EpochMonitor, predict_val) -> tuple[int, np.n
     # Like with like: both sides are the training devices' own validation predictions, in the training precision.
     drift = float(np.max(np.abs(outputs - expected)))  # float reduction order aside, they must agree
     if drift > 1e-3 * max(1.0, float(np.max(np.abs(expected)))):
-        raise RuntimeError(f"the restored weights of epoch {best_epoch} predict up to {drift:.2e} away from what "
-                           "that epoch predicted (both on the training devices, in the training precision): the "
-                           "best-epoch checkpoint did not capture the model")
-    print(f"[train] exporting the weights of epoch {best_epoch} (val_{metric} {monitor.best['value']:.4f}; "
-          f"restored, max difference {drift:.1e})", flush=True)
+        raise RuntimeError(
+            f"the restored weights of epoch {best_epoch} predict up to {drift:.2e} away from what "
+            "that epoch predicted (both on the training devices, in the training precision): the "
+            "best-epoch checkpoint did not capture the model"
+        )
+    print(
+        f"[train] exporting the weights of epoch {best_epoch} (val_{metric} {monitor.best['value']:.4f}; "
+        f"restored, max difference {drift:.1e})",
+        flush=True,
+    )
     return best_epoch, outputs
 
 
 def read_validation(records) -> Validation:
     ids, labels = read_ids_and_labels(records.val_files, records.schema, True)
     if len(ids) != records.val_count:
-        raise DataError(f"expected {records.val_count} validation records in {len(records.val_files)} files, read "
-                        f"{len(ids)}: the manifest and the files disagree; convert the data again")
+        raise DataError(
+            f"expected {records.val_count} validation records in {len(records.val_files)} files, read "
+            f"{len(ids)}: the manifest and the files disagree; convert the data again"
+        )
     return Validation(ids, labels)
 
 
@@ -241,8 +249,10 @@ def describe_precision(backend, cfg) -> str:
     parts = backend.precision()
     note = "; a TF Hub backbone keeps its SavedModel's dtypes" if cfg.model.backbone == "hub" else ""
     if cfg.model.backbone == "hub" and parts["policy"] == "mixed_float16" and parts["backbone"] == "float32":
-        note += (": it computes at float32 speed on a GPU. For float16: model.backbone=efficientnet, or "
-                 "train.framework=keras_jax (a KerasHub preset) or torch (a timm model)")
+        note += (
+            ": it computes at float32 speed on a GPU. For float16: model.backbone=efficientnet, or "
+            "train.framework=keras_jax (a KerasHub preset) or torch (a timm model)"
+        )
     return f"[train] precision: backbone {parts['backbone']}, head {parts['head']} (policy {parts['policy']}{note})"
 
 
@@ -255,8 +265,9 @@ def collect_garbage_aside() -> None:
     threading.Thread(target=gc.collect, name="tpu2gpu-collect", daemon=True).start()
 
 
-def train_fold(cfg, backend, records, work_dir: Path, deadline: float,
-               checkpointed: Callable[[], None] = lambda: None) -> FoldResult:
+def train_fold(
+    cfg, backend, records, work_dir: Path, deadline: float, checkpointed: Callable[[], None] = lambda: None
+) -> FoldResult:
     """Plan, build (and resume), fit and finish one fold. Checkpoints live in work_dir; `checkpointed` follows each."""
     work_dir = Path(work_dir)
     (work_dir / "best").mkdir(parents=True, exist_ok=True)
@@ -269,15 +280,21 @@ def train_fold(cfg, backend, records, work_dir: Path, deadline: float,
     while True:
         phase = Phase()
         try:
-            with named_out_of_memory(lambda run=run, plan=plan: run_shape(run.cfg, plan, backend, work_dir.name),
-                                     phase, lambda: device_capacity(backend)):
+            with named_out_of_memory(
+                lambda run=run, plan=plan: run_shape(run.cfg, plan, backend, work_dir.name),
+                phase,
+                lambda: device_capacity(backend),
+            ):
                 return _train_built_fold(run, plan, phase)
         except DeviceMemoryError as err:
             if not (retries and err.phase == FIRST_STEP and err.batch):
                 raise
             retries -= 1
-            print(f"[train] batch: auto's {plan.global_batch // plan.replicas} per replica ran out of memory at the "
-                  f"first step; trying {err.batch} ({err})", flush=True)
+            print(
+                f"[train] batch: auto's {plan.global_batch // plan.replicas} per replica ran out of memory at the "
+                f"first step; trying {err.batch} ({err})",
+                flush=True,
+            )
             run = dataclasses.replace(run, cfg=with_batch(run.cfg, err.batch))
             plan = plan_fold(run.cfg, records, backend.replicas, labels)
             describe_plan(run.cfg, plan, records)
@@ -299,8 +316,11 @@ class FoldRun:
 def describe_plan(cfg, plan: FoldPlan, records) -> None:
     print(plan.describe(records.train_count, records.val_count, cfg.train.keep), flush=True)
     if plan.class_weights:
-        print("[train] class weights (balanced): " + ", ".join(
-            f"{name} {w:.3f}" for name, w in zip(plan.class_names, plan.class_weights, strict=True)), flush=True)
+        print(
+            "[train] class weights (balanced): "
+            + ", ".join(f"{name} {w:.3f}" for name, w in zip(plan.class_names, plan.class_weights, strict=True)),
+            flush=True,
+        )
 
 
 def _train_built_fold(run: FoldRun, plan: FoldPlan, phase: Phase) -> FoldResult:
@@ -321,16 +341,38 @@ def _train_built_fold(run: FoldRun, plan: FoldPlan, phase: Phase) -> FoldResult:
         def to_target(labels):
             return plan.task.target(labels, len(plan.class_names), plan.scaling)
 
-        monitor = EpochMonitor(cfg, plan, backend, Scoring(validation, predict_val),
-                               FoldWork(work_dir, initial_epoch, run.checkpointed), run.deadline)
+        monitor = EpochMonitor(
+            cfg,
+            plan,
+            backend,
+            Scoring(validation, predict_val),
+            FoldWork(work_dir, initial_epoch, run.checkpointed),
+            run.deadline,
+        )
         monitor.phase = phase
         if initial_epoch < plan.epochs:
             phase.now = FIRST_STEP
-            data = backend.distribute(lambda ctx: make_train_dataset(
-                records.train_files, cfg.data, InputShare(plan.global_batch, ctx), to_target, records.schema,
-                seed=cfg.train.seed))
-            backend.fit(data, EpochLoop(plan.epochs, initial_epoch, plan.steps_per_epoch, monitor.epoch_begin,
-                                        monitor.epoch_end, monitor.first_executed))
+            data = backend.distribute(
+                lambda ctx: make_train_dataset(
+                    records.train_files,
+                    cfg.data,
+                    InputShare(plan.global_batch, ctx),
+                    to_target,
+                    records.schema,
+                    seed=cfg.train.seed,
+                )
+            )
+            backend.fit(
+                data,
+                EpochLoop(
+                    plan.epochs,
+                    initial_epoch,
+                    plan.steps_per_epoch,
+                    monitor.epoch_begin,
+                    monitor.epoch_end,
+                    monitor.first_executed,
+                ),
+            )
         phase.now = "predicting the validation fold with the best epoch's weights"
         best_epoch, outputs = restore_best(backend, monitor, predict_val)
     finally:  # scored, or ended by an error: what the fold held is let go, off this thread
@@ -343,5 +385,14 @@ def _train_built_fold(run: FoldRun, plan: FoldPlan, phase: Phase) -> FoldResult:
     compiles = backend.compiled() - run.compiled_before if run.compiled_before is not None else None
     if compiles is not None:
         print(f"[train] the fold compiled {compiles.describe()}", flush=True)
-    return FoldResult(plan, backend, monitor.history.path, epochs_done, best_epoch or epochs_done, monitor.cut,
-                      monitor.seconds, validation, compiles)
+    return FoldResult(
+        plan,
+        backend,
+        monitor.history.path,
+        epochs_done,
+        best_epoch or epochs_done,
+        monitor.cut,
+        monitor.seconds,
+        validation,
+        compiles,
+    )

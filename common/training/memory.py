@@ -32,8 +32,19 @@ from common.core.errors import UserError
 
 HEADROOM = 0.85  # of the device's memory a suggested batch may plan to use: fragmentation, buffers, the runtime's own
 _UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-_DTYPE_BYTES = {"float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "double": 8, "int32": 4,
-                "int64": 8, "uint8": 1, "int8": 1, "bool": 1}
+_DTYPE_BYTES = {
+    "float": 4,
+    "float32": 4,
+    "half": 2,
+    "float16": 2,
+    "bfloat16": 2,
+    "double": 8,
+    "int32": 4,
+    "int64": 8,
+    "uint8": 1,
+    "int8": 1,
+    "bool": 1,
+}
 _SIZE = r"([\d.]+)\s*([KMGT]?)(?:i?B)?"
 
 
@@ -88,12 +99,17 @@ def _tensor_bytes(text: str) -> int | None:
 
 
 def _runtime_words(text: str) -> str:
-    for pattern in (r"Ran out of memory in memory space hbm[^\n;]*", r"Attempting to reserve [^\n;]*",
-                    r"Attempting to allocate [^\n;]*", r"Out of memory while trying to allocate [^\n;]*",
-                    r"OOM when allocating tensor with shape\[[^\]]*\][^\n;]*?(?= on |$)",
-                    r"CUDA out of memory[^\n]*?is free", r"CUDA out of memory[^\n]*?total capacity",
-                    r"CUDA out of memory[^\n]*",
-                    r"Bad hardware status[^\n;]*"):
+    for pattern in (
+        r"Ran out of memory in memory space hbm[^\n;]*",
+        r"Attempting to reserve [^\n;]*",
+        r"Attempting to allocate [^\n;]*",
+        r"Out of memory while trying to allocate [^\n;]*",
+        r"OOM when allocating tensor with shape\[[^\]]*\][^\n;]*?(?= on |$)",
+        r"CUDA out of memory[^\n]*?is free",
+        r"CUDA out of memory[^\n]*?total capacity",
+        r"CUDA out of memory[^\n]*",
+        r"Bad hardware status[^\n;]*",
+    ):
         match = re.search(pattern, text)
         if match:
             return match.group(0).strip()[:240]
@@ -132,7 +148,7 @@ def _read(err: BaseException) -> OutOfMemory | None:
     if "OOM when allocating tensor" in text:
         return OutOfMemory(_tensor_bytes(text), None, None, _runtime_words(text))
     if "CUDA out of memory" in text or kind == "OutOfMemoryError":
-        capacity = (_find(rf"total capacity of {_SIZE}", text) or _find(rf"{_SIZE} total capacity", text))
+        capacity = _find(rf"total capacity of {_SIZE}", text) or _find(rf"{_SIZE} total capacity", text)
         free = _find(rf"of which {_SIZE} is free", text) or _find(rf"{_SIZE} free", text)
         return OutOfMemory(_find(rf"Tried to allocate {_SIZE}", text), capacity, free, _runtime_words(text))
     if "Bad hardware status" in text:
@@ -180,29 +196,40 @@ def out_of_memory_line(oom: OutOfMemory, shape: RunShape, phase: str) -> str:
         figures = f"it asked for {size_text(oom.needed)} more"
     else:
         figures = "the runtime gave no figures"
-    what = "likely ran out of memory (a 'Bad hardware status' after a large allocation is an out of memory in " \
-        "disguise)" if oom.likely else "ran out of memory"
+    what = (
+        "likely ran out of memory (a 'Bad hardware status' after a large allocation is an out of memory in disguise)"
+        if oom.likely
+        else "ran out of memory"
+    )
     new = smaller if shape.batch_key.endswith("per_replica") else smaller * shape.replicas
-    fix = (f"--set {shape.batch_key}={new} (expected to fit), or train.batch_size_per_replica=auto, or a smaller "
-           "data.image_size or model"
-           if smaller < shape.per_replica else
-           "a batch of 1 per replica does not fit: a smaller data.image_size, or a smaller model")
-    return (f"{shape.fold}, {phase}: the device {what}: {shape.model} at {shape.image_size} px, batch "
-            f"{shape.per_replica} per replica x {shape.replicas} replica(s) = {global_batch}, {shape.precision}; "
-            f"{figures} ({oom.words}). Fix: {fix}; the fold's checkpoints are kept, and the same command with the "
-            "fix resumes from them")
+    fix = (
+        f"--set {shape.batch_key}={new} (expected to fit), or train.batch_size_per_replica=auto, or a smaller "
+        "data.image_size or model"
+        if smaller < shape.per_replica
+        else "a batch of 1 per replica does not fit: a smaller data.image_size, or a smaller model"
+    )
+    return (
+        f"{shape.fold}, {phase}: the device {what}: {shape.model} at {shape.image_size} px, batch "
+        f"{shape.per_replica} per replica x {shape.replicas} replica(s) = {global_batch}, {shape.precision}; "
+        f"{figures} ({oom.words}). Fix: {fix}; the fold's checkpoints are kept, and the same command with the "
+        "fix resumes from them"
+    )
 
 
 def model_name(model_cfg) -> str:
     """The backbone as the line names it: its variant, architecture, or the last part of its path or handle (a
     Kaggle Models handle's variation, not its version number)."""
+
     def last(path: str) -> str:
         parts = [part for part in path.split("/") if part]
         return parts[-2] if len(parts) > 1 and parts[-1].isdigit() else (parts[-1] if parts else path)
 
-    return {"efficientnet": f"EfficientNet {model_cfg.efficientnet_variant}",
-            "hub": f"TF Hub {last(model_cfg.hub_handle)}", "keras": f"Keras backbone {last(model_cfg.keras_backbone)}",
-            "timm": f"timm {last(model_cfg.timm_model)}"}[model_cfg.backbone]
+    return {
+        "efficientnet": f"EfficientNet {model_cfg.efficientnet_variant}",
+        "hub": f"TF Hub {last(model_cfg.hub_handle)}",
+        "keras": f"Keras backbone {last(model_cfg.keras_backbone)}",
+        "timm": f"timm {last(model_cfg.timm_model)}",
+    }[model_cfg.backbone]
 
 
 class Phase:
@@ -227,8 +254,9 @@ def named_out_of_memory(shape, phase: Phase, capacity=lambda: None):
             oom = dataclasses.replace(oom, capacity=capacity())
         run = shape()
         smaller = fitting_batch(run.per_replica, oom)
-        raise DeviceMemoryError(out_of_memory_line(oom, run, phase.now), phase.now,
-                                smaller if smaller < run.per_replica else None) from None
+        raise DeviceMemoryError(
+            out_of_memory_line(oom, run, phase.now), phase.now, smaller if smaller < run.per_replica else None
+        ) from None
 
 
 # ----------------------------------------------------------------------------- train.batch_size_per_replica=auto
@@ -247,15 +275,22 @@ class BatchChoice:
 
     def record(self, source: str) -> dict:
         """The card's record (runtime.batch_memory)."""
-        return {"batch_per_replica": self.per_replica, "needed_bytes": self.needs.get(self.per_replica),
-                "capacity_bytes": self.capacity, "capacity_from": source, "headroom": HEADROOM,
-                "compiled": {str(b): n for b, n in self.needs.items()}}
+        return {
+            "batch_per_replica": self.per_replica,
+            "needed_bytes": self.needs.get(self.per_replica),
+            "capacity_bytes": self.capacity,
+            "capacity_from": source,
+            "headroom": HEADROOM,
+            "compiled": {str(b): n for b, n in self.needs.items()},
+        }
 
     def describe(self, source: str) -> str:
         tried = ", ".join(f"{b}: {size_text(n)}" for b, n in sorted(self.needs.items()))
-        return (f"[train] batch: auto chose {self.per_replica} per replica, whose compiled training step needs "
-                f"{size_text(self.needs.get(self.per_replica))} of the device's {size_text(self.capacity)} "
-                f"({source}; planned within {HEADROOM:.0%}); compiled per replica: {tried}")
+        return (
+            f"[train] batch: auto chose {self.per_replica} per replica, whose compiled training step needs "
+            f"{size_text(self.needs.get(self.per_replica))} of the device's {size_text(self.capacity)} "
+            f"({source}; planned within {HEADROOM:.0%}); compiled per replica: {tried}"
+        )
 
 
 def largest_fitting_batch(measure, capacity: int) -> BatchChoice:
@@ -323,8 +358,11 @@ def jax_peak(devices) -> dict | None:
     if not stats:
         return None
     busiest = max(stats, key=lambda s: s["peak_bytes_in_use"])
-    return peak_record(busiest["peak_bytes_in_use"], busiest.get("bytes_limit"),
-                       "JAX memory_stats, the busiest device, since the process started")
+    return peak_record(
+        busiest["peak_bytes_in_use"],
+        busiest.get("bytes_limit"),
+        "JAX memory_stats, the busiest device, since the process started",
+    )
 
 
 def tensorflow_peak(devices) -> dict | None:
@@ -350,8 +388,9 @@ def torch_xla_peak(device) -> dict | None:
         info = xm.get_memory_info(device)
     except (RuntimeError, ValueError, TypeError):  # the CPU client keeps no figures
         return None
-    return peak_record(info.get("peak_bytes_used") or info.get("bytes_used"), info.get("bytes_limit"),
-                       "torch_xla get_memory_info")
+    return peak_record(
+        info.get("peak_bytes_used") or info.get("bytes_used"), info.get("bytes_limit"), "torch_xla get_memory_info"
+    )
 
 
 def torch_cuda_peak(device) -> dict | None:
@@ -361,5 +400,8 @@ def torch_cuda_peak(device) -> dict | None:
 
     if device.type != "cuda":
         return None
-    return peak_record(torch.cuda.max_memory_allocated(device), torch.cuda.get_device_properties(device).total_memory,
-                       "torch.cuda.max_memory_allocated, this process's GPU")
+    return peak_record(
+        torch.cuda.max_memory_allocated(device),
+        torch.cuda.get_device_properties(device).total_memory,
+        "torch.cuda.max_memory_allocated, this process's GPU",
+    )

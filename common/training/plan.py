@@ -24,7 +24,8 @@ def global_batch_size(per_replica: int, replicas: int, global_batch: int = 0) ->
             raise StrategyError(
                 f"train.batch_size={global_batch} does not divide over {replicas} replicas. Fix: --set "
                 f"train.batch_size={max(replicas, global_batch // replicas * replicas)}, or set train.batch_size=0 "
-                "and train.batch_size_per_replica instead")
+                "and train.batch_size_per_replica instead"
+            )
         return global_batch
     if per_replica < 1:
         raise StrategyError(f"train.batch_size_per_replica must be >= 1, got {per_replica}")
@@ -69,18 +70,21 @@ class FoldPlan:
     def learning_rate_points(self, points: int = 200) -> list[tuple[float, float]]:
         """(epoch, rate) along the schedule, for the history plot."""
         every = max(1, self.total_steps // points)
-        return [(step / self.steps_per_epoch, self.learning_rate(step)) for step in range(0, self.total_steps + 1,
-                                                                                            every)]
+        return [
+            (step / self.steps_per_epoch, self.learning_rate(step)) for step in range(0, self.total_steps + 1, every)
+        ]
 
     def to_values(self, outputs):
         """Model outputs in the task's value space: regression outputs are standardised during training."""
         return outputs * self.scaling["std"] + self.scaling["mean"] if self.scaling else outputs
 
     def describe(self, train_count: int, val_count: int, keep: str) -> str:
-        return (f"[train] {self.task.name}, {train_count} training / {val_count} validation records, "
-                f"{len(self.class_names)} classes; global batch {self.global_batch} ({self.replicas} replicas), "
-                f"{self.steps_per_epoch} steps/epoch, peak lr {self.peak_lr:.2e}; metric {self.metric}, keeping the "
-                f"{keep} epoch")
+        return (
+            f"[train] {self.task.name}, {train_count} training / {val_count} validation records, "
+            f"{len(self.class_names)} classes; global batch {self.global_batch} ({self.replicas} replicas), "
+            f"{self.steps_per_epoch} steps/epoch, peak lr {self.peak_lr:.2e}; metric {self.metric}, keeping the "
+            f"{keep} epoch"
+        )
 
 
 def whole_executions(setting: int, steps_per_epoch: int) -> int:
@@ -97,12 +101,15 @@ def describe_executions(setting: int, steps_per_epoch: int) -> str | None:
     steps = whole_executions(setting, steps_per_epoch)
     if steps == setting or steps == steps_per_epoch:
         return None
-    line = (f"[train] steps per execution: {steps}, the largest divisor of {steps_per_epoch} steps per epoch not above "
-            f"train.steps_per_execution={setting}, so that every epoch trains exactly {steps_per_epoch} steps "
-            f"(Keras 3 on JAX finishes each execution it starts)")
+    line = (
+        f"[train] steps per execution: {steps}, the largest divisor of {steps_per_epoch} steps per epoch not above "
+        f"train.steps_per_execution={setting}, so that every epoch trains exactly {steps_per_epoch} steps "
+        f"(Keras 3 on JAX finishes each execution it starts)"
+    )
     if steps < setting // 2 and steps_per_epoch > setting:
-        line += (f"; --set train.steps_per_epoch={steps_per_epoch // setting * setting} would run executions of "
-                 f"{setting}")
+        line += (
+            f"; --set train.steps_per_epoch={steps_per_epoch // setting * setting} would run executions of {setting}"
+        )
     return line
 
 
@@ -117,16 +124,24 @@ def plan_fold(cfg, records, replicas: int, train_labels=None) -> FoldPlan:
     task = get_task(cfg.data.task)
     num_classes = len(records.class_names)
     if cfg.model.num_classes and cfg.model.num_classes != num_classes:
-        raise ConfigError(f"model.num_classes={cfg.model.num_classes} but the data has {num_classes} classes "
-                          f"({', '.join(records.class_names[:5])}{', ...' if num_classes > 5 else ''}). Fix: --set "
-                          f"model.num_classes={num_classes}, or 0 to take it from the data")
+        raise ConfigError(
+            f"model.num_classes={cfg.model.num_classes} but the data has {num_classes} classes "
+            f"({', '.join(records.class_names[:5])}{', ...' if num_classes > 5 else ''}). Fix: --set "
+            f"model.num_classes={num_classes}, or 0 to take it from the data"
+        )
     batch = global_batch_size(cfg.train.batch_size_per_replica, replicas, cfg.train.batch_size)
     steps_per_epoch = cfg.train.steps_per_epoch or max(1, records.train_count // batch)
     total_steps = steps_per_epoch * cfg.train.epochs
     return FoldPlan(
-        task=task, metric=task.competition_metric(cfg.train.metric), class_names=list(records.class_names),
-        epochs=cfg.train.epochs, replicas=replicas, global_batch=batch, steps_per_epoch=steps_per_epoch,
+        task=task,
+        metric=task.competition_metric(cfg.train.metric),
+        class_names=list(records.class_names),
+        epochs=cfg.train.epochs,
+        replicas=replicas,
+        global_batch=batch,
+        steps_per_epoch=steps_per_epoch,
         peak_lr=scaled_learning_rate(cfg.train.learning_rate, batch, cfg.train.lr_reference_batch),
         warmup_steps=max(0, min(int(cfg.train.warmup_epochs * steps_per_epoch), total_steps - 1)),
         scaling=task.target_scaling(train_labels) if task.scaling else None,
-        class_weights=task.class_weights(cfg.train.class_weight, train_labels, num_classes))
+        class_weights=task.class_weights(cfg.train.class_weight, train_labels, num_classes),
+    )

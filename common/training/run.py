@@ -47,8 +47,13 @@ class FoldJob:
     @classmethod
     def of(cls, fold: int, tfrecord_dir: str, folders: TrainingFolders) -> FoldJob:
         """Fold `fold`, working in <work>/work/fold<k> and exporting to <out>/export/fold<k>."""
-        return cls(fold, tfrecord_dir, folders.work / "work" / f"fold{fold}", folders.out / "export" / f"fold{fold}",
-                   folders.mirror)
+        return cls(
+            fold,
+            tfrecord_dir,
+            folders.work / "work" / f"fold{fold}",
+            folders.out / "export" / f"fold{fold}",
+            folders.mirror,
+        )
 
     def settle(self) -> None:
         """A gs:// output's bucket and its local copy agreed on this fold's export and checkpoint (common/core/gcs.py:
@@ -61,8 +66,11 @@ class FoldJob:
         for folder in (self.export_dir, self.work):
             shutil.rmtree(folder, ignore_errors=True)
             self.mirror.remove(folder)
-        print(f"[train] fold {self.fold}: runtime.start_over=true: its export and checkpoints removed "
-              f"({self.export_dir}, {self.work}{', and in the bucket' if self.mirror.url else ''})", flush=True)
+        print(
+            f"[train] fold {self.fold}: runtime.start_over=true: its export and checkpoints removed "
+            f"({self.export_dir}, {self.work}{', and in the bucket' if self.mirror.url else ''})",
+            flush=True,
+        )
 
 
 def folds_to_train(cfg, tfrecord_dir: str) -> list[int]:
@@ -98,29 +106,42 @@ def train_and_export(cfg, backend, job: FoldJob, deadline: float) -> tuple[dict,
             for partial in (job.work / "checkpoints").glob("*_temp"):  # TensorFlow's half-written checkpoint
                 shutil.rmtree(partial, ignore_errors=True)
             free, kept = size_text(free_bytes(job.work)), epochs_checkpointed(job.work)
-            raise UserError(f"{job.work} ran out of space while fold {job.fold} trained ({free} free); a rerun "
-                            f"resumes from its checkpoint after epoch {kept}. Fix: free space there, or set "
-                            "runtime.scratch_dir to a larger disk") from None
+            raise UserError(
+                f"{job.work} ran out of space while fold {job.fold} trained ({free} free); a rerun "
+                f"resumes from its checkpoint after epoch {kept}. Fix: free space there, or set "
+                "runtime.scratch_dir to a larger disk"
+            ) from None
         raise
     backend.hosts.wait(f"fold{job.fold} exported")  # process 0 alone exports; the others wait for it
     shutil.rmtree(job.work / "checkpoints", ignore_errors=True)  # exported: the checkpoints have served
     job.mirror.push(job.work, CHECKPOINT_MARKER)
     if not result.epoch_seconds:  # resumed after its last epoch: nothing measured, the last estimate stands
         return metrics, None
-    return metrics, FoldTiming(trained - started - sum(result.epoch_seconds), result.epoch_seconds,
-                               time.monotonic() - trained)
+    return metrics, FoldTiming(
+        trained - started - sum(result.epoch_seconds), result.epoch_seconds, time.monotonic() - trained
+    )
 
 
 def damaged_records(records, job, err) -> DataError:
     """The error for a damaged record met while a fold trained: the shard found by reading the fold's files once more,
     and the checkpoint that stays for the rerun after the repair."""
     found = damaged_files([*records.train_files, *records.val_files])
-    where = ("; ".join(f"{path}: {words}" for path, words in found) if found
-             else f"one of its TFRecords ({damage_words(err)})")
+    where = (
+        "; ".join(f"{path}: {words}" for path, words in found)
+        if found
+        else f"one of its TFRecords ({damage_words(err)})"
+    )
     kept = epochs_checkpointed(job.work)
-    return DataError(f"fold {job.fold} met a damaged record in {where}. " + RECORDS_FIX + "; "
-                     + (f"its checkpoint after epoch {kept} is kept, and the same command resumes from it"
-                        if kept else "no epoch had finished, so the same command starts the fold again"))
+    return DataError(
+        f"fold {job.fold} met a damaged record in {where}. "
+        + RECORDS_FIX
+        + "; "
+        + (
+            f"its checkpoint after epoch {kept} is kept, and the same command resumes from it"
+            if kept
+            else "no epoch had finished, so the same command starts the fold again"
+        )
+    )
 
 
 def train_folds(cfg, backend, tfrecord_dir: str, folders: TrainingFolders, deadline: float) -> dict:
@@ -134,8 +155,11 @@ def train_folds(cfg, backend, tfrecord_dir: str, folders: TrainingFolders, deadl
         metrics = exported_metrics(job.export_dir)
         if backend.hosts.agree(metrics is not None):  # process 0 sees the exports (it alone writes them)
             report["folds"][f"fold{fold}"] = metrics or {}
-            print(f"[train] fold {fold}: already exported in {job.export_dir}, skipped (to train it again: "
-                  "runtime.start_over=true)", flush=True)
+            print(
+                f"[train] fold {fold}: already exported in {job.export_dir}, skipped (to train it again: "
+                "runtime.start_over=true)",
+                flush=True,
+            )
             continue
         estimate = estimate_fold_seconds(last, cfg.train.epochs - epochs_checkpointed(job.work), cfg.train.fold_minutes)
         start, why = should_start(fold, deadline - time.monotonic(), estimate)
@@ -148,9 +172,11 @@ def train_folds(cfg, backend, tfrecord_dir: str, folders: TrainingFolders, deadl
         report["folds"][f"fold{fold}"], timing = train_and_export(cfg, backend, job, fold_deadline)
         last = timing or last
     if not report["folds"]:
-        raise UserError(f"the time budget (train.time_budget_hours={cfg.train.time_budget_hours}) ran out before any "
-                        f"fold could start ({why.removeprefix('[train] time budget: ')}). Fix: raise "
-                        "train.time_budget_hours, or lower train.fold_minutes")
+        raise UserError(
+            f"the time budget (train.time_budget_hours={cfg.train.time_budget_hours}) ran out before any "
+            f"fold could start ({why.removeprefix('[train] time budget: ')}). Fix: raise "
+            "train.time_budget_hours, or lower train.fold_minutes"
+        )
     return report
 
 

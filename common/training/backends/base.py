@@ -211,7 +211,9 @@ def learning_rate_schedule(peak_lr: float, total_steps: int, warmup_steps: int, 
     FoldPlan.learning_rate), as the CosineDecay of `schedules` (tf_keras' or Keras 3's optimizers.schedules)."""
     warmup_steps = max(0, min(warmup_steps, total_steps - 1))
     return schedules.CosineDecay(
-        initial_learning_rate=0.0 if warmup_steps else peak_lr, decay_steps=max(1, total_steps - warmup_steps),
-        alpha=0.0, warmup_target=peak_lr if warmup_steps else None, warmup_steps=warmup_steps)
-
-
+        initial_learning_rate=0.0 if warmup_steps else peak_lr,
+        decay_steps=max(1, total_steps - warmup_steps),
+        alpha=0.0,
+        warmup_target=peak_lr if warmup_steps else None,
+        warmup_steps=warmup_steps,
+    )

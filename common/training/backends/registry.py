@@ -17,9 +17,12 @@ def with_local_paths(cfg):
     """cfg with the backbone files it names (model.keras_backbone, model.efficientnet_weights, a model.timm_model
     folder) where this kernel finds them (common.core.paths.resolve_input_path); the run's own cfg, printed and saved
     in the card, keeps them as given."""
-    model = dataclasses.replace(cfg.model, keras_backbone=resolve_input_path(cfg.model.keras_backbone),
-                                efficientnet_weights=resolve_input_path(cfg.model.efficientnet_weights),
-                                timm_model=resolve_input_path(cfg.model.timm_model))
+    model = dataclasses.replace(
+        cfg.model,
+        keras_backbone=resolve_input_path(cfg.model.keras_backbone),
+        efficientnet_weights=resolve_input_path(cfg.model.efficientnet_weights),
+        timm_model=resolve_input_path(cfg.model.timm_model),
+    )
     return dataclasses.replace(cfg, model=model)
 
 

@@ -74,11 +74,15 @@ class JaxBackend:
 
     def __init__(self, cfg, hosts: Hosts = ONE_PROCESS):
         if cfg.train.loop != "fit":
-            raise ConfigError(f"train.loop={cfg.train.loop!r} is the tf_keras route's hand-written loop; Keras 3 on "
-                              "JAX trains with fit. Fix: train.loop=fit, or train.framework=tf_keras")
+            raise ConfigError(
+                f"train.loop={cfg.train.loop!r} is the tf_keras route's hand-written loop; Keras 3 on "
+                "JAX trains with fit. Fix: train.loop=fit, or train.framework=tf_keras"
+            )
         if keras.backend.backend() != "jax":
-            raise ConfigError(f"Keras runs on its {keras.backend.backend()} backend in this process, not JAX: "
-                              "KERAS_BACKEND=jax must be set before keras is first imported")
+            raise ConfigError(
+                f"Keras runs on its {keras.backend.backend()} backend in this process, not JAX: "
+                "KERAS_BACKEND=jax must be set before keras is first imported"
+            )
         self.cfg, self.ops, self.hosts = cfg, keras_ops(), hosts
         # runtime.strategy=default: one device, as the default tf.distribute strategy is one replica.
         single = cfg.runtime.strategy == "default" and hosts.count == 1
@@ -89,7 +93,9 @@ class JaxBackend:
         # process feeds its own part of the batch (distribute), so Keras must not shard the dataset again.
         keras.distribution.set_distribution(
             keras.distribution.DataParallel(devices=self.devices, auto_shard_dataset=False)
-            if len(self.devices) > 1 else None)
+            if len(self.devices) > 1
+            else None
+        )
         keras.utils.set_random_seed(cfg.train.seed)  # the same initial weights on every process
         self.model = None
 
@@ -99,13 +105,15 @@ class JaxBackend:
 
     def describe(self) -> str:
         kind = self.devices[0].device_kind
-        return (f"framework     Keras {keras.__version__} on JAX {jax.__version__} (train.framework=keras_jax)\n"
-                f"devices       {len(self.devices)} x {kind} ({self.platform}); "
-                f"{'DataParallel' if len(self.devices) > 1 else 'one device'}\n"
-                f"tensorflow    {tf.__version__} (tf.data only; TPU_LOAD_LIBRARY={os.environ.get('TPU_LOAD_LIBRARY')})"
-                f"\nprecision     {self.policy}"
-                + (f"\n{describe_hosts(self.hosts, self.devices)}" if self.hosts.count > 1 else "")
-                + "".join(f"\n{line}" for line in gpu_lines()))
+        return (
+            f"framework     Keras {keras.__version__} on JAX {jax.__version__} (train.framework=keras_jax)\n"
+            f"devices       {len(self.devices)} x {kind} ({self.platform}); "
+            f"{'DataParallel' if len(self.devices) > 1 else 'one device'}\n"
+            f"tensorflow    {tf.__version__} (tf.data only; TPU_LOAD_LIBRARY={os.environ.get('TPU_LOAD_LIBRARY')})"
+            f"\nprecision     {self.policy}"
+            + (f"\n{describe_hosts(self.hosts, self.devices)}" if self.hosts.count > 1 else "")
+            + "".join(f"\n{line}" for line in gpu_lines())
+        )
 
     def build(self, plan) -> None:
         """Model, optimiser (Adam on the plan's schedule; with train.ema its moving average), the task's loss and
@@ -114,14 +122,15 @@ class JaxBackend:
         self.__dict__.pop("_forward", None)  # a new model: the gathered predict traces it afresh
         self.steps_per_execution = self._steps_per_execution(plan.steps_per_epoch)
         self.model = self._build(self.policy)
-        schedule = learning_rate_schedule(plan.peak_lr, plan.total_steps, plan.warmup_steps,
-                                          keras.optimizers.schedules)
+        schedule = learning_rate_schedule(plan.peak_lr, plan.total_steps, plan.warmup_steps, keras.optimizers.schedules)
         ema = self.cfg.train.ema
         optimizer = keras.optimizers.Adam(schedule, **({"use_ema": True, "ema_momentum": ema} if ema > 0 else {}))
-        self.model.compile(optimizer=optimizer,
-                           loss=plan.task.loss(self.cfg.train.label_smoothing, plan.class_weights, ops=self.ops),
-                           metrics=[plan.task.running_metric(self.ops)],
-                           steps_per_execution=self.steps_per_execution)
+        self.model.compile(
+            optimizer=optimizer,
+            loss=plan.task.loss(self.cfg.train.label_smoothing, plan.class_weights, ops=self.ops),
+            metrics=[plan.task.running_metric(self.ops)],
+            steps_per_execution=self.steps_per_execution,
+        )
         # compile's optimiser: under mixed_float16 the LossScaleOptimizer around Adam, whose scale and counter are
         # variables too; built now, every checkpoint holds them, the first written and the one a resume reads into
         self.model.optimizer.build(self.model.trainable_variables)
@@ -135,16 +144,23 @@ class JaxBackend:
 
         self.build(plan)
         model = self.model
-        batch = tuple(np.zeros([plan.global_batch // self.hosts.count, *spec.shape[1:]], spec.dtype.as_numpy_dtype)
-                      for spec in batch_spec)
+        batch = tuple(
+            np.zeros([plan.global_batch // self.hosts.count, *spec.shape[1:]], spec.dtype.as_numpy_dtype)
+            for spec in batch_spec
+        )
         model._symbolic_build(data_batch=batch)  # the compiled metrics' variables, as fit builds them first
-        state = model._get_jax_state(trainable_variables=True, non_trainable_variables=True,
-                                     optimizer_variables=True, metrics_variables=True)
+        state = model._get_jax_state(
+            trainable_variables=True, non_trainable_variables=True, optimizer_variables=True, metrics_variables=True
+        )
         shardings = (None, model._get_state_sharding_spec()) if keras.distribution.distribution() else None
         step = jax.jit(model.train_step, donate_argnums=0, out_shardings=shardings)
         analysis = step.lower(state, _distribute_data(batch)).compile().memory_analysis()
-        return int(analysis.argument_size_in_bytes + analysis.output_size_in_bytes - analysis.alias_size_in_bytes
-                   + analysis.temp_size_in_bytes)
+        return int(
+            analysis.argument_size_in_bytes
+            + analysis.output_size_in_bytes
+            - analysis.alias_size_in_bytes
+            + analysis.temp_size_in_bytes
+        )
 
     def device_memory(self) -> tuple[int | None, str]:
         """(bytes one device holds, where that figure comes from): runtime.device_memory where set, else what the
@@ -175,19 +191,24 @@ class JaxBackend:
         return int(self.model.optimizer.iterations.numpy())
 
     def _build(self, policy: str):
-        return build_keras_model(self.cfg.model, self.plan.outputs, self.cfg.data.image_size,
-                                 self.plan.task.activation, policy)
+        return build_keras_model(
+            self.cfg.model, self.plan.outputs, self.cfg.data.image_size, self.plan.task.activation, policy
+        )
 
     def open_compile_cache(self, folder) -> None:
         """JAX's persistent cache in the run's compile cache (folder/keras_jax; None: off), checked by process 0
         before any process reads it (common/training/compile_cache.py)."""
-        self.compile_cache = CompileCache.open(folder and folder / self.name, self.name,
-                                               compiles.versions(self.devices), checks=self.hosts.writer)
+        self.compile_cache = CompileCache.open(
+            folder and folder / self.name, self.name, compiles.versions(self.devices), checks=self.hosts.writer
+        )
         self.hosts.wait("compile cache checked")
         compiles.use_cache(self.compile_cache)
         if self.compile_cache and self.hosts.writer:
-            print(f"[{self.name}] compile cache: {self.compile_cache.folder} "
-                  f"({len(self.compile_cache.known)} program(s) in it)", flush=True)
+            print(
+                f"[{self.name}] compile cache: {self.compile_cache.folder} "
+                f"({len(self.compile_cache.known)} program(s) in it)",
+                flush=True,
+            )
 
     def compiled(self) -> CompileCount:
         """Programs JAX compiled (or took from the compile cache) so far in this process."""
@@ -197,14 +218,22 @@ class JaxBackend:
         """What trained: Keras on JAX, its devices, and on a Kaggle TPU every TensorFlow stack tried before it."""
         from common.launch.fallback import fallback_record
 
-        return {"framework": self.name, "keras": keras.__version__, "jax": jax.__version__,
-                "devices": f"{len(self.devices)} x {self.devices[0].device_kind}", "platform": self.platform,
-                "distribution": "DataParallel" if len(self.devices) > 1 else "none",
-                "steps_per_execution": self.steps_per_execution, "processes": self.hosts.count,
-                "process_index": self.hosts.index, "local_devices": local_devices(self.hosts, self.devices),
-                "tensorflow": tf.__version__, "tpu_stack": fallback_record(),
-                "compile_cache": str(self.compile_cache.folder) if self.compile_cache else "off",
-                **({"batch_memory": self.batch_memory} if self.batch_memory else {})}
+        return {
+            "framework": self.name,
+            "keras": keras.__version__,
+            "jax": jax.__version__,
+            "devices": f"{len(self.devices)} x {self.devices[0].device_kind}",
+            "platform": self.platform,
+            "distribution": "DataParallel" if len(self.devices) > 1 else "none",
+            "steps_per_execution": self.steps_per_execution,
+            "processes": self.hosts.count,
+            "process_index": self.hosts.index,
+            "local_devices": local_devices(self.hosts, self.devices),
+            "tensorflow": tf.__version__,
+            "tpu_stack": fallback_record(),
+            "compile_cache": str(self.compile_cache.folder) if self.compile_cache else "off",
+            **({"batch_memory": self.batch_memory} if self.batch_memory else {}),
+        }
 
     def precision(self) -> dict[str, str]:
         return {"policy": self.policy, **precision_by_part(self.model)}
@@ -241,8 +270,10 @@ class JaxBackend:
         values = read() if self.hosts.writer else [np.asarray(v.value) for v in variables]
         values = self.hosts.agree(values)
         if len(values) != len(variables):
-            raise ValueError(f"a checkpoint of {len(values)} arrays for {len(variables)} variables: it was written by "
-                             "another model or Keras version; delete the work folder's checkpoints to start over")
+            raise ValueError(
+                f"a checkpoint of {len(values)} arrays for {len(variables)} variables: it was written by "
+                "another model or Keras version; delete the work folder's checkpoints to start over"
+            )
         for variable, value in zip(variables, values, strict=True):
             variable.assign(value)
 
@@ -293,17 +324,22 @@ class JaxBackend:
         makes global batch / pipelines of every batch, a process's pipelines side by side."""
         pipelines, processes = self.cfg.data.input_pipelines or self.hosts.count, self.hosts.count
         if pipelines % processes:
-            raise ConfigError(f"data.input_pipelines={pipelines} does not split over the job's {processes} processes. "
-                              f"Fix: a multiple of {processes}, or 0 (one per process)")
+            raise ConfigError(
+                f"data.input_pipelines={pipelines} does not split over the job's {processes} processes. "
+                f"Fix: a multiple of {processes}, or 0 (one per process)"
+            )
         if pipelines == 1:
             return make_dataset(None)
         mine = pipelines // processes
-        parts = [make_dataset(tf.distribute.InputContext(pipelines, self.hosts.index * mine + k, pipelines))
-                 for k in range(mine)]
+        parts = [
+            make_dataset(tf.distribute.InputContext(pipelines, self.hosts.index * mine + k, pipelines))
+            for k in range(mine)
+        ]
         if mine == 1:
             return parts[0]
-        return tf.data.Dataset.zip(tuple(parts)).map(lambda *batches: tf.nest.map_structure(
-            lambda *pieces: tf.concat(pieces, axis=0), *batches))
+        return tf.data.Dataset.zip(tuple(parts)).map(
+            lambda *batches: tf.nest.map_structure(lambda *pieces: tf.concat(pieces, axis=0), *batches)
+        )
 
     def fit(self, data, loop: EpochLoop) -> None:
         # The pipeline's batches handed to Keras as NumPy arrays: given the tf.data.Dataset, Keras' adapter iterates
@@ -311,9 +347,14 @@ class JaxBackend:
         # generator, its iterator let go aside after (common/data/teardown.py).
         with lost_process_named(self.hosts), numpy_batches(data) as batches:
             timed = InputWait(batches)  # Keras 3 on JAX asks for each batch on this thread: its wait is the step's
-            self.model.fit((batch for batch in timed), epochs=loop.epochs, initial_epoch=loop.initial_epoch,
-                           steps_per_epoch=loop.steps_per_epoch,
-                           callbacks=[epoch_hooks(keras.callbacks.Callback, loop, timed, self.name)], verbose=2)
+            self.model.fit(
+                (batch for batch in timed),
+                epochs=loop.epochs,
+                initial_epoch=loop.initial_epoch,
+                steps_per_epoch=loop.steps_per_epoch,
+                callbacks=[epoch_hooks(keras.callbacks.Callback, loop, timed, self.name)],
+                verbose=2,
+            )
 
     # -------------------------------------------------------------------------------------------------- predict
     def predict(self, files, schema: RecordSchema, count: int) -> np.ndarray:
@@ -343,7 +384,7 @@ class JaxBackend:
         """The verified export (common/training/backends/keras_jax/export.py: written by a child interpreter)."""
         card = export(self, export_dir, contents)
         if self.compile_cache and self.hosts.writer:  # the export's programs (its float32 copies' initialisers,
-            self.compile_cache.vouch()                # the host's reference) too: the next fold or run takes them
+            self.compile_cache.vouch()  # the host's reference) too: the next fold or run takes them
         return card
 
     def float32_outputs(self, images: np.ndarray, on_host: bool) -> tuple[np.ndarray, str]:

@@ -20,8 +20,11 @@ import jax.monitoring
 from jax.experimental.compilation_cache import compilation_cache
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # one per program: compiled, or fetched from the cache
-TIMED_EVENTS = (COMPILE_EVENT, "/jax/core/compile/jaxpr_trace_duration",
-                "/jax/core/compile/jaxpr_to_mlir_module_duration")
+TIMED_EVENTS = (
+    COMPILE_EVENT,
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+)
 HIT_EVENT = "/jax/compilation_cache/cache_hits"
 
 _lock = threading.Lock()
@@ -75,5 +78,9 @@ def versions(devices) -> dict:
     (JAX's own key holds the device count and assignment, so one folder serves one device and eight)."""
     import jaxlib
 
-    return {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "platform": devices[0].platform,
-            "device": devices[0].device_kind}
+    return {
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "platform": devices[0].platform,
+        "device": devices[0].device_kind,
+    }

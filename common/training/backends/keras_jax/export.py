@@ -58,10 +58,17 @@ def export(backend, export_dir: Path, contents: ExportContents):
     with tempfile.TemporaryDirectory(prefix="tpu2gpu-export-") as folder:
         job = Path(folder)
         backend.save_weights(job / "weights")
-        write_rebuild_job(job, contents, {
-            "config": config_to_dict(backend.cfg), "outputs": backend.plan.outputs,
-            "activation": backend.plan.task.activation, "export_dir": str(export_dir),
-            "export_float16": backend.cfg.train.export_float16})
+        write_rebuild_job(
+            job,
+            contents,
+            {
+                "config": config_to_dict(backend.cfg),
+                "outputs": backend.plan.outputs,
+                "activation": backend.plan.task.activation,
+                "export_dir": str(export_dir),
+                "export_float16": backend.cfg.train.export_float16,
+            },
+        )
         _run_child(job)
     return read_card(export_dir)
 
@@ -111,8 +118,11 @@ def _host_cpu(fallback):
     try:
         return jax.devices("cpu")[0]
     except RuntimeError:
-        print(f"[train] JAX has no CPU device here (JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS')}): the export's "
-              f"reference is computed on {fallback.device_kind} at 'highest' precision", flush=True)
+        print(
+            f"[train] JAX has no CPU device here (JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS')}): the export's "
+            f"reference is computed on {fallback.device_kind} at 'highest' precision",
+            flush=True,
+        )
         return fallback
 
 
@@ -120,8 +130,9 @@ def _run_child(job: Path) -> None:
     env = cpu_only_environment(os.environ)
     env["KERAS_BACKEND"] = "tensorflow"
     env["JAX_PLATFORMS"] = "cpu"  # Keras may import JAX there too: it must never reach for the TPU this process holds
-    run_rebuild_child(CHILD, job, env,
-                      "the keras_jax export (Keras 3 under TensorFlow, rebuilt from the trained weights)")
+    run_rebuild_child(
+        CHILD, job, env, "the keras_jax export (Keras 3 under TensorFlow, rebuilt from the trained weights)"
+    )
 
 
 # ------------------------------------------------------------------------------------------------------ the child

@@ -33,10 +33,13 @@ def start_hosts(cfg) -> Hosts:
     from common.core.platform import detect_platform
 
     if detect_platform().on_kaggle:
-        raise ConfigError("Kaggle gives one host: a multi-process job (runtime.multihost or KERAS_DISTRIBUTION_*) "
-                          "cannot run there. Fix: unset them; a Kaggle TPU's 8 cores are one process's devices")
-    jax.distributed.initialize(job.coordinator, job.processes, job.process_id,
-                               heartbeat_timeout_seconds=cfg.runtime.host_timeout_seconds)
+        raise ConfigError(
+            "Kaggle gives one host: a multi-process job (runtime.multihost or KERAS_DISTRIBUTION_*) "
+            "cannot run there. Fix: unset them; a Kaggle TPU's 8 cores are one process's devices"
+        )
+    jax.distributed.initialize(
+        job.coordinator, job.processes, job.process_id, heartbeat_timeout_seconds=cfg.runtime.host_timeout_seconds
+    )
     return Hosts(jax.process_index(), jax.process_count(), _broadcast, _barrier)
 
 
@@ -54,9 +57,11 @@ def lost_process_named(hosts: Hosts):
         message = str(err)
         if hosts.count == 1 or not any(s in message for s in ("Gloo", "closed by peer", "heartbeat", "coordination")):
             raise
-        raise LostProcessError(f"process {hosts.index} lost another process of the job ({message.splitlines()[0]}). "
-                               "Fix: run the same command again on every host: it resumes from the last "
-                               "checkpoint") from err
+        raise LostProcessError(
+            f"process {hosts.index} lost another process of the job ({message.splitlines()[0]}). "
+            "Fix: run the same command again on every host: it resumes from the last "
+            "checkpoint"
+        ) from err
 
 
 def _broadcast(value):
@@ -81,8 +86,10 @@ def local_devices(hosts: Hosts, devices) -> int:
 
 
 def describe_hosts(hosts: Hosts, devices) -> str:
-    return (f"processes     {hosts.count} (this is process {hosts.index}); {local_devices(hosts, devices)} local of "
-            f"{len(devices)} devices")
+    return (
+        f"processes     {hosts.count} (this is process {hosts.index}); {local_devices(hosts, devices)} local of "
+        f"{len(devices)} devices"
+    )
 
 
 def gather_outputs(forward, batches, hosts: Hosts, sharding) -> np.ndarray:
@@ -93,7 +100,7 @@ def gather_outputs(forward, batches, hosts: Hosts, sharding) -> np.ndarray:
     outputs = []
     for batch in batches:
         rows = len(batch) // hosts.count
-        mine = batch[hosts.index * rows:(hosts.index + 1) * rows]
+        mine = batch[hosts.index * rows : (hosts.index + 1) * rows]
         global_batch = jax.make_array_from_process_local_data(sharding, mine)
         outputs.append(np.asarray(multihost_utils.process_allgather(forward(global_batch), tiled=True)))
     return np.concatenate(outputs)

@@ -26,8 +26,10 @@ from pathlib import Path
 from common.core.errors import ConfigError, root_cause
 from common.core.packages import optional_import
 
-KERAS_EFFICIENTNETS = {**{f"B{k}": f"EfficientNetB{k}" for k in range(8)},
-                       **{f"V2{v}": f"EfficientNetV2{v}" for v in ("B0", "B1", "B2", "B3", "S", "M", "L")}}
+KERAS_EFFICIENTNETS = {
+    **{f"B{k}": f"EfficientNetB{k}" for k in range(8)},
+    **{f"V2{v}": f"EfficientNetV2{v}" for v in ("B0", "B1", "B2", "B3", "S", "M", "L")},
+}
 
 
 @contextlib.contextmanager
@@ -78,9 +80,11 @@ def give_weights(model, weights: list) -> None:
 def _weights(value: str) -> str | None:
     weights = None if value.lower() in ("", "none") else value
     if weights not in (None, "imagenet") and not Path(weights).is_file():
-        raise ConfigError(f"model.efficientnet_weights={value!r} is none, imagenet or the path of a keras.applications "
-                          "weights file (e.g. efficientnetb0_notop.h5); this file does not exist. Fix: attach it as a "
-                          "dataset and give its /kaggle/input path")
+        raise ConfigError(
+            f"model.efficientnet_weights={value!r} is none, imagenet or the path of a keras.applications "
+            "weights file (e.g. efficientnetb0_notop.h5); this file does not exist. Fix: attach it as a "
+            "dataset and give its /kaggle/input path"
+        )
     return weights
 
 
@@ -90,19 +94,23 @@ def efficientnet_backbone(variant: str, weights: str, image_size: int):
 
     name = KERAS_EFFICIENTNETS.get(variant.upper())
     if name is None:
-        raise ConfigError(f"model.efficientnet_variant={variant!r} is not one of {list(KERAS_EFFICIENTNETS)} "
-                          "(keras.applications under Keras 3)")
+        raise ConfigError(
+            f"model.efficientnet_variant={variant!r} is not one of {list(KERAS_EFFICIENTNETS)} "
+            "(keras.applications under Keras 3)"
+        )
     weights_arg = _weights(weights)
     try:
         with initial_values_replaced() if weights_arg else contextlib.nullcontext():
             # Its own name kept: EfficientNetV2 looks its block layout up by it.
-            backbone = getattr(keras.applications, name)(include_top=False, weights=weights_arg,
-                                                         input_shape=(image_size, image_size, 3), pooling="avg")
+            backbone = getattr(keras.applications, name)(
+                include_top=False, weights=weights_arg, input_shape=(image_size, image_size, 3), pooling="avg"
+            )
     except (OSError, ValueError) as err:  # the download failed (internet off), or a file of another variant
         raise ConfigError(
             f"model.efficientnet_weights={weights!r} could not be loaded into {name} ({root_cause(err)}). "
             f"Fix: with the internet off, attach keras.applications' notop weights file of {name} "
-            "as a dataset and set model.efficientnet_weights to its path, or model.efficientnet_weights=none") from err
+            "as a dataset and set model.efficientnet_weights to its path, or model.efficientnet_weights=none"
+        ) from err
     if weights_arg not in (None, "imagenet"):
         _divide_by_stddev(backbone)
     return backbone
@@ -134,8 +142,10 @@ def file_backbone(path: str, image_size: int):
             return keras.saving.load_model(source, compile=False)
     if source.is_dir():
         return _keras_hub_backbone(source, image_size)
-    raise ConfigError(f"model.keras_backbone={path!r} is neither a .keras file nor a KerasHub preset folder. Fix: "
-                      "attach it (a dataset or a Kaggle Model) and give its /kaggle/input path")
+    raise ConfigError(
+        f"model.keras_backbone={path!r} is neither a .keras file nor a KerasHub preset folder. Fix: "
+        "attach it (a dataset or a Kaggle Model) and give its /kaggle/input path"
+    )
 
 
 def _keras_hub_backbone(folder: Path, image_size: int):
@@ -157,10 +167,13 @@ def _keras_hub_backbone(folder: Path, image_size: int):
                 f"model.keras_backbone={str(folder)!r} could not be loaded as a KerasHub image preset "
                 f"({root_cause(err)}). Fix: attach the whole preset folder (a Kaggle Model such as "
                 "keras/efficientnet/keras/efficientnet_b0_ra_imagenet: config.json, metadata.json, model.weights.h5, "
-                "image_converter.json) and give its /kaggle/input path") from err
+                "image_converter.json) and give its /kaggle/input path"
+            ) from err
     if not isinstance(backbone, keras_hub.models.Backbone) or len(backbone.output.shape) != 4:
-        raise ConfigError(f"model.keras_backbone={str(folder)!r} is a KerasHub {type(backbone).__name__}, not an "
-                          "image backbone giving a feature map. Fix: an image classification preset's folder")
+        raise ConfigError(
+            f"model.keras_backbone={str(folder)!r} is a KerasHub {type(backbone).__name__}, not an "
+            "image backbone giving a feature map. Fix: an image classification preset's folder"
+        )
     scale, offset = preset_scale_and_offset(folder)
     images = keras.Input((image_size, image_size, 3))  # [0, 1], as every keras backbone here takes them
     # The converter's scale and offset act on 0..255 pixels: one affine map, per channel where they are lists.
@@ -175,16 +188,20 @@ def preset_scale_and_offset(folder: Path) -> tuple[float | list[float], float | 
     ImageConverter.from_preset reads them, from the files alone: a Keras preset's image_converter.json (or the
     converter inside preprocessor.json), with the older mean and variance form converted as keras_hub converts it;
     a timm folder's config.json pretrained_cfg mean and std (keras_hub's timm loader: x / 255 / std - mean / std)."""
+
     def read(name: str) -> dict:
         path = folder / name
         try:
             return json.loads(path.read_text()) if path.is_file() else {}
         except (OSError, ValueError) as err:
-            raise ConfigError(f"model.keras_backbone={str(folder)!r}: {name} cannot be read ({root_cause(err)}). "
-                              "Fix: attach the preset folder whole, as its publisher saved it") from err
+            raise ConfigError(
+                f"model.keras_backbone={str(folder)!r}: {name} cannot be read ({root_cause(err)}). "
+                "Fix: attach the preset folder whole, as its publisher saved it"
+            ) from err
 
-    converter = read("image_converter.json").get("config") or \
-        read("preprocessor.json").get("config", {}).get("image_converter", {}).get("config")
+    converter = read("image_converter.json").get("config") or read("preprocessor.json").get("config", {}).get(
+        "image_converter", {}
+    ).get("config")
     if converter:
         scale, offset = converter.get("scale"), converter.get("offset")
         if "mean" in converter and "variance" in converter:  # keras_hub's ImageConverter: the older names
@@ -194,16 +211,19 @@ def preset_scale_and_offset(folder: Path) -> tuple[float | list[float], float | 
         return (1.0 if scale is None else scale), (0.0 if offset is None else offset)
     timm = read("config.json").get("pretrained_cfg") or {}
     if "mean" in timm and "std" in timm:
-        return ([1.0 / 255.0 / s for s in timm["std"]],
-                [-m / s for m, s in zip(timm["mean"], timm["std"], strict=True)])
-    raise ConfigError(f"model.keras_backbone={str(folder)!r} names no image converter (image_converter.json, "
-                      "preprocessor.json's image_converter, or a timm config.json's pretrained_cfg mean and std), so "
-                      "how its pixels are scaled is unknown. Fix: attach the image classifier's preset, which saves "
-                      "its converter (keras_hub.models.ImageClassifier.save_to_preset), or a timm model's folder")
+        return (
+            [1.0 / 255.0 / s for s in timm["std"]],
+            [-m / s for m, s in zip(timm["mean"], timm["std"], strict=True)],
+        )
+    raise ConfigError(
+        f"model.keras_backbone={str(folder)!r} names no image converter (image_converter.json, "
+        "preprocessor.json's image_converter, or a timm config.json's pretrained_cfg mean and std), so "
+        "how its pixels are scaled is unknown. Fix: attach the image classifier's preset, which saves "
+        "its converter (keras_hub.models.ImageClassifier.save_to_preset), or a timm model's folder"
+    )
 
 
-def build_keras_model(model_cfg, outputs: int, image_size: int, activation: str = "softmax",
-                      policy: str = "float32"):
+def build_keras_model(model_cfg, outputs: int, image_size: int, activation: str = "softmax", policy: str = "float32"):
     """uint8 [B, S, S, 3] -> float32 [B, outputs], its layers computing under `policy` (the head's activation in
     float32). Build it once the distribution is set (keras.distribution), so its variables are placed by it."""
     import keras
@@ -211,9 +231,11 @@ def build_keras_model(model_cfg, outputs: int, image_size: int, activation: str 
     if activation == "softmax" and outputs < 2:
         raise ConfigError(f"a classifier needs at least 2 classes, got {outputs}")
     if model_cfg.backbone == "hub":
-        raise ConfigError("model.backbone=hub is a TF Hub SavedModel, which Keras 3 on JAX cannot fine-tune. Fix: "
-                          "train.framework=tf_keras, or model.backbone=efficientnet (keras.applications) or "
-                          "model.backbone=keras with model.keras_backbone")
+        raise ConfigError(
+            "model.backbone=hub is a TF Hub SavedModel, which Keras 3 on JAX cannot fine-tune. Fix: "
+            "train.framework=tf_keras, or model.backbone=efficientnet (keras.applications) or "
+            "model.backbone=keras with model.keras_backbone"
+        )
     trained = keras.config.dtype_policy().name
     keras.config.set_dtype_policy(policy)
     try:

@@ -29,8 +29,9 @@ def resample(x: torch.Tensor, inverse: torch.Tensor, padding: str) -> torch.Tens
     TensorFlow's ImageProjectiveTransformV3 reads (pixel centres at integers), bilinear."""
     batch, _, size, _ = x.shape
     # pixel coordinates <-> grid_sample's [-1, 1] (align_corners=False: -1 and 1 are the outer pixel edges)
-    to_pixels = torch.tensor([[size / 2, 0, (size - 1) / 2], [0, size / 2, (size - 1) / 2], [0, 0, 1]],
-                             device=x.device, dtype=x.dtype)
+    to_pixels = torch.tensor(
+        [[size / 2, 0, (size - 1) / 2], [0, size / 2, (size - 1) / 2], [0, 0, 1]], device=x.device, dtype=x.dtype
+    )
     theta = torch.linalg.inv(to_pixels) @ inverse @ to_pixels
     grid = F.affine_grid(theta[:, :2, :], [batch, 3, size, size], align_corners=False)
     return F.grid_sample(x, grid, mode="bilinear", padding_mode=padding, align_corners=False)
@@ -55,6 +56,7 @@ def crop_maps(batch: int, size: int, scale: float, ratio: float, device) -> torc
 def affine_maps(batch: int, size: int, data_cfg, device) -> torch.Tensor:
     """The host's affine_transform for each image: rotation and shear (degrees), zoom and shift about the centre,
     as output-to-input maps."""
+
     def draw(limit):
         return uniform(batch, -limit, limit, device) if limit > 0 else torch.zeros(batch, device=device)
 
@@ -94,11 +96,15 @@ def rgb_to_hsv(x: torch.Tensor) -> torch.Tensor:
     value, _ = x.max(1)
     chroma = value - x.min(1).values
     safe = torch.where(chroma > 0, chroma, torch.ones_like(chroma))
-    hue = torch.where(value == red, (green - blue) / safe,
-                      torch.where(value == green, 2 + (blue - red) / safe, 4 + (red - green) / safe))
+    hue = torch.where(
+        value == red,
+        (green - blue) / safe,
+        torch.where(value == green, 2 + (blue - red) / safe, 4 + (red - green) / safe),
+    )
     hue = torch.where(chroma > 0, (hue / 6) % 1.0, torch.zeros_like(hue))
-    saturation = torch.where(value > 0, chroma / torch.where(value > 0, value, torch.ones_like(value)),
-                             torch.zeros_like(value))
+    saturation = torch.where(
+        value > 0, chroma / torch.where(value > 0, value, torch.ones_like(value)), torch.zeros_like(value)
+    )
     return torch.stack([hue, saturation, value], 1)
 
 

@@ -49,8 +49,12 @@ def export(backend, export_dir: Path, contents: ExportContents):
 
     model, images = backend.model, contents.verify_images
     host = cpu_copy(model)  # the reference's model, and what the job folder is written from
-    contents = dataclasses.replace(contents, expected=torch_outputs(host, images),
-                                   device_outputs=torch_outputs(model, images), device=device_named(model))
+    contents = dataclasses.replace(
+        contents,
+        expected=torch_outputs(host, images),
+        device_outputs=torch_outputs(model, images),
+        device=device_named(model),
+    )
     with tempfile.TemporaryDirectory(prefix="tpu2gpu-export-") as folder:
         job = Path(folder)
         # The backbone as keras-hub's timm converters read it: config.json + model.safetensors.
@@ -58,10 +62,19 @@ def export(backend, export_dir: Path, contents: ExportContents):
         head = host.head
         np.savez(job / "head.npz", kernel=head.weight.detach().numpy().T, bias=head.bias.detach().numpy())
         config = host.backbone.pretrained_cfg
-        write_rebuild_job(job, contents, {
-            "config": config_to_dict(backend.cfg), "outputs": backend.plan.outputs,
-            "activation": backend.plan.task.activation, "mean": list(config["mean"]), "std": list(config["std"]),
-            "export_dir": str(export_dir), "export_float16": backend.cfg.train.export_float16})
+        write_rebuild_job(
+            job,
+            contents,
+            {
+                "config": config_to_dict(backend.cfg),
+                "outputs": backend.plan.outputs,
+                "activation": backend.plan.task.activation,
+                "mean": list(config["mean"]),
+                "std": list(config["std"]),
+                "export_dir": str(export_dir),
+                "export_float16": backend.cfg.train.export_float16,
+            },
+        )
         _run_child(job)
     return read_card(export_dir)
 
@@ -108,7 +121,6 @@ def device_named(model) -> str:
     return f"{xla_runtime.global_runtime_device_count()} x {xla_runtime.device_type().lower()} XLA device(s){bf16}"
 
 
-
 def _run_child(job: Path) -> None:
     env = cpu_only_environment(os.environ)
     env["KERAS_BACKEND"] = "tensorflow"
@@ -130,8 +142,9 @@ def build_keras_copy(job: dict, backbone_folder: Path, head: dict, policy: str):
     try:
         images = keras.Input((size, size, 3), dtype="uint8", name="image")
         x = keras.layers.Rescaling(1.0 / 255.0, dtype="float32", name="to_unit_range")(images)
-        x = keras.layers.Normalization(mean=job["mean"], variance=list(std * std), dtype="float32",
-                                       name="timm_normalisation")(x)
+        x = keras.layers.Normalization(
+            mean=job["mean"], variance=list(std * std), dtype="float32", name="timm_normalisation"
+        )(x)
         with contextlib.redirect_stdout(io.StringIO()):  # keras-hub prints a line for every weight it ports
             backbone = keras_hub.models.Backbone.from_preset(str(backbone_folder))
         pooled = keras.layers.GlobalAveragePooling2D(name="pool")(backbone(x))
@@ -150,8 +163,12 @@ def main(job_dir: str) -> int:
     job = json.loads((job_path / "job.json").read_text())
     with np.load(job_path / "head.npz") as saved:
         head = {name: saved[name] for name in saved.files}
-    export_models(job["export_dir"], lambda policy: build_keras_copy(job, job_path / "backbone", head, policy),
-                  rebuild_job_contents(job_path, job), job["export_float16"])
+    export_models(
+        job["export_dir"],
+        lambda policy: build_keras_copy(job, job_path / "backbone", head, policy),
+        rebuild_job_contents(job_path, job),
+        job["export_float16"],
+    )
     return 0
 
 

@@ -36,13 +36,17 @@ def timm_source(model_cfg) -> tuple[str, Path | None]:
     folder = Path(name)
     config = folder / "config.json"
     if not config.is_file() or not (folder / WEIGHTS_FILE).is_file():
-        raise ConfigError(f"model.timm_model={name!r} is not a timm model folder (config.json and {WEIGHTS_FILE}, as "
-                          "timm.models.save_for_hf writes them). Fix: the folder's path, or an architecture name")
+        raise ConfigError(
+            f"model.timm_model={name!r} is not a timm model folder (config.json and {WEIGHTS_FILE}, as "
+            "timm.models.save_for_hf writes them). Fix: the folder's path, or an architecture name"
+        )
     architecture = json.loads(config.read_text()).get("architecture", "")
     if architecture not in TIMM_ARCHITECTURES:
-        raise ConfigError(f"{config} holds a {architecture or 'nameless'} model, which the export cannot rebuild "
-                          f"under TensorFlow (keras-hub's timm converters take {', '.join(TIMM_ARCHITECTURES)}). "
-                          "Fix: a folder of one of those")
+        raise ConfigError(
+            f"{config} holds a {architecture or 'nameless'} model, which the export cannot rebuild "
+            f"under TensorFlow (keras-hub's timm converters take {', '.join(TIMM_ARCHITECTURES)}). "
+            "Fix: a folder of one of those"
+        )
     return architecture, folder
 
 
@@ -55,12 +59,18 @@ def create_backbone(model_cfg) -> nn.Module:
         saved = json.loads((folder / "config.json").read_text()).get("pretrained_cfg") or {}
         overlay = {key: saved[key] for key in ("mean", "std") if key in saved}
         try:
-            return timm.create_model(architecture, pretrained=True, num_classes=0,
-                                     pretrained_cfg_overlay={**overlay, "file": str(folder / WEIGHTS_FILE)})
+            return timm.create_model(
+                architecture,
+                pretrained=True,
+                num_classes=0,
+                pretrained_cfg_overlay={**overlay, "file": str(folder / WEIGHTS_FILE)},
+            )
         except (SafetensorError, RuntimeError, OSError) as err:  # a copy cut short; another model's weights
-            raise ConfigError(f"{folder / WEIGHTS_FILE} cannot be read as the weights of its config.json's "
-                              f"{architecture} ({root_cause(err)}). Fix: write the "
-                              "folder again with timm.models.save_for_hf and attach it again") from err
+            raise ConfigError(
+                f"{folder / WEIGHTS_FILE} cannot be read as the weights of its config.json's "
+                f"{architecture} ({root_cause(err)}). Fix: write the "
+                "folder again with timm.models.save_for_hf and attach it again"
+            ) from err
     return timm.create_model(architecture, pretrained=model_cfg.timm_weights == "pretrained", num_classes=0)
 
 
@@ -70,8 +80,9 @@ class TimmClassifier(nn.Module):
     head always in float32. The images' permute gives the backbone channels-last input, which a channels-last model
     (the torch route) convolves without a copy."""
 
-    def __init__(self, backbone: nn.Module, outputs: int, activation: str, dropout: float,
-                 autocast: torch.dtype | None = None):
+    def __init__(
+        self, backbone: nn.Module, outputs: int, activation: str, dropout: float, autocast: torch.dtype | None = None
+    ):
         super().__init__()
         self.backbone, self.autocast, self.activation = backbone, autocast, activation
         self.frozen = False  # freeze_backbone

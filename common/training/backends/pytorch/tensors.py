@@ -19,8 +19,9 @@ import torch
 
 # tf.data hands out read-only arrays, and torch.from_numpy warns that writing through such a tensor is undefined:
 # nothing writes them (each batch is copied to the device, or read), so the kernel's log is spared the warning.
-warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning,
-                        module=__name__)
+warnings.filterwarnings(
+    "ignore", message="The given NumPy array is not writable", category=UserWarning, module=__name__
+)
 
 
 class HostBatches:

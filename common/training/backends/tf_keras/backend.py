@@ -71,8 +71,9 @@ class TFBackend:
         tf.keras.utils.set_random_seed(self.cfg.train.seed)  # the head's initial weights, as on the keras_jax route
         with self.strategy.scope():
             self.model = self._build(tf.keras.mixed_precision.global_policy().name)
-            schedule = learning_rate_schedule(plan.peak_lr, plan.total_steps, plan.warmup_steps,
-                                              tf.keras.optimizers.schedules)
+            schedule = learning_rate_schedule(
+                plan.peak_lr, plan.total_steps, plan.warmup_steps, tf.keras.optimizers.schedules
+            )
             compile_model(self.model, self.cfg.train, plan.task, schedule, plan.class_weights)
             self.model.optimizer.build(self.model.trainable_variables)
             self.epochs_done = tf.Variable(0, dtype=tf.int64, trainable=False, name="epochs_done")
@@ -82,8 +83,13 @@ class TFBackend:
         trained = tf.keras.mixed_precision.global_policy().name
         tf.keras.mixed_precision.set_global_policy(policy)
         try:
-            return build_model(self.cfg.model, self.plan.outputs, self.cfg.data.image_size,
-                               hub_handle=self.hub_handle, activation=self.plan.task.activation)
+            return build_model(
+                self.cfg.model,
+                self.plan.outputs,
+                self.cfg.data.image_size,
+                hub_handle=self.hub_handle,
+                activation=self.plan.task.activation,
+            )
         finally:
             tf.keras.mixed_precision.set_global_policy(trained)
 
@@ -91,8 +97,11 @@ class TFBackend:
         """What trained: this framework, and on a Kaggle TPU the TensorFlow TPU stack that answered its probe."""
         from common.launch.negotiation import answered_stack
 
-        return {"framework": self.name, "steps_per_execution": self.cfg.train.steps_per_execution,
-                "tpu_stack": answered_stack()}
+        return {
+            "framework": self.name,
+            "steps_per_execution": self.cfg.train.steps_per_execution,
+            "tpu_stack": answered_stack(),
+        }
 
     def peak_memory(self) -> dict | None:
         """The replicas' peak memory, where TensorFlow reports it (GPU, TPU)."""
@@ -115,8 +124,7 @@ class TFBackend:
     # ------------------------------------------------------------------------------------------------ checkpoints
     def restore(self, directory: Path) -> int:
         """Model, optimiser and finished-epoch count from the newest checkpoint in directory: epochs done (0: none)."""
-        checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.model.optimizer,
-                                         epochs_done=self.epochs_done)
+        checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.model.optimizer, epochs_done=self.epochs_done)
         self.manager = tf.train.CheckpointManager(checkpoint, str(directory), max_to_keep=2)
         if self.manager.latest_checkpoint is None:
             return 0
@@ -156,12 +164,19 @@ class TFBackend:
         if self.cfg.train.loop == "fit":
             hooks = epoch_hooks(tf.keras.callbacks.Callback, loop)
             with fit_iterator_let_go(self.model):
-                self.model.fit(data, epochs=loop.epochs, initial_epoch=loop.initial_epoch,
-                               steps_per_epoch=loop.steps_per_epoch, callbacks=[hooks], verbose=2)
+                self.model.fit(
+                    data,
+                    epochs=loop.epochs,
+                    initial_epoch=loop.initial_epoch,
+                    steps_per_epoch=loop.steps_per_epoch,
+                    callbacks=[hooks],
+                    verbose=2,
+                )
             return
         plan = self.plan
-        custom = CustomLoop(self.strategy, self.model, plan.task, self.cfg.train.label_smoothing, plan.global_batch,
-                            plan.class_weights)
+        custom = CustomLoop(
+            self.strategy, self.model, plan.task, self.cfg.train.label_smoothing, plan.global_batch, plan.class_weights
+        )
         custom.fit(data, loop, self.cfg.train.steps_per_execution)
 
     def release(self) -> None:
@@ -214,9 +229,11 @@ def start(cfg) -> TFBackend:
     from common.launch.hosts import multiprocess_job
 
     if multiprocess_job(cfg) is not None:
-        raise ConfigError("the tf_keras route trains on one host; this job has several processes (runtime.multihost "
-                          "or KERAS_DISTRIBUTION_*). Fix: train.framework=keras_jax (Keras 3 on JAX trains across "
-                          "hosts), or run one process")
+        raise ConfigError(
+            "the tf_keras route trains on one host; this job has several processes (runtime.multihost "
+            "or KERAS_DISTRIBUTION_*). Fix: train.framework=keras_jax (Keras 3 on JAX trains across "
+            "hosts), or run one process"
+        )
     split_cpu(cfg.runtime.cpu_devices)
     strategy = get_strategy(cfg.runtime.strategy, cfg.runtime.tpu_address)
     policy = choose_precision(cfg.train.precision, strategy)

@@ -12,8 +12,15 @@ import tensorflow as tf
 
 
 class CustomLoop:
-    def __init__(self, strategy: tf.distribute.Strategy, model: tf.keras.Model, task, label_smoothing: float,
-                 global_batch: int, class_weights=None):
+    def __init__(
+        self,
+        strategy: tf.distribute.Strategy,
+        model: tf.keras.Model,
+        task,
+        label_smoothing: float,
+        global_batch: int,
+        class_weights=None,
+    ):
         self.strategy = strategy
         self.model = model
         self.global_batch = global_batch

@@ -28,7 +28,12 @@ def export(backend, export_dir: Path, contents: ExportContents):
     are recorded beside them."""
     copy = serving_model(backend, "float32")
     device_outputs, device = tensorflow_outputs(copy, contents.verify_images)
-    contents = dataclasses.replace(contents, expected=host_reference(copy, contents.verify_images),
-                                   device_outputs=device_outputs, device=device)
-    return export_models(export_dir, lambda policy: copy if policy == "float32" else serving_model(backend, policy),
-                         contents, backend.cfg.train.export_float16)
+    contents = dataclasses.replace(
+        contents, expected=host_reference(copy, contents.verify_images), device_outputs=device_outputs, device=device
+    )
+    return export_models(
+        export_dir,
+        lambda policy: copy if policy == "float32" else serving_model(backend, policy),
+        contents,
+        backend.cfg.train.export_float16,
+    )

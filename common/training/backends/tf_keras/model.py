@@ -50,7 +50,8 @@ def import_hub():
             "model.backbone=hub needs tensorflow_hub, which imports pkg_resources, and this environment's setuptools "
             "has none (setuptools 82 removed it). Fix: `pip install 'setuptools<82'` (on Kaggle: a kernel with the "
             "internet on, or a wheels dataset; the TPU stack install brings one), or train.framework=keras_jax with "
-            "a Keras 3 backbone") from err
+            "a Keras 3 backbone"
+        ) from err
     return hub
 
 
@@ -58,14 +59,16 @@ def hub_backbone(handle: str, trainable: bool):
     """A TF Hub / Kaggle Models feature-vector model as a tf_keras layer: float32 images in [0, 1] -> features."""
     hub = import_hub()
     try:
-        return hub.KerasLayer(handle, trainable=trainable, load_options=host_load_options(), dtype="float32",
-                              name="backbone")
+        return hub.KerasLayer(
+            handle, trainable=trainable, load_options=host_load_options(), dtype="float32", name="backbone"
+        )
     except (OSError, ValueError, tf.errors.OpError) as err:  # URLError is an OSError
         raise ConfigError(
             f"model.hub_handle={handle!r} could not be loaded ({root_cause(err)}). Fix: with the "
             "internet off, attach the model to the kernel (model_sources 'owner/model/framework/variation/version' "
             "in kernel-metadata.json, or Add Input) and set model.hub_handle to that handle or its /kaggle/input "
-            "path; locally, give the path of a SavedModel directory") from err
+            "path; locally, give the path of a SavedModel directory"
+        ) from err
 
 
 def efficientnet_backbone(variant: str, weights: str, image_size: int, trainable: bool):
@@ -76,28 +79,32 @@ def efficientnet_backbone(variant: str, weights: str, image_size: int, trainable
         raise ConfigError(f"model.efficientnet_variant={variant!r} is not one of {list(EFFICIENTNET_VARIANTS)}")
     weights_arg = None if weights.lower() in ("", "none") else weights
     if weights_arg not in (None, "imagenet", "noisy-student") and not Path(weights_arg).is_file():
-        raise ConfigError(f"model.efficientnet_weights={weights!r} is none, imagenet, noisy-student or an existing "
-                          "weights file; this file does not exist")
+        raise ConfigError(
+            f"model.efficientnet_weights={weights!r} is none, imagenet, noisy-student or an existing "
+            "weights file; this file does not exist"
+        )
     builder = getattr(efn, f"EfficientNet{variant.upper()}")
     try:
-        base = builder(include_top=False, weights=weights_arg, input_shape=(image_size, image_size, 3),
-                       pooling="avg")
+        base = builder(include_top=False, weights=weights_arg, input_shape=(image_size, image_size, 3), pooling="avg")
     except OSError as err:  # the weights download failed (internet off)
         raise ConfigError(
             f"model.efficientnet_weights={weights!r} must be downloaded, which failed ({root_cause(err)}). Fix: "
             "with the internet off, attach the weights file as a dataset and set model.efficientnet_weights to its "
-            "path, or use model.efficientnet_weights=none") from err
+            "path, or use model.efficientnet_weights=none"
+        ) from err
     except ValueError as err:  # a file of another variant: its layers or shapes do not fit
         raise ConfigError(
             f"model.efficientnet_weights={weights!r} does not fit EfficientNet{variant.upper()} "
             f"({root_cause(err)}). Fix: the efficientnet package's weights file of "
-            f"{variant.upper()}, or model.efficientnet_variant set to the file's variant") from err
+            f"{variant.upper()}, or model.efficientnet_variant set to the file's variant"
+        ) from err
     base.trainable = trainable
     return base
 
 
-def build_model(model_cfg, outputs: int, image_size: int, hub_handle: str | None = None,
-                activation: str = "softmax") -> tf.keras.Model:
+def build_model(
+    model_cfg, outputs: int, image_size: int, hub_handle: str | None = None, activation: str = "softmax"
+) -> tf.keras.Model:
     """uint8 [B, S, S, 3] -> float32 [B, outputs] (class probabilities with softmax). Call inside strategy.scope()."""
     if activation == "softmax" and outputs < 2:
         raise ConfigError(f"a classifier needs at least 2 classes, got {outputs}")
@@ -106,10 +113,12 @@ def build_model(model_cfg, outputs: int, image_size: int, hub_handle: str | None
     if model_cfg.backbone == "hub":
         features = hub_backbone(hub_handle or model_cfg.hub_handle, model_cfg.trainable)(x)
     else:
-        x = tf.keras.layers.Normalization(mean=IMAGENET_MEAN, variance=[s * s for s in IMAGENET_STD],
-                                          dtype="float32", name="imagenet_normalise")(x)
-        base = efficientnet_backbone(model_cfg.efficientnet_variant, model_cfg.efficientnet_weights, image_size,
-                                     model_cfg.trainable)
+        x = tf.keras.layers.Normalization(
+            mean=IMAGENET_MEAN, variance=[s * s for s in IMAGENET_STD], dtype="float32", name="imagenet_normalise"
+        )(x)
+        base = efficientnet_backbone(
+            model_cfg.efficientnet_variant, model_cfg.efficientnet_weights, image_size, model_cfg.trainable
+        )
         features = base(x)
     x = tf.keras.layers.Dropout(model_cfg.dropout, name="head_dropout")(features)
     logits = tf.keras.layers.Dense(outputs, name="head_logits")(x)

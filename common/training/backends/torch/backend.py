@@ -47,8 +47,10 @@ class TorchBackend:
 
     def __init__(self, cfg, hosts: Hosts, device: torch.device):
         if cfg.train.loop != "fit":
-            raise ConfigError(f"train.loop={cfg.train.loop!r} is the tf_keras route's hand-written loop; the torch "
-                              "route has its own. Fix: train.loop=fit")
+            raise ConfigError(
+                f"train.loop={cfg.train.loop!r} is the tf_keras route's hand-written loop; the torch "
+                "route has its own. Fix: train.loop=fit"
+            )
         self.cfg, self.hosts, self.device = cfg, hosts, device
         self.autocast = autocast_dtype(cfg.train.precision, device)
         step = cfg.train.torch_step
@@ -63,13 +65,14 @@ class TorchBackend:
 
     def describe(self) -> str:
         device = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "CPU"
-        return (f"framework     torch {torch.__version__}, timm {importlib.metadata.version('timm')} "
-                f"(train.framework=torch)\n"
-                f"{describe_processes(self.hosts, self.device)}\n"
-                f"devices       {self.hosts.count} x {device}; "
-                f"{'DistributedDataParallel' if self.hosts.count > 1 else 'one device'}\n"
-                f"precision     {self._precision_text()}"
-                + "".join(f"\n{line}" for line in gpu_lines()))
+        return (
+            f"framework     torch {torch.__version__}, timm {importlib.metadata.version('timm')} "
+            f"(train.framework=torch)\n"
+            f"{describe_processes(self.hosts, self.device)}\n"
+            f"devices       {self.hosts.count} x {device}; "
+            f"{'DistributedDataParallel' if self.hosts.count > 1 else 'one device'}\n"
+            f"precision     {self._precision_text()}" + "".join(f"\n{line}" for line in gpu_lines())
+        )
 
     def _precision_text(self) -> str:
         if self.autocast is None:
@@ -93,17 +96,26 @@ class TorchBackend:
         if self.hosts.count > 1:  # every process starts from process 0's weights (DDP broadcasts them)
             # static_graph: the same parameters take part in every step; some never do (MobileNetV3's conv_head
             # follows forward_features' map), which DDP would otherwise wait for.
-            computes = DistributedDataParallel(self.model, device_ids=[self.device] if self.device.type == "cuda"
-                                               else None, static_graph=True)
-        self.optimizer = torch.optim.Adam([p for p in self.model.parameters() if p.requires_grad],
-                                          lr=plan.peak_lr, eps=1e-7)
+            computes = DistributedDataParallel(
+                self.model, device_ids=[self.device] if self.device.type == "cuda" else None, static_graph=True
+            )
+        self.optimizer = torch.optim.Adam(
+            [p for p in self.model.parameters() if p.requires_grad], lr=plan.peak_lr, eps=1e-7
+        )
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.autocast == torch.float16)
         ema = self.cfg.train.ema
         self.average = [p.detach().clone() for p in self.model.parameters()] if ema > 0 else None
         loss = plan.task.loss(self.cfg.train.label_smoothing, plan.class_weights, ops=self.ops)
         self.step = TrainingStep(computes, self.optimizer, loss, self.scaler, self.compile)
-        print("[torch] training step: " + ("torch.compile (inductor) at the first step, eagerly if it cannot capture"
-                                           if self.compile else "eager (train.torch_step)"), flush=True)
+        print(
+            "[torch] training step: "
+            + (
+                "torch.compile (inductor) at the first step, eagerly if it cannot capture"
+                if self.compile
+                else "eager (train.torch_step)"
+            ),
+            flush=True,
+        )
 
     def optimizer_steps(self) -> int:
         return self.steps
@@ -112,13 +124,20 @@ class TorchBackend:
         import tensorflow as tf
 
         device = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
-        return {"framework": self.name, "torch": torch.__version__, "timm": importlib.metadata.version("timm"),
-                "devices": f"{self.hosts.count} x {device}", "platform": self.device.type,
-                "distribution": "DistributedDataParallel" if self.hosts.count > 1 else "none",
-                "collectives": dist.get_backend() if dist.is_initialized() else "none",
-                "processes": self.hosts.count, "process_index": self.hosts.index,
-                "training_step": "torch.compile" if self.step.compiled else "eager",
-                "loss_scale_skipped_steps": self.step.skipped, "tensorflow": tf.__version__}
+        return {
+            "framework": self.name,
+            "torch": torch.__version__,
+            "timm": importlib.metadata.version("timm"),
+            "devices": f"{self.hosts.count} x {device}",
+            "platform": self.device.type,
+            "distribution": "DistributedDataParallel" if self.hosts.count > 1 else "none",
+            "collectives": dist.get_backend() if dist.is_initialized() else "none",
+            "processes": self.hosts.count,
+            "process_index": self.hosts.index,
+            "training_step": "torch.compile" if self.step.compiled else "eager",
+            "loss_scale_skipped_steps": self.step.skipped,
+            "tensorflow": tf.__version__,
+        }
 
     def peak_memory(self) -> dict | None:
         """This process's GPU's peak against its capacity, as CUDA reports them (the CPU keeps none)."""
@@ -130,8 +149,7 @@ class TorchBackend:
 
     def precision(self) -> dict[str, str]:
         backbone = dtype_name(self.autocast)
-        return {"policy": f"mixed_{backbone}" if self.autocast else "float32", "backbone": backbone,
-                "head": "float32"}
+        return {"policy": f"mixed_{backbone}" if self.autocast else "float32", "backbone": backbone, "head": "float32"}
 
     # ------------------------------------------------------------------------------------------------ checkpoints
     def restore(self, directory: Path) -> int:
@@ -140,8 +158,9 @@ class TorchBackend:
         self.checkpoints = Path(directory)
         self.checkpoints.mkdir(parents=True, exist_ok=True)
         path = self.checkpoints / CHECKPOINT
-        state = torch.load(path, map_location="cpu", weights_only=True) if self.hosts.writer and path.is_file() \
-            else None
+        state = (
+            torch.load(path, map_location="cpu", weights_only=True) if self.hosts.writer and path.is_file() else None
+        )
         state = self.hosts.agree(state)
         if state is None:
             return 0
@@ -158,9 +177,14 @@ class TorchBackend:
         """Process 0 writes it, to a temporary name then renamed: a run killed while saving keeps the previous one."""
         if not self.hosts.writer:
             return
-        state = {"model": on_cpu(self.model.state_dict()), "optimizer": on_cpu(self.optimizer.state_dict()),
-                 "scaler": self.scaler.state_dict(), "steps": self.steps, "epochs_done": epochs_done,
-                 "average": on_cpu(self.average) if self.average is not None else None}
+        state = {
+            "model": on_cpu(self.model.state_dict()),
+            "optimizer": on_cpu(self.optimizer.state_dict()),
+            "scaler": self.scaler.state_dict(),
+            "steps": self.steps,
+            "epochs_done": epochs_done,
+            "average": on_cpu(self.average) if self.average is not None else None,
+        }
         partial = self.checkpoints / f"partial-{CHECKPOINT}"
         torch.save(state, partial)
         partial.replace(self.checkpoints / CHECKPOINT)
@@ -214,8 +238,10 @@ class TorchBackend:
             loss_value = float(total.item()) / loop.steps_per_epoch  # waits for the last step
             parts = [batches.text(loop.steps_per_epoch - 1)]
             if self.scaler.is_enabled():
-                parts.append(f"loss scale {self.scaler.get_scale():g}, {self.step.skipped - skipped} step(s) skipped "
-                             "on an overflow")
+                parts.append(
+                    f"loss scale {self.scaler.get_scale():g}, {self.step.skipped - skipped} step(s) skipped "
+                    "on an overflow"
+                )
             stop = loop.epoch_end(epoch, {"loss": loss_value})
             if any(parts):
                 print(f"[torch] epoch {epoch + 1}: " + "; ".join(filter(None, parts)), flush=True)
@@ -249,8 +275,9 @@ class TorchBackend:
         outputs = []
         with torch.no_grad():
             for images in make_padded_image_batches(files, schema, self.cfg.data.image_size, batch).take(
-                    -(-count // batch)):
-                mine = images.numpy()[self.hosts.index * rows:(self.hosts.index + 1) * rows]
+                -(-count // batch)
+            ):
+                mine = images.numpy()[self.hosts.index * rows : (self.hosts.index + 1) * rows]
                 output = self.model(torch.from_numpy(mine).to(self.device)).float()
                 if processes > 1:
                     parts = [torch.empty_like(output) for _ in range(processes)]
@@ -279,8 +306,10 @@ def start(cfg) -> TorchBackend:
     """The torch backend: this process's device and the job's process group (torchrun's environment), TensorFlow
     kept off the GPUs, logged."""
     if cfg.model.backbone != "timm":
-        raise ConfigError(f"model.backbone={cfg.model.backbone} is not a timm model; the torch route trains "
-                          "model.backbone=timm (model.timm_model)")
+        raise ConfigError(
+            f"model.backbone={cfg.model.backbone} is not a timm model; the torch route trains "
+            "model.backbone=timm (model.timm_model)"
+        )
     hosts, device = start_processes()
     atexit.register(stop_processes)
     keep_tensorflow_off_gpus()

@@ -44,8 +44,12 @@ def start_processes() -> tuple[Hosts, torch.device]:
     else:
         dist.init_process_group("gloo")
     control = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=BARRIER_SECONDS))
-    return Hosts(dist.get_rank(), dist.get_world_size(), functools.partial(_broadcast, control),
-                 functools.partial(_barrier, control)), device
+    return Hosts(
+        dist.get_rank(),
+        dist.get_world_size(),
+        functools.partial(_broadcast, control),
+        functools.partial(_barrier, control),
+    ), device
 
 
 def stop_processes() -> None:

@@ -40,9 +40,11 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
         return torch.bfloat16 if has_bfloat16(device) else torch.float16
     if precision == "mixed_bfloat16" and not has_bfloat16(device):
         name = torch.cuda.get_device_name(device)
-        raise ConfigError(f"train.precision=mixed_bfloat16 on a {name} (compute capability "
-                          f"{'.'.join(map(str, torch.cuda.get_device_capability(device)))}): cuDNN has no bfloat16 "
-                          "convolutions below 8.0. Fix: train.precision=auto (float16 with loss scaling there)")
+        raise ConfigError(
+            f"train.precision=mixed_bfloat16 on a {name} (compute capability "
+            f"{'.'.join(map(str, torch.cuda.get_device_capability(device)))}): cuDNN has no bfloat16 "
+            "convolutions below 8.0. Fix: train.precision=auto (float16 with loss scaling there)"
+        )
     return DTYPES[precision]
 
 
@@ -54,8 +56,14 @@ class TrainingStep:
     """One step: forward, the task's loss (float32), backward through the loss scale, the scaler's step and update.
     `model` is what computes (the DDP wrapper with several processes); `compiled` tries torch.compile first."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss, scaler: torch.amp.GradScaler,
-                 compiled: bool):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loss,
+        scaler: torch.amp.GradScaler,
+        compiled: bool,
+    ):
         self.model, self.optimizer, self.loss, self.scaler = model, optimizer, loss, scaler
         self.forward = torch.compile(model) if compiled else model
         self.compiled, self.tried = compiled, not compiled
@@ -72,8 +80,10 @@ class TrainingStep:
                 raise  # the batch, not the compiler: the fold's out-of-memory line
             self.optimizer.zero_grad(set_to_none=True)
             self.forward, self.compiled = self.model, False
-            print(f"[torch] torch.compile could not take the training step ({root_cause(err)}); it runs eagerly",
-                  flush=True)
+            print(
+                f"[torch] torch.compile could not take the training step ({root_cause(err)}); it runs eagerly",
+                flush=True,
+            )
             return self._run(self.forward, images, targets)
 
     def _run(self, forward, images, targets) -> torch.Tensor:

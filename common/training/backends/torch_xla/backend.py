@@ -59,8 +59,10 @@ class TorchXlaBackend:
 
     def __init__(self, cfg):
         if cfg.train.loop != "fit":
-            raise ConfigError(f"train.loop={cfg.train.loop!r} is the tf_keras route's hand-written loop; the torch_xla "
-                              "route has its own. Fix: train.loop=fit")
+            raise ConfigError(
+                f"train.loop={cfg.train.loop!r} is the tf_keras route's hand-written loop; the torch_xla "
+                "route has its own. Fix: train.loop=fit"
+            )
         self.cfg = cfg
         self.device = torch_xla.device()
         self.platform = xla_runtime.device_type().lower()
@@ -68,8 +70,10 @@ class TorchXlaBackend:
         self.mesh = spmd.Mesh(np.arange(self.devices), (self.devices,), ("data",))
         self.autocast = cfg.train.precision in ("auto", "mixed_bfloat16") and self.platform == "tpu"
         if cfg.train.precision == "mixed_float16":
-            raise ConfigError("train.precision=mixed_float16 is for GPUs; the torch_xla route computes in bfloat16 on "
-                              "the TPU (train.precision=auto) or float32")
+            raise ConfigError(
+                "train.precision=mixed_float16 is for GPUs; the torch_xla route computes in bfloat16 on "
+                "the TPU (train.precision=auto) or float32"
+            )
         self.ops = torch_ops(self.device)
         torch.manual_seed(cfg.train.seed)
         self.model = None
@@ -79,38 +83,52 @@ class TorchXlaBackend:
         return self.devices
 
     def describe(self) -> str:
-        return (f"framework     torch {torch.__version__}, torch_xla {torch_xla.__version__}, timm "
-                f"{importlib.metadata.version('timm')} (train.framework=torch_xla)\n"
-                f"devices       {self.devices} x {self.platform} XLA device(s); "
-                f"{'SPMD data parallel' if self.devices > 1 else 'one device'}\n"
-                f"precision     {'bfloat16 backbone, float32 head' if self.autocast else 'float32'}"
-                + "".join(f"\n{line}" for line in gpu_lines()))
+        return (
+            f"framework     torch {torch.__version__}, torch_xla {torch_xla.__version__}, timm "
+            f"{importlib.metadata.version('timm')} (train.framework=torch_xla)\n"
+            f"devices       {self.devices} x {self.platform} XLA device(s); "
+            f"{'SPMD data parallel' if self.devices > 1 else 'one device'}\n"
+            f"precision     {'bfloat16 backbone, float32 head' if self.autocast else 'float32'}"
+            + "".join(f"\n{line}" for line in gpu_lines())
+        )
 
     def build(self, plan) -> None:
         """The model on the XLA device, Adam (the plan's rate set before every step), the task's loss."""
         self.plan, self.steps = plan, 0
         torch.manual_seed(self.cfg.train.seed)
-        self.model = build_timm_model(self.cfg.model, plan.outputs, plan.task.activation,
-                                      torch.bfloat16 if self.autocast else None)
+        self.model = build_timm_model(
+            self.cfg.model, plan.outputs, plan.task.activation, torch.bfloat16 if self.autocast else None
+        )
         self.model.to(self.device)
-        self.optimizer = torch.optim.Adam([p for p in self.model.parameters() if p.requires_grad],
-                                          lr=plan.peak_lr, eps=1e-7)
+        self.optimizer = torch.optim.Adam(
+            [p for p in self.model.parameters() if p.requires_grad], lr=plan.peak_lr, eps=1e-7
+        )
         self.loss = plan.task.loss(self.cfg.train.label_smoothing, plan.class_weights, ops=self.ops)
         ema = self.cfg.train.ema
         self.average = [p.detach().clone() for p in self.model.parameters()] if ema > 0 else None
         for group in self.optimizer.param_groups:  # Adam's slots now, as its first step would make them
             for parameter in group["params"]:
                 zeros = torch.zeros_like(parameter, device="cpu")
-                self.optimizer.state[parameter] = {"step": torch.tensor(0.0), "exp_avg": zeros.to(self.device),
-                                                   "exp_avg_sq": zeros.to(self.device)}
+                self.optimizer.state[parameter] = {
+                    "step": torch.tensor(0.0),
+                    "exp_avg": zeros.to(self.device),
+                    "exp_avg_sq": zeros.to(self.device),
+                }
         self._replicate()
         compiled = self.cfg.train.torch_step != "lazy"  # auto: compiled
-        self.compiled_step = CompiledStep(self.model, self.optimizer, self.loss, ema, self.average) if compiled \
-            else None
-        print("[torch_xla] training step: " + (
-            "compiled (train.torch_step): forward, gradients and Adam as one function under torch.compile("
-            "backend='openxla'), traced once per shape, then run from its cached graph" if compiled else
-            "lazy (train.torch_step=lazy): the module, backward and torch.optim.Adam re-traced every step"), flush=True)
+        self.compiled_step = (
+            CompiledStep(self.model, self.optimizer, self.loss, ema, self.average) if compiled else None
+        )
+        print(
+            "[torch_xla] training step: "
+            + (
+                "compiled (train.torch_step): forward, gradients and Adam as one function under torch.compile("
+                "backend='openxla'), traced once per shape, then run from its cached graph"
+                if compiled
+                else "lazy (train.torch_step=lazy): the module, backward and torch.optim.Adam re-traced every step"
+            ),
+            flush=True,
+        )
 
     def _replicate(self) -> None:
         """Every weight, buffer, optimiser slot and average marked as replicated on the mesh. A step's outputs carry
@@ -126,11 +144,18 @@ class TorchXlaBackend:
     def runtime(self) -> dict:
         import tensorflow as tf
 
-        return {"framework": self.name, "torch": torch.__version__, "torch_xla": torch_xla.__version__,
-                "timm": importlib.metadata.version("timm"), "devices": f"{self.devices} x {self.platform}",
-                "platform": self.platform, "distribution": "SPMD data parallel" if self.devices > 1 else "none",
-                "graphs_compiled": compiles(), "tensorflow": tf.__version__,
-                "compile_cache": str(self.compile_cache.folder) if self.compile_cache else "off"}
+        return {
+            "framework": self.name,
+            "torch": torch.__version__,
+            "torch_xla": torch_xla.__version__,
+            "timm": importlib.metadata.version("timm"),
+            "devices": f"{self.devices} x {self.platform}",
+            "platform": self.platform,
+            "distribution": "SPMD data parallel" if self.devices > 1 else "none",
+            "graphs_compiled": compiles(),
+            "tensorflow": tf.__version__,
+            "compile_cache": str(self.compile_cache.folder) if self.compile_cache else "off",
+        }
 
     def peak_memory(self) -> dict | None:
         """The device's peak memory against its capacity, where torch_xla reports it (TPU)."""
@@ -144,8 +169,11 @@ class TorchXlaBackend:
         return CompileCount(compiles() + hits, hits, (data[1] / 1e9 if data else 0.0) + cache_load_seconds())
 
     def precision(self) -> dict[str, str]:
-        return {"policy": "mixed_bfloat16" if self.autocast else "float32",
-                "backbone": "bfloat16" if self.autocast else "float32", "head": "float32"}
+        return {
+            "policy": "mixed_bfloat16" if self.autocast else "float32",
+            "backbone": "bfloat16" if self.autocast else "float32",
+            "head": "float32",
+        }
 
     # ------------------------------------------------------------------------------------------------ checkpoints
     def restore(self, directory: Path) -> int:
@@ -168,9 +196,13 @@ class TorchXlaBackend:
 
     def save_checkpoint(self, epochs_done: int) -> None:
         """Written to a temporary name and renamed: a run killed while saving keeps its previous checkpoint."""
-        state = {"model": on_cpu(self.model.state_dict()), "optimizer": on_cpu(self.optimizer.state_dict()),
-                 "steps": self.steps, "epochs_done": epochs_done,
-                 "average": on_cpu(self.average) if self.average is not None else None}
+        state = {
+            "model": on_cpu(self.model.state_dict()),
+            "optimizer": on_cpu(self.optimizer.state_dict()),
+            "steps": self.steps,
+            "epochs_done": epochs_done,
+            "average": on_cpu(self.average) if self.average is not None else None,
+        }
         partial = self.checkpoints / f"partial-{CHECKPOINT}"
         torch.save(state, partial)
         partial.replace(self.checkpoints / CHECKPOINT)
@@ -193,8 +225,10 @@ class TorchXlaBackend:
     def distribute(self, make_dataset):
         """The global batches of the shared tf.data pipeline, moved to the devices (each sharded along the mesh)
         while the step before runs."""
-        sharding = {"images": spmd.ShardingSpec(self.mesh, ("data", None, None, None)),
-                    "targets": spmd.ShardingSpec(self.mesh, ("data", None))}
+        sharding = {
+            "images": spmd.ShardingSpec(self.mesh, ("data", None, None, None)),
+            "targets": spmd.ShardingSpec(self.mesh, ("data", None)),
+        }
         return parallel_loader.MpDeviceLoader(HostBatches(make_dataset(None)), self.device, input_sharding=sharding)
 
     def fit(self, data, loop: EpochLoop) -> None:
@@ -227,11 +261,13 @@ class TorchXlaBackend:
             stop = loop.epoch_end(epoch, {"loss": loss_value})
             # After the first epoch: none, or every step pays a compile. In the first: one training step graph.
             now = graphs()
-            print(f"[torch_xla] epoch {epoch + 1}: {now - before} graph(s) compiled (training and "
-                  f"validation; from the cache or not), {in_steps} by the training step, {now} in all "
-                  f"({cache_hits()} from the cache)"
-                  + (f"; {'compiled' if self.compiled_step else 'lazy'} step: {host}" if host else ""),
-                  flush=True)
+            print(
+                f"[torch_xla] epoch {epoch + 1}: {now - before} graph(s) compiled (training and "
+                f"validation; from the cache or not), {in_steps} by the training step, {now} in all "
+                f"({cache_hits()} from the cache)"
+                + (f"; {'compiled' if self.compiled_step else 'lazy'} step: {host}" if host else ""),
+                flush=True,
+            )
             if stop:
                 break
 
@@ -270,7 +306,8 @@ class TorchXlaBackend:
         outputs = []
         with torch.no_grad():
             for images in make_padded_image_batches(files, schema, self.cfg.data.image_size, batch).take(
-                    -(-count // batch)):
+                -(-count // batch)
+            ):
                 on_device = torch.from_numpy(images.numpy()).to(self.device)
                 spmd.mark_sharding(on_device, self.mesh, ("data", None, None, None))
                 outputs.append(self.model(on_device).cpu().numpy())
@@ -290,8 +327,10 @@ class TorchXlaBackend:
 def start(cfg) -> TorchXlaBackend:
     """The torch_xla backend (torch_xla imported, its devices set, by the route's prepare), SPMD on, logged."""
     if cfg.model.backbone != "timm":
-        raise ConfigError(f"model.backbone={cfg.model.backbone} is not a timm model; the torch_xla route trains "
-                          "model.backbone=timm (model.timm_model)")
+        raise ConfigError(
+            f"model.backbone={cfg.model.backbone} is not a timm model; the torch_xla route trains "
+            "model.backbone=timm (model.timm_model)"
+        )
     cache = open_compile_cache(cfg)
     xla_runtime.use_spmd()
     backend = TorchXlaBackend(cfg)

@@ -48,9 +48,11 @@ def open_compile_cache(cfg) -> CompileCache | None:
     PersistentCacheDeserializeFailure and a compile), so there it would write entries nothing can use."""
     folder, platform = compile_cache_dir(cfg.runtime), xla_runtime.device_type().lower()
     if folder is not None and platform != "tpu":
-        print(f"[torch_xla] compile cache: not used on {platform} XLA devices (torch_xla's {platform} client cannot "
-              "read a compiled graph back); each graph compiles once in the run's process, every fold reusing it",
-              flush=True)
+        print(
+            f"[torch_xla] compile cache: not used on {platform} XLA devices (torch_xla's {platform} client cannot "
+            "read a compiled graph back); each graph compiles once in the run's process, every fold reusing it",
+            flush=True,
+        )
         return None
     versions = {"torch": torch.__version__, "torch_xla": torch_xla.__version__, "platform": platform}
     cache = CompileCache.open(folder and folder / NAME, NAME, versions)

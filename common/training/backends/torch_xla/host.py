@@ -35,8 +35,10 @@ class DeviceShare:
             return ""
         wall = (time.perf_counter() - self.started) / steps
         device = min(wall, (execution_seconds() - self.executed) / steps)
-        return (f"host {100 * (1 - device / wall):.0f}% of {1000 * wall:.0f} ms a step (the devices computed "
-                f"{1000 * device:.0f} ms)")
+        return (
+            f"host {100 * (1 - device / wall):.0f}% of {1000 * wall:.0f} ms a step (the devices computed "
+            f"{1000 * device:.0f} ms)"
+        )
 
 
 def stop_loader(batches) -> None:

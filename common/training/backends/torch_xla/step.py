@@ -30,8 +30,9 @@ import torch
 
 
 class CompiledStep:
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Adam, loss, ema: float = 0.0,
-                 average: list | None = None):
+    def __init__(
+        self, model: torch.nn.Module, optimizer: torch.optim.Adam, loss, ema: float = 0.0, average: list | None = None
+    ):
         self.model, self.optimizer, self.loss, self.ema, self.average = model, optimizer, loss, ema, average
         # The module's own tensors, looked up once: each step swaps their .data, so they stay the same objects.
         parameters = dict(model.named_parameters())
@@ -42,8 +43,9 @@ class CompiledStep:
         self.buffers = dict(model.named_buffers())
         # A module whose parameters or buffers are shared under two names needs functional_call to tie them; without
         # ties, leaving that check out of the trace saves a second or more of dynamo's first trace.
-        self.tied = (len(list(model.named_parameters(remove_duplicate=False))) != len(parameters)
-                     or len(list(model.named_buffers(remove_duplicate=False))) != len(self.buffers))
+        self.tied = len(list(model.named_parameters(remove_duplicate=False))) != len(parameters) or len(
+            list(model.named_buffers(remove_duplicate=False))
+        ) != len(self.buffers)
         group = optimizer.param_groups[0]
         self.betas, self.eps = group["betas"], group["eps"]
         self.compiled = torch.compile(self._pure, backend="openxla", fullgraph=True, dynamic=False)
@@ -55,8 +57,9 @@ class CompiledStep:
 
         def loss_of(trainable):
             statistics = {name: b.clone() for name, b in buffers.items()}  # batch-norm moves these copies
-            outputs = torch.func.functional_call(self.model, ({**trainable, **frozen}, statistics), (images,),
-                                                 tie_weights=self.tied)
+            outputs = torch.func.functional_call(
+                self.model, ({**trainable, **frozen}, statistics), (images,), tie_weights=self.tied
+            )
             return self.loss(targets, outputs).mean(), statistics
 
         gradients, (loss, buffers) = torch.func.grad_and_value(loss_of, has_aux=True)(weights)
@@ -67,17 +70,20 @@ class CompiledStep:
         # all the tensors, where a loop traced each op once per parameter (the same numbers, checked bit for bit).
         with torch.no_grad():
             first = torch._foreach_lerp(state["first"], grads, 1 - beta1)
-            second = torch._foreach_add(torch._foreach_mul(state["second"], beta2),
-                                        torch._foreach_mul(torch._foreach_mul(grads, grads), 1 - beta2))
+            second = torch._foreach_add(
+                torch._foreach_mul(state["second"], beta2),
+                torch._foreach_mul(torch._foreach_mul(grads, grads), 1 - beta2),
+            )
             denominator = torch._foreach_add(torch._foreach_div(torch._foreach_sqrt(second), bias2_root), self.eps)
             new = torch._foreach_sub(old, torch._foreach_div(torch._foreach_mul(first, step_size), denominator))
             average = state["average"]
             if average:  # over every parameter, the frozen ones too (unchanged)
                 updated = {**frozen, **dict(zip(names, new, strict=True))}
-                average = torch._foreach_add(torch._foreach_mul(average, self.ema),
-                                             torch._foreach_mul([updated[n] for n in self.order], 1 - self.ema))
-        return {"weights": new, "buffers": buffers, "first": first, "second": second, "average": average}, \
-            loss.detach()
+                average = torch._foreach_add(
+                    torch._foreach_mul(average, self.ema),
+                    torch._foreach_mul([updated[n] for n in self.order], 1 - self.ema),
+                )
+        return {"weights": new, "buffers": buffers, "first": first, "second": second, "average": average}, loss.detach()
 
     def __call__(self, images: torch.Tensor, targets: torch.Tensor, rate: float) -> torch.Tensor:
         slots = [self.optimizer.state[p] for p in self.trainable]  # a restore replaces the optimiser's state
@@ -86,12 +92,18 @@ class CompiledStep:
         # XLA_USE_BF16, where 0.999 ** t rounds to 1 and the second correction to 0.
         count = float(slots[0]["step"]) + 1 if slots else 1.0
         beta1, beta2 = self.betas
-        scalars = [torch.tensor(v, dtype=torch.float32, device=images.device)
-                   for v in (rate / (1 - beta1 ** count), math.sqrt(1 - beta2 ** count))]
-        state = {"weights": {n: p.detach() for n, p in zip(self.names, self.trainable, strict=True)},
-                 "frozen": {n: p.detach() for n, p in self.frozen.items()}, "buffers": self.buffers,
-                 "first": [s["exp_avg"] for s in slots], "second": [s["exp_avg_sq"] for s in slots],
-                 "average": self.average or []}
+        scalars = [
+            torch.tensor(v, dtype=torch.float32, device=images.device)
+            for v in (rate / (1 - beta1**count), math.sqrt(1 - beta2**count))
+        ]
+        state = {
+            "weights": {n: p.detach() for n, p in zip(self.names, self.trainable, strict=True)},
+            "frozen": {n: p.detach() for n, p in self.frozen.items()},
+            "buffers": self.buffers,
+            "first": [s["exp_avg"] for s in slots],
+            "second": [s["exp_avg_sq"] for s in slots],
+            "average": self.average or [],
+        }
         try:
             new, loss = self.compiled(state, *scalars, images, targets)
         except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.TorchRuntimeError) as err:  # torch.compile loaded it
@@ -111,6 +123,8 @@ class CompiledStep:
 def _uncapturable(err: Exception) -> str:
     """One line for a model dynamo cannot capture as one graph: its own first words, and the setting that trains it."""
     words = next((line.strip() for line in str(err).splitlines() if line.strip()), "")[:300]
-    return (f"train.torch_step=compiled: torch.compile (dynamo) could not capture this model's training step as one "
-            f"graph ({type(err).__name__}: {words}). Fix: --set train.torch_step=lazy (the same training, its step "
-            f"traced lazily each step)")
+    return (
+        f"train.torch_step=compiled: torch.compile (dynamo) could not capture this model's training step as one "
+        f"graph ({type(err).__name__}: {words}). Fix: --set train.torch_step=lazy (the same training, its step "
+        f"traced lazily each step)"
+    )
