@@ -197,3 +197,36 @@ def test_task_choices_are_the_tasks_known_when_the_value_is_set(monkeypatch):
     assert load_config(None, ["data.task=ordinal"]).data.task == "ordinal"
     with pytest.raises(ConfigError, match=r"must be one of \[.*'regression', 'ordinal'\], got 'x'"):
         load_config(None, ["data.task=x"])
+
+
+def test_every_key_has_its_help_in_a_docstring_after_the_field():
+    """The reference (docs/config.md) is read from the string right after each field: one without it is an error."""
+    import dataclasses
+
+    from common.core.config import TrainConfig, field_help
+
+    for section in dataclasses.fields(Config):
+        helps = field_help(section.default_factory)  # raises where a field has no help
+        assert list(helps) == [f.name for f in dataclasses.fields(section.default_factory)]
+    assert (
+        field_help(TrainConfig)["seed"] == "shuffling seed and the initial weights of what is not pretrained (the head)"
+    )
+
+    @dataclasses.dataclass
+    class Documented:
+        wrapped: int = 1
+        """what it does, on a line that goes on
+        to a second line"""
+
+    assert field_help(Documented) == {"wrapped": "what it does, on a line that goes on to a second line"}
+
+    @dataclasses.dataclass
+    class Undocumented:
+        documented: int = 1
+        """what it does"""
+        bare: int = 2  # a trailing comment is not help
+        # nor is a comment on its own line
+        also_bare: str = ""
+
+    with pytest.raises(ValueError, match=r"Undocumented: no help for bare, also_bare: write a docstring right after"):
+        field_help(Undocumented)
