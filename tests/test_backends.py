@@ -103,7 +103,7 @@ def test_the_route_table_gives_the_framework_choices_and_each_backend_meets_the_
     from common.training.backends.tf_keras.backend import TFBackend
 
     members = sorted({name for name in dir(Backend) if not name.startswith("_")} | set(Backend.__annotations__))
-    assert len(members) == 19 and {"hosts", "release"} <= set(members), members
+    assert len(members) == 20 and {"hosts", "release", "peak_memory"} <= set(members), members
     for backend in (TFBackend, JaxBackend):  # ops is set per instance
         assert [m for m in members if not hasattr(backend, m)] == ["ops"], backend
     from common.training.backends.torch.backend import TorchBackend

@@ -100,7 +100,7 @@ def export_fold(cfg, result, records, fold: int, export_dir: Path) -> ModelCard:
         f"{result.epochs_done}); " + ", ".join(f"{k} {_shown(v)}" for k, v in report.items() if k != metric),
         flush=True,
     )
-    peak = backend.peak_memory() if hasattr(backend, "peak_memory") else None  # None where the runtime keeps none
+    peak = backend.peak_memory()  # None where the runtime keeps none
     if peak:
         print(f"[train] fold {fold}: {describe_peak(peak)}", flush=True)
     card = ModelCard.create(
@@ -116,7 +116,12 @@ def export_fold(cfg, result, records, fold: int, export_dir: Path) -> ModelCard:
         target_scaling=plan.scaling,
         class_weights=plan.class_weights,
         precision={"trained": backend.precision()},
-        runtime={**backend.runtime(), **compile_record(result.compiles), **({"peak_memory": peak} if peak else {})},
+        runtime={
+            **backend.runtime(),
+            **({"batch_memory": result.batch_memory} if result.batch_memory else {}),
+            **compile_record(result.compiles),
+            **({"peak_memory": peak} if peak else {}),
+        },
         # A fold the budget cut exports its best epoch (train.keep=best); inference weighs it by infer.cut_folds.
         time_budget=cut_record(
             result.cut, result.epochs_done, plan.epochs, result.best_epoch, cfg.train.time_budget_hours

@@ -2,21 +2,21 @@
 
     result = train_fold(cfg, backend, records, work_dir=scratch / "work" / "fold0", deadline=deadline)
 
-plan: common/training/plan.py (batch, steps, schedule, scaling, class weights). build and fit: the route's backend
-(common/training/backends/: tf_keras under tf.distribute, Keras 3 on JAX, PyTorch/XLA, plain PyTorch; the protocol in
-base.py). Each epoch ends in one place, EpochMonitor.epoch_end,
-which in this order checks the optimiser's own step count against the plan (more steps than planned stop the fold
-there), scores the task's competition metric (train.metric, scikit-learn) on the validation fold (logged as
-val_<metric>, with val_loss), keeps the best epoch's weights (train.keep=best; with train.ema the averaged weights are
-scored and kept), writes the history row and the checkpoint, and then decides: early stopping first, then the time
-budget. finish: the best epoch's weights restored and checked against what that epoch predicted, and the validation
-predictions. Resume: a run killed and started again with the same work_dir restores the newest checkpoint and continues
-with the next epoch; the history keeps every epoch once.
+plan: common/training/plan.py (batch, steps, schedule, scaling, class weights) at the batch common/training/batch.py
+decides (auto's choice, a weighed step, a retry after a first step's out of memory). build and fit: the route's
+backend (common/training/backends/: tf_keras under tf.distribute, Keras 3 on JAX, PyTorch/XLA, plain PyTorch; the
+protocol in base.py). Each epoch ends in one place, EpochMonitor.epoch_end, which in this order checks the optimiser's
+own step count against the plan (more steps than planned stop the fold there), scores the task's competition metric
+(train.metric, scikit-learn) on the validation fold (logged as val_<metric>, with val_loss), keeps the best epoch's
+weights (train.keep=best; with train.ema the averaged weights are scored and kept), writes the history row and the
+checkpoint, and then decides: early stopping first, then the time budget. finish: the best epoch's weights restored
+and checked against what that epoch predicted, and the validation predictions. Resume: a run killed and started again
+with the same work_dir restores the newest checkpoint and continues with the next epoch; the history keeps every epoch
+once.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import json
 import math
@@ -26,17 +26,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.core.config import Config
 from common.core.errors import DataError
 from common.data.pipeline import InputShare, make_train_dataset, read_ids_and_labels
+from common.data.records import RecordSet
 from common.tasks.parts import is_better
 from common.training.backends.base import Backend, EpochLoop
-from common.training.batch import device_capacity, plan_with_batch, run_shape, with_batch
+from common.training.batch import Batch, FoldBatch, train_at_fitting_batch
 from common.training.budget import cut_message, cuts_after
 from common.training.clock import EpochClock, FirstStepWatch
 from common.training.compile_cache import CompileCount
 from common.training.history import History
-from common.training.memory import FIRST_STEP, DeviceMemoryError, Phase, named_out_of_memory
-from common.training.plan import FoldPlan, needs_train_labels, plan_fold
+from common.training.memory import FIRST_STEP, Phase
+from common.training.plan import FoldPlan, needs_train_labels
 
 import numpy as np
 
@@ -81,6 +83,7 @@ class FoldResult:
     epoch_seconds: list[float]  # each epoch run in this session, with its score
     validation: Validation
     compiles: CompileCount | None = None  # what the fold compiled (None: the route does not count it)
+    batch_memory: dict | None = None  # what was weighed to choose or check the batch (batch.py), for the card
 
 
 def epochs_checkpointed(work_dir: Path) -> int:
@@ -266,47 +269,30 @@ def collect_garbage_aside() -> None:
 
 
 def train_fold(
-    cfg, backend, records, work_dir: Path, deadline: float, checkpointed: Callable[[], None] = lambda: None
+    cfg: Config,
+    backend: Backend,
+    records: RecordSet,
+    work_dir: Path,
+    deadline: float,
+    checkpointed: Callable[[], None] = lambda: None,
 ) -> FoldResult:
-    """Plan, build (and resume), fit and finish one fold. Checkpoints live in work_dir; `checkpointed` follows each."""
+    """Plan, build (and resume), fit and finish one fold at the batch batch.py decides. Checkpoints live in work_dir;
+    `checkpointed` follows each."""
     work_dir = Path(work_dir)
     (work_dir / "best").mkdir(parents=True, exist_ok=True)
     labels = read_ids_and_labels(records.train_files, records.schema, True)[1] if needs_train_labels(cfg) else None
-    # auto on a route that cannot weigh its step ahead of time (tf_keras, torch_xla): retried at a first step's OOM
-    retries = 2 if cfg.train.batch_size_per_replica == "auto" and not hasattr(backend, "step_memory") else 0
-    cfg, plan = plan_with_batch(cfg, records, backend, labels, work_dir.name)  # auto's choice; a weighed step
-    describe_plan(cfg, plan, records)
     run = FoldRun(cfg, backend, records, work_dir, deadline, checkpointed, backend.compiled())
-    while True:
-        phase = Phase()
-        try:
-            with named_out_of_memory(
-                lambda run=run, plan=plan: run_shape(run.cfg, plan, backend, work_dir.name),
-                phase,
-                lambda: device_capacity(backend),
-            ):
-                return _train_built_fold(run, plan, phase)
-        except DeviceMemoryError as err:
-            if not (retries and err.phase == FIRST_STEP and err.batch):
-                raise
-            retries -= 1
-            print(
-                f"[train] batch: auto's {plan.global_batch // plan.replicas} per replica ran out of memory at the "
-                f"first step; trying {err.batch} ({err})",
-                flush=True,
-            )
-            run = dataclasses.replace(run, cfg=with_batch(run.cfg, err.batch))
-            plan = plan_fold(run.cfg, records, backend.replicas, labels)
-            describe_plan(run.cfg, plan, records)
+    fold = FoldBatch(cfg, backend, records, labels, work_dir.name)
+    return train_at_fitting_batch(fold, lambda batch, phase: _train_built_fold(run, batch, phase))
 
 
 @dataclass(frozen=True)
 class FoldRun:
-    """What one try at training a fold works with (auto's retries change the config's batch)."""
+    """What training a fold works with, whatever batch it trains at."""
 
-    cfg: object
+    cfg: Config
     backend: Backend
-    records: object
+    records: RecordSet
     work_dir: Path
     deadline: float
     checkpointed: Callable[[], None]
@@ -323,9 +309,10 @@ def describe_plan(cfg, plan: FoldPlan, records) -> None:
         )
 
 
-def _train_built_fold(run: FoldRun, plan: FoldPlan, phase: Phase) -> FoldResult:
-    """Build (and resume), fit and finish the fold on `plan`; `phase` follows where it is."""
-    cfg, backend, records, work_dir = run.cfg, run.backend, run.records, run.work_dir
+def _train_built_fold(run: FoldRun, batch: Batch, phase: Phase) -> FoldResult:
+    """Build (and resume), fit and finish the fold on `batch`'s plan; `phase` follows where it is."""
+    cfg, backend, records, work_dir, plan = run.cfg, run.backend, run.records, run.work_dir, batch.plan
+    describe_plan(cfg, plan, records)
     backend.build(plan)
     monitor = None
     try:
@@ -395,4 +382,5 @@ def _train_built_fold(run: FoldRun, plan: FoldPlan, phase: Phase) -> FoldResult:
         monitor.seconds,
         validation,
         compiles,
+        batch.memory,
     )

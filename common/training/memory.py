@@ -259,63 +259,6 @@ def named_out_of_memory(shape, phase: Phase, capacity=lambda: None):
         ) from None
 
 
-# ----------------------------------------------------------------------------- train.batch_size_per_replica=auto
-AUTO_LARGEST = 128  # the per-core batch the TPU guides recommend: auto looks no higher
-AUTO_PROBE = 8  # auto's second compile, where the largest does not fit: two points give the step's growth per image
-
-
-@dataclass(frozen=True)
-class BatchChoice:
-    """What auto chose and why: the per-replica batch (None: not even 1 fits), what each compiled batch needs per
-    device, and the device's memory."""
-
-    per_replica: int | None
-    needs: dict[int, int]  # per-replica batch -> bytes its compiled training step needs on one device
-    capacity: int
-
-    def record(self, source: str) -> dict:
-        """The card's record (runtime.batch_memory)."""
-        return {
-            "batch_per_replica": self.per_replica,
-            "needed_bytes": self.needs.get(self.per_replica),
-            "capacity_bytes": self.capacity,
-            "capacity_from": source,
-            "headroom": HEADROOM,
-            "compiled": {str(b): n for b, n in self.needs.items()},
-        }
-
-    def describe(self, source: str) -> str:
-        tried = ", ".join(f"{b}: {size_text(n)}" for b, n in sorted(self.needs.items()))
-        return (
-            f"[train] batch: auto chose {self.per_replica} per replica, whose compiled training step needs "
-            f"{size_text(self.needs.get(self.per_replica))} of the device's {size_text(self.capacity)} "
-            f"({source}; planned within {HEADROOM:.0%}); compiled per replica: {tried}"
-        )
-
-
-def largest_fitting_batch(measure, capacity: int) -> BatchChoice:
-    """The largest power of two up to AUTO_LARGEST whose training step fits `capacity` with HEADROOM, in at most three
-    compiles (measure(per_replica) -> bytes its compiled step needs): the largest first; where it does not fit, a
-    small one, the line through both (activations grow with the batch, weights do not) names the candidate, and a
-    third compile checks it (one that misses takes the next power down, as the line would)."""
-    room = capacity * HEADROOM
-    needs = {AUTO_LARGEST: measure(AUTO_LARGEST)}
-    if needs[AUTO_LARGEST] <= room:
-        return BatchChoice(AUTO_LARGEST, needs, capacity)
-    needs[AUTO_PROBE] = measure(AUTO_PROBE)
-    slope = (needs[AUTO_LARGEST] - needs[AUTO_PROBE]) / (AUTO_LARGEST - AUTO_PROBE)
-    fixed = needs[AUTO_PROBE] - slope * AUTO_PROBE
-    candidates = [2**k for k in range(int(math.log2(AUTO_LARGEST)), -1, -1)]
-    predicted = next((b for b in candidates if fixed + slope * b <= room), None)
-    if predicted is None:
-        return BatchChoice(None, needs, capacity)
-    if predicted not in needs:
-        needs[predicted] = measure(predicted)
-    if needs[predicted] <= room:
-        return BatchChoice(predicted, needs, capacity)
-    return BatchChoice(predicted // 2 or None, needs, capacity)
-
-
 # -------------------------------------------------------------------------------------------- peak device memory
 def peak_record(peak: int | None, capacity: int | None, source: str) -> dict | None:
     """The card's runtime.peak_memory, None where the runtime reported no peak (the CPU)."""

@@ -118,9 +118,10 @@ def needs_train_labels(cfg) -> bool:
     return get_task(cfg.data.task).scaling is not None or cfg.train.class_weight != "none"
 
 
-def plan_fold(cfg, records, replicas: int, train_labels=None) -> FoldPlan:
+def plan_fold(cfg, records, replicas: int, train_labels=None, per_replica: int | None = None) -> FoldPlan:
     """The fold's batch, steps, schedule, target scaling and class weights, from the config and the record set's
-    counts and classes (common.data.records.RecordSet); train_labels where needs_train_labels(cfg)."""
+    counts and classes (common.data.records.RecordSet); train_labels where needs_train_labels(cfg). per_replica: the
+    batch to plan at instead of the config's (train.batch_size_per_replica=auto's, chosen in batch.py)."""
     task = get_task(cfg.data.task)
     num_classes = len(records.class_names)
     if cfg.model.num_classes and cfg.model.num_classes != num_classes:
@@ -129,7 +130,13 @@ def plan_fold(cfg, records, replicas: int, train_labels=None) -> FoldPlan:
             f"({', '.join(records.class_names[:5])}{', ...' if num_classes > 5 else ''}). Fix: --set "
             f"model.num_classes={num_classes}, or 0 to take it from the data"
         )
-    batch = global_batch_size(cfg.train.batch_size_per_replica, replicas, cfg.train.batch_size)
+    per_replica = cfg.train.batch_size_per_replica if per_replica is None else per_replica
+    if per_replica == "auto":
+        raise ConfigError(
+            "train.batch_size_per_replica=auto is chosen against the device's memory when a fold trains "
+            "(common/training/batch.py). Fix: a number for the batch here"
+        )
+    batch = global_batch_size(per_replica, replicas, cfg.train.batch_size)
     steps_per_epoch = cfg.train.steps_per_epoch or max(1, records.train_count // batch)
     total_steps = steps_per_epoch * cfg.train.epochs
     return FoldPlan(

@@ -118,9 +118,27 @@ class Backend(Protocol):
     def release(self) -> None:
         """The fold is scored: let go of what its training and scoring held (the model stays, for the export)."""
 
+    def peak_memory(self) -> dict | None:
+        """The card's runtime.peak_memory (common.training.memory.peak_record): the busiest device's peak since the
+        process started, None where the runtime keeps no figures (the CPU)."""
+
     def export(self, export_dir: Path, contents):
         """The verified export (common/export/writer.py's contract) of the weights it holds, with `contents` (an
         ExportContents: card, verify images, files, scaling): returns the card as written."""
+
+
+@runtime_checkable
+class StepMemory(Protocol):
+    """What a backend that weighs its compiled training step before training adds to Backend (keras_jax, which
+    compiles ahead of time): the batch is then chosen or checked against the device's memory before the first step
+    (common/training/batch.py); a backend without it meets a device's limit at its first step."""
+
+    def device_memory(self) -> tuple[int | None, str]:
+        """(bytes one device holds, where that figure comes from), or (None, why the device gives no figure)."""
+
+    def step_memory(self, plan, batch_spec) -> int:
+        """Bytes one device needs for the training step at `plan`'s batch, for batches of `batch_spec` (the training
+        pipeline's element spec), compiled ahead of time."""
 
 
 class InputWait:

@@ -69,7 +69,6 @@ class JaxBackend:
     name = "keras_jax"
     hosts = ONE_PROCESS  # __init__ sets the job's
     compile_cache: CompileCache | None = None  # open_compile_cache sets the run's
-    batch_memory: dict | None = None  # the compiled step's memory against the device's, where it was weighed (fold.py)
     host_copy = None  # the export's float32 copy on the CPU, built once (export.py)
 
     def __init__(self, cfg, hosts: Hosts = ONE_PROCESS):
@@ -232,7 +231,6 @@ class JaxBackend:
             "tensorflow": tf.__version__,
             "tpu_stack": fallback_record(),
             "compile_cache": str(self.compile_cache.folder) if self.compile_cache else "off",
-            **({"batch_memory": self.batch_memory} if self.batch_memory else {}),
         }
 
     def precision(self) -> dict[str, str]:

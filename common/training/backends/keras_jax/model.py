@@ -36,10 +36,10 @@ KERAS_EFFICIENTNETS = {
 def initial_values_replaced():
     """For a build whose initial values are replaced at once (a backbone a file's weights are loaded into, a copy given
     the trained weights): under JAX, each variable a Keras initializer would fill starts as zeros made on the host.
-    Keras 3 on JAX draws each initial value with a program compiled for its shape: 128 compiles for EfficientNet-Lite0
-    from a KerasHub preset here, 28 s to build B0 on an H200, for values overwritten at once. A variable made by
-    anything else (a SeedGenerator's state, the stream dropout draws from) is made as before; under another Keras
-    backend (TensorFlow's eager initialisers compile nothing) nothing changes."""
+    Keras 3 on JAX draws each initial value with a program compiled for its shape, more than half of a preset's build
+    time (bench/README.md, "Compiling once: the cache and the build"), for values overwritten at once. A variable
+    made by anything else (a SeedGenerator's state, the stream dropout draws from) is made as before; under another
+    Keras backend (TensorFlow's eager initialisers compile nothing) nothing changes."""
     import keras
 
     drawn = None

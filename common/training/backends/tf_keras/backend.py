@@ -202,7 +202,7 @@ class TFBackend:
         """Give every replica the same batch-norm statistics: their mean, which is what the weights read outside the
         replicas (get_weights, the export) hold. Each replica updates its own moving mean and variance (SyncOnRead
         variables), so without this a replica predicts its share of the validation set with statistics the
-        exported model does not have (measured on 2 logical CPUs: up to 0.03 apart in probability)."""
+        exported model does not have, and what is scored is not what is exported."""
         if self.replicas == 1:
             return
         with self.strategy.scope():

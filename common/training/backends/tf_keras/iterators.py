@@ -14,8 +14,8 @@ import tensorflow as tf
 class RepeatedPasses:
     """The model's outputs for the same padded batches pass after pass: one distributed iterator over them, repeated,
     kept for the fold's model, and one traced step; close() lets it go. Keras' predict makes a distributed iterator,
-    its per-device buffers and their threads on every call, and takes them down after: 0.20 s a call on two logical
-    CPUs for 15 batches whose steps take 0.02 s (measured here), paid every epoch."""
+    its per-device buffers and their threads on every call, and takes them down after: on a small validation set that
+    costs more than the steps themselves, every epoch (bench/README.md, "Validation passes and iterator teardown")."""
 
     def __init__(
         self, strategy: tf.distribute.Strategy, model: tf.keras.Model, batches: tf.data.Dataset, steps: int, key
@@ -40,8 +40,8 @@ class RepeatedPasses:
 
 @contextlib.contextmanager
 def fit_iterator_let_go(model: tf.keras.Model):
-    """Keras fit's training iterator let go after fit (it lived the whole fold): fit drops it on return, and there its
-    teardown held the main thread 14 s at a fold's end in a suite run (py-spy). Taken from the first call of the
+    """Keras fit's training iterator let go after fit (it lived the whole fold): fit drops it on return, where its
+    teardown would hold the main thread at the fold's end (common/data/teardown.py). Taken from the first call of the
     model's train function, which fit makes once per compile and calls with its iterator."""
     train_function, seen = model.make_train_function(), []
 
