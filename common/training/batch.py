@@ -1,6 +1,6 @@
 """Which batch a fold trains at, decided in one place (docs/training.md, "A batch that fits").
 
-    result = train_at_fitting_batch(FoldBatch(cfg, backend, records, labels, "fold0"), train)
+    result = train_at_fitting_batch(FoldBatch.of(cfg, backend, records, "fold0"), train)
     # train(batch, phase) trains the fold at batch.plan; batch.memory is the card's runtime.batch_memory
 
 A number for the batch (train.batch_size_per_replica, or a global train.batch_size) is planned as set. A backend
@@ -24,7 +24,7 @@ from typing import TypeVar
 
 from common.core.config import Config
 from common.core.errors import ConfigError
-from common.data.pipeline import InputShare, make_train_dataset
+from common.data.pipeline import InputShare, make_train_dataset, read_ids_and_labels
 from common.data.records import RecordSet
 from common.training.backends.base import Backend, StepMemory
 from common.training.memory import (
@@ -34,12 +34,11 @@ from common.training.memory import (
     OutOfMemory,
     Phase,
     RunShape,
-    model_name,
     named_out_of_memory,
     out_of_memory_line,
     size_text,
 )
-from common.training.plan import FoldPlan, plan_fold
+from common.training.plan import FoldPlan, needs_train_labels, plan_fold
 
 import numpy as np
 
@@ -60,6 +59,12 @@ class FoldBatch:
     records: RecordSet
     labels: np.ndarray | None  # the training labels in the task's label form (read_ids_and_labels), or None
     fold: str
+
+    @classmethod
+    def of(cls, cfg: Config, backend: Backend, records: RecordSet, fold: str) -> FoldBatch:
+        """The fold's, its training labels read (no image decoded) where the plan needs them."""
+        labels = read_ids_and_labels(records.train_files, records.schema, True)[1] if needs_train_labels(cfg) else None
+        return cls(cfg, backend, records, labels, fold)
 
     @property
     def auto(self) -> bool:
@@ -84,6 +89,28 @@ class FoldBatch:
             precision,
             "train.batch_size" if self.cfg.train.batch_size > 0 else "train.batch_size_per_replica",
         )
+
+    def step_too_large(self, plan: FoldPlan, needed: int, device: tuple[int, str], phase: str) -> DeviceMemoryError:
+        """The out-of-memory line for a compiled step at `plan` that needs more than device = (capacity, source)."""
+        shape, (capacity, source) = self.shape(plan), device
+        oom = OutOfMemory(needed, capacity, None, f"the compiled training step needs {size_text(needed)}, {source}")
+        return DeviceMemoryError(out_of_memory_line(oom, shape, phase))
+
+
+def model_name(model_cfg) -> str:
+    """The backbone as the line names it: its variant, architecture, or the last part of its path or handle (a
+    Kaggle Models handle's variation, not its version number)."""
+
+    def last(path: str) -> str:
+        parts = [part for part in path.split("/") if part]
+        return parts[-2] if len(parts) > 1 and parts[-1].isdigit() else (parts[-1] if parts else path)
+
+    return {
+        "efficientnet": f"EfficientNet {model_cfg.efficientnet_variant}",
+        "hub": f"TF Hub {last(model_cfg.hub_handle)}",
+        "keras": f"Keras backbone {last(model_cfg.keras_backbone)}",
+        "timm": f"timm {last(model_cfg.timm_model)}",
+    }[model_cfg.backbone]
 
 
 @dataclass(frozen=True)
@@ -155,9 +182,8 @@ def choose_batch(fold: FoldBatch, weigher: StepMemory | None) -> Batch:
     choice = largest_fitting_batch(lambda per_replica: weighed_step(fold, weigher, fold.plan(per_replica)), capacity)
     if choice.per_replica is None:
         least = min(choice.needs.values())
-        oom = OutOfMemory(least, capacity, None, f"the compiled training step needs {size_text(least)}, {source}")
-        line = out_of_memory_line(oom, fold.shape(fold.plan(1)), "choosing a batch (train.batch_size_per_replica=auto)")
-        raise DeviceMemoryError(line)
+        phase = "choosing a batch (train.batch_size_per_replica=auto)"
+        raise fold.step_too_large(fold.plan(1), least, (capacity, source), phase)
     print(choice.describe(source), flush=True)
     return Batch(fold.plan(choice.per_replica), choice.record(source))
 
@@ -169,10 +195,7 @@ def check_step_fits(fold: FoldBatch, weigher: StepMemory, plan: FoldPlan) -> dic
     capacity, source = weigher.device_memory()
     needed = weighed_step(fold, weigher, plan)
     if needed > capacity:
-        oom = OutOfMemory(needed, capacity, None, f"the compiled training step needs {size_text(needed)}, {source}")
-        raise DeviceMemoryError(
-            out_of_memory_line(oom, fold.shape(plan), "checking the compiled training step's memory")
-        )
+        raise fold.step_too_large(plan, needed, (capacity, source), "checking the compiled training step's memory")
     return {
         "batch_per_replica": plan.global_batch // plan.replicas,
         "needed_bytes": needed,

@@ -38,7 +38,7 @@ from common.training.clock import EpochClock, FirstStepWatch
 from common.training.compile_cache import CompileCount
 from common.training.history import History
 from common.training.memory import FIRST_STEP, Phase
-from common.training.plan import FoldPlan, needs_train_labels
+from common.training.plan import FoldPlan
 
 import numpy as np
 
@@ -280,9 +280,8 @@ def train_fold(
     `checkpointed` follows each."""
     work_dir = Path(work_dir)
     (work_dir / "best").mkdir(parents=True, exist_ok=True)
-    labels = read_ids_and_labels(records.train_files, records.schema, True)[1] if needs_train_labels(cfg) else None
     run = FoldRun(cfg, backend, records, work_dir, deadline, checkpointed, backend.compiled())
-    fold = FoldBatch(cfg, backend, records, labels, work_dir.name)
+    fold = FoldBatch.of(cfg, backend, records, work_dir.name)
     return train_at_fitting_batch(fold, lambda batch, phase: _train_built_fold(run, batch, phase))
 
 

@@ -216,22 +216,6 @@ def out_of_memory_line(oom: OutOfMemory, shape: RunShape, phase: str) -> str:
     )
 
 
-def model_name(model_cfg) -> str:
-    """The backbone as the line names it: its variant, architecture, or the last part of its path or handle (a
-    Kaggle Models handle's variation, not its version number)."""
-
-    def last(path: str) -> str:
-        parts = [part for part in path.split("/") if part]
-        return parts[-2] if len(parts) > 1 and parts[-1].isdigit() else (parts[-1] if parts else path)
-
-    return {
-        "efficientnet": f"EfficientNet {model_cfg.efficientnet_variant}",
-        "hub": f"TF Hub {last(model_cfg.hub_handle)}",
-        "keras": f"Keras backbone {last(model_cfg.keras_backbone)}",
-        "timm": f"timm {last(model_cfg.timm_model)}",
-    }[model_cfg.backbone]
-
-
 class Phase:
     """Where a fold is, for the line: set as it moves (build, compile and first step, training, validation, ...)."""
 
