@@ -18,6 +18,9 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0")
 
 import common  # noqa: F401, E402  (sets TF_USE_LEGACY_KERAS before tensorflow is imported)
+from common.core.process import settle  # noqa: E402
+
+settle()  # the collector's thresholds and the quick exit, as every entry point's process has them
 
 import pytest  # noqa: E402
 

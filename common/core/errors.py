@@ -30,7 +30,11 @@ class StrategyError(UserError, RuntimeError):
 
 
 def guarded(prog: str, func, *args) -> int:
-    """func(*args)'s exit code; a UserError (the user's to fix) is printed as one line without a traceback: code 2."""
+    """func(*args)'s exit code; a UserError (the user's to fix) is printed as one line without a traceback: code 2.
+    The process's own settings are made first (common/core/process.py): guarded runs every entry point."""
+    from common.core.process import settle
+
+    settle()
     try:
         return func(*args)
     except UserError as err:
