@@ -260,3 +260,8 @@ def verify_batch_difference(python, export: Path) -> float:
     run = subprocess.run([str(python), "-c", code], capture_output=True, text=True, cwd=export, env=env)
     assert run.returncode == 0, run.stderr[-2000:]
     return float(run.stdout.strip().splitlines()[-1])
+
+
+def set_args(*settings: str) -> list[str]:
+    """The command line `--set key=value` for each setting, as the kernels' main and the tpu2gpu CLI take them."""
+    return [arg for setting in settings for arg in ("--set", setting)]

@@ -24,6 +24,8 @@ settle()  # the collector's thresholds and the quick exit, as every entry point'
 
 import pytest  # noqa: E402
 
+from builders import set_args
+
 
 def pytest_configure(config):
     """Where tests run (an xdist worker, or -n 0), before any test module is collected. Not in xdist's controller,
@@ -187,7 +189,7 @@ def train_argv(demo_records, tiny_backbone, tmp_path):
             "train.learning_rate=0.05",
             f"runtime.output_dir={tmp_path / 'out'}",
         ]
-        return [arg for item in [*base, *overrides] for arg in ("--set", item)]
+        return set_args(*base, *overrides)
 
     return argv
 
@@ -209,7 +211,7 @@ def trained_export(demo_records, tiny_backbone, tmp_path_factory):
             "train.learning_rate=0.05",
             f"runtime.output_dir={out}",
         ]
-        assert train_main([a for s in settings for a in ("--set", s)]) == 0
+        assert train_main(set_args(*settings)) == 0
 
     return made_once(tmp_path_factory, "trained", train) / "export"  # read-only: copy it before changing anything
 
@@ -233,7 +235,7 @@ def efficientnet_export(demo_records, tmp_path_factory):
         "train.batch_size_per_replica=8",
         f"runtime.output_dir={out}",
     ]
-    assert train_main([a for s in settings for a in ("--set", s)]) == 0
+    assert train_main(set_args(*settings)) == 0
     return out / "export"
 
 

@@ -13,6 +13,25 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import quote, unquote
 
+# The project the loopback Kaggle serves: an owner, a competition, the Kaggle Model and dataset its kernels attach
+# (the tiny backbone as a Kaggle Model) and a training run small enough for a test.
+MODEL_HANDLE = "tpu2gpu/tiny-backbone/tensorflow2/demo/1"
+PROJECT = [
+    "kaggle.owner=tester",
+    "kaggle.competition=digit-comp",
+    f"kaggle.model_sources=[{MODEL_HANDLE}]",
+    "kaggle.dataset_sources=[tester/extra-data/3]",
+    f"model.hub_handle={MODEL_HANDLE}",
+    "kaggle.tpu_wheels=tpu-wheels",
+    "data.image_size=16",
+    "train.fold=0",
+    "train.epochs=2",
+    "train.steps_per_epoch=4",
+    "train.batch_size_per_replica=16",
+    "train.learning_rate=0.05",
+    "train.export_float16=false",
+]
+
 
 class KaggleRecorder:
     """Stands in for kaggle.com on 127.0.0.1:80, where the real kaggle CLI (2.2.4) sends its API calls when

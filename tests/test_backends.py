@@ -20,7 +20,7 @@ from common.training.plan import whole_executions
 
 import pytest
 
-from builders import read_csv
+from builders import read_csv, set_args
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -137,7 +137,7 @@ def test_a_third_backend_defined_in_the_tests_trains_and_its_export_feeds_the_in
     env = {k: v for k, v in __import__("os").environ.items() if k not in ("KERAS_BACKEND", "XLA_FLAGS")}
     env["XLA_FLAGS"] = "--xla_backend_optimization_level=0"  # as conftest sets it: Keras 3 on TensorFlow jit-compiles
     run = subprocess.run(
-        [sys.executable, str(script), *(a for s in settings for a in ("--set", s))],
+        [sys.executable, str(script), *set_args(*settings)],
         cwd=REPO,
         env={**env, "PYTHONPATH": str(REPO)},
         capture_output=True,

@@ -15,13 +15,9 @@ import pytest
 from tpu2gpu.cli import main as cli_main
 from train_tpu.train import main as train_main
 
-from builders import image_bytes, plant_competitions, read_csv, read_records, run_inference_kernels, write_csv
+from builders import image_bytes, plant_competitions, read_csv, read_records, run_inference_kernels, set_args, write_csv
 
 PLANT_SETTINGS = ["data.id_column=file", "data.label_column=species"]
-
-
-def _settings(*settings: str) -> list[str]:
-    return [a for s in settings for a in ("--set", s)]
 
 
 def _records(out, manifest) -> dict[str, list[dict]]:
@@ -45,7 +41,7 @@ def test_class_folders_convert_train_and_submit_as_the_same_data_with_a_train_cs
                 str(folders),
                 "--out",
                 str(tmp_path / "folders-tfrec"),
-                *_settings(*PLANT_SETTINGS),
+                *set_args(*PLANT_SETTINGS),
             ]
         )
         == 0
@@ -69,7 +65,7 @@ def test_class_folders_convert_train_and_submit_as_the_same_data_with_a_train_cs
         for r in split
     } == rows  # each image labelled by its folder, its id the file name
 
-    train = _settings(
+    train = set_args(
         f"runtime.tfrecords={tmp_path / 'folders-tfrec'}",
         f"model.hub_handle={tiny_backbone}",
         "data.image_size=16",
@@ -82,7 +78,7 @@ def test_class_folders_convert_train_and_submit_as_the_same_data_with_a_train_cs
     )
     assert train_main(train) == 0
     infer = [
-        _settings(
+        set_args(
             f"infer.exports=[{tmp_path / 'train' / 'export'}]",
             f"runtime.competition_dir={competition}",
             "data.id_column=file",

@@ -11,6 +11,8 @@ from common.data.pipeline import augment
 import numpy as np
 import pytest
 
+from builders import set_args
+
 torch = pytest.importorskip("torch", reason="./dev test installs the torch extra")
 
 SIZE = 32
@@ -181,7 +183,7 @@ def test_the_torch_route_trains_a_fold_with_the_augmentation_on_the_device(
         f"runtime.tfrecords={records_dir}",
         f"runtime.output_dir={tmp_path / 'out'}",
     ]
-    assert main([a for s in settings for a in ("--set", s)]) == 0
+    assert main(set_args(*settings)) == 0
     card = (tmp_path / "out" / "export" / "fold0" / "model_card.json").read_text()
     assert '"augment_on": "device"' in card and '"optimizer_steps": 8' in card
     assert "[torch] epoch 2: the step waited for input" in capsys.readouterr().out

@@ -7,6 +7,8 @@ from common.core.strategy import get_strategy
 
 import pytest
 
+from builders import set_args
+
 
 @pytest.mark.e2e
 def test_legacy_keras_is_set_before_tensorflow():
@@ -77,7 +79,7 @@ def test_the_environment_block_names_the_machines_gpus_as_nvidia_smi_does(tmp_pa
 def test_a_hub_backbone_without_pkg_resources_is_one_named_error_before_any_data_is_read(tmp_path):
     """tensorflow_hub 0.16.1 imports pkg_resources, which setuptools 82 removed (pip fills a Python 3.12+ venv with the
     newest setuptools): the training kernel names the fix instead of dying in a traceback, before it reads data."""
-    argv = ["--set", f"runtime.tfrecords={tmp_path / 'no-records'}", "--set", f"runtime.output_dir={tmp_path / 'out'}"]
+    argv = set_args(f"runtime.tfrecords={tmp_path / 'no-records'}", f"runtime.output_dir={tmp_path / 'out'}")
     code = (
         "import sys; sys.modules['pkg_resources'] = None; from common.launch.kernel import guarded; "
         f"from train_tpu.train import main; sys.exit(guarded('train_tpu', main, {argv!r}))"

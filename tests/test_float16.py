@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from tpu2gpu.demo_data import CLASS_NAMES
 
-from builders import run_inference_kernels
+from builders import run_inference_kernels, set_args
 
 pytestmark = pytest.mark.e2e  # a fresh-process check of each export, and the inference kernel
 
@@ -137,7 +137,7 @@ def test_the_inference_kernel_falls_back_to_float32_where_the_float16_signature_
             f"runtime.output_dir={tmp_path / out}",
             f"infer.precision={precision}",
         ]
-        return [a for s in settings for a in ("--set", s)]
+        return set_args(*settings)
 
     run = run_inference_kernels([argv("float16", "half"), argv("float32", "full")])
     assert run.returncode == 0, run.stderr[-3000:]
@@ -173,7 +173,7 @@ def test_the_training_kernel_whose_float16_signature_misses_exits_0_with_a_verif
         "train.batch_size_per_replica=8",
         f"runtime.output_dir={tmp_path}",
     ]
-    assert train_main([a for s in settings for a in ("--set", s)]) == 0
+    assert train_main(set_args(*settings)) == 0
     log = capsys.readouterr().out
     card = json.loads((tmp_path / "export" / "fold0" / "model_card.json").read_text())
     check = card["precision"]["float16_check"]

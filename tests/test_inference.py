@@ -20,7 +20,7 @@ from PIL import Image
 
 from infer_gpu.infer import main as infer_main
 
-from builders import read_csv, write_csv
+from builders import read_csv, set_args, write_csv
 
 pytestmark = pytest.mark.e2e  # the inference kernel, on the trained_export fixture's model
 
@@ -42,13 +42,9 @@ TRAINING_ONLY = (
 BLOCK_TRAINING = f"import sys; sys.modules.update(dict.fromkeys({TRAINING_ONLY!r})); "
 
 
-def _argv(*settings):
-    return [a for s in settings for a in ("--set", s)]
-
-
 def test_trained_export_to_a_valid_submission_without_any_training_dependency(trained_export, demo_dir, tmp_path):
     out = tmp_path / "out"
-    argv = _argv(
+    argv = set_args(
         f"infer.exports=[{trained_export}]",
         f"runtime.competition_dir={demo_dir}",
         f"runtime.output_dir={out}",
@@ -117,7 +113,7 @@ def competition_copy(demo_dir, tmp_path):
 def _fails(tmp_path, error, match, *settings):
     out = tmp_path / "out"
     with pytest.raises(error, match=match):
-        infer_main(_argv(*settings, f"runtime.output_dir={out}"))
+        infer_main(set_args(*settings, f"runtime.output_dir={out}"))
     assert not out.exists() or not list(out.iterdir())  # no submission.csv, nothing half-written
 
 
@@ -175,7 +171,7 @@ def test_test_images_unlike_the_training_images(tmp_path, trained_export, compet
     out = tmp_path / "out2"
     assert (
         infer_main(
-            _argv(
+            set_args(
                 f"infer.exports=[{trained_export}]",
                 f"runtime.competition_dir={competition_copy}",
                 f"runtime.output_dir={out}",
@@ -209,7 +205,7 @@ def test_a_test_id_missing_from_the_records(tmp_path, trained_export, competitio
     write_csv(competition_copy / "sample_submission.csv", ["id", "label"], rows)
     assert (
         infer_main(
-            _argv(
+            set_args(
                 f"infer.exports=[{trained_export}]",
                 f"runtime.competition_dir={competition_copy}",
                 f"runtime.tfrecords={records_dir}",
@@ -314,7 +310,7 @@ def test_a_float16_signature_only_where_the_saved_graph_computes_in_float16(effi
     )
     assert (
         infer_main(
-            _argv(
+            set_args(
                 f"infer.exports=[{efficientnet_export}]",
                 f"runtime.competition_dir={small}",
                 "infer.precision=float16",
@@ -350,7 +346,7 @@ def test_a_tf_hub_backbone_gets_no_float16_signature(trained_export):
 def test_amp_runs_the_float32_signature_with_the_automatic_mixed_precision_rewrite_on(
     trained_export, demo_dir, tmp_path
 ):
-    argv = _argv(
+    argv = set_args(
         f"infer.exports=[{trained_export}]",
         f"runtime.competition_dir={demo_dir}",
         f"runtime.output_dir={tmp_path}",

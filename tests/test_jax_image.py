@@ -31,7 +31,7 @@ import pytest
 
 from tpu2gpu.build import build
 
-from builders import verify_batch_difference
+from builders import set_args, verify_batch_difference
 from fake_kaggle import offline
 from image_envs import environment, kaggle_env, macro_f1, run_inference
 
@@ -220,7 +220,7 @@ def tf_route_export(out: Path, demo_dir: Path) -> Path:
             "train_tpu.train",
             "--config",
             str(REPO / "configs" / "demo.yaml"),
-            *(a for s in settings for a in ("--set", s)),
+            *set_args(*settings),
         ],
         cwd=REPO,
         capture_output=True,

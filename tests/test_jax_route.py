@@ -19,7 +19,7 @@ import pytest
 
 from train_tpu.train import main as train_main
 
-from builders import SHAPES, task_competition, verify_batch_difference
+from builders import SHAPES, set_args, task_competition, verify_batch_difference
 from inexact_float32 import tpu_float32
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,7 +44,7 @@ def jax_settings(backbone: Path, *extra: str) -> list[str]:
         "train.export_float16=false",
         *extra,
     ]
-    return [a for s in settings for a in ("--set", s)]
+    return set_args(*settings)
 
 
 @pytest.mark.e2e

@@ -13,33 +13,16 @@ import pytest
 from tpu2gpu import workflow
 from tpu2gpu.build import MetadataError, build
 
-from builders import read_csv
-from fake_kaggle import KaggleRecorder, offline
+from builders import read_csv, set_args
+from fake_kaggle import MODEL_HANDLE, PROJECT, KaggleRecorder, offline
 from fake_tpu import FAKE_TPU_PINS, tpu_wheels
-
-MODEL_HANDLE = "tpu2gpu/tiny-backbone/tensorflow2/demo/1"
-PROJECT = [
-    "kaggle.owner=tester",
-    "kaggle.competition=digit-comp",
-    f"kaggle.model_sources=[{MODEL_HANDLE}]",
-    "kaggle.dataset_sources=[tester/extra-data/3]",
-    f"model.hub_handle={MODEL_HANDLE}",
-    "kaggle.tpu_wheels=tpu-wheels",
-    "data.image_size=16",
-    "train.fold=0",
-    "train.epochs=2",
-    "train.steps_per_epoch=4",
-    "train.batch_size_per_replica=16",
-    "train.learning_rate=0.05",
-    "train.export_float16=false",
-]
 
 REPO = Path(__file__).resolve().parents[1]
 TIMM = ("model.backbone=timm", "model.timm_model=/kaggle/input/extra-data/tiny_timm")  # a save_for_hf folder attached
 
 
 def flags(*overrides: str) -> list[str]:
-    return [a for s in [*PROJECT, *overrides] for a in ("--set", s)]
+    return set_args(*PROJECT, *overrides)
 
 
 def methods(recorder) -> list[str]:

@@ -29,6 +29,8 @@ import tensorflow as tf
 
 from train_tpu.train import main as train_main
 
+from builders import set_args
+
 REPO = Path(__file__).resolve().parents[1]
 GiB = 2**30
 
@@ -259,7 +261,7 @@ def settings(records: Path, out: Path, *extra: str) -> list[str]:
         f"runtime.output_dir={out}",
         *extra,
     ]
-    return [a for s in base for a in ("--set", s)]
+    return set_args(*base)
 
 
 @pytest.mark.e2e
@@ -424,7 +426,7 @@ def test_keras_jax_weighs_its_compiled_step_against_the_device_and_auto_trains_a
 
     monkeypatch.setattr(fold, "_write_json", write_then_stop)
     with pytest.raises(Checkpointed):  # the rerun, as the line says
-        train_main([*argv, "--set", f"train.batch_size_per_replica={fix}", "--set", "train.epochs=1"])
+        train_main([*argv, *set_args(f"train.batch_size_per_replica={fix}", "train.epochs=1")])
     monkeypatch.undo()
     assert f"global batch {2 * fix} (2 replicas)" in capsys.readouterr().out
     progress = tmp_path / "out" / "work" / "fold0" / "checkpoints" / "progress.json"

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from builders import run_inference_kernel
+from builders import run_inference_kernel, set_args
 from fake_gcs import run_with_gcs, unavailable
 
 pytestmark = pytest.mark.e2e
@@ -43,7 +43,7 @@ def settings(records: Path | str, backbone: Path, out: Path | str, *extra: str) 
         f"runtime.output_dir={out}",
         *extra,
     ]
-    return [a for item in items for a in ("--set", item)]
+    return set_args(*items)
 
 
 def environment(devices: int) -> dict:

@@ -18,7 +18,7 @@ from common.launch.torchrun import local_command, processes_to_start
 
 import pytest
 
-from builders import kill_after_epochs, read_csv, run_inference_kernel
+from builders import kill_after_epochs, read_csv, run_inference_kernel, set_args
 
 torch = pytest.importorskip("torch", reason="./dev test installs the torch extra")
 
@@ -184,7 +184,7 @@ def settings(records: Path, backbone: Path, out: Path, *extra: str) -> list[str]
         f"runtime.output_dir={out}",
         *extra,
     ]
-    return [a for s in items for a in ("--set", s)]
+    return set_args(*items)
 
 
 @pytest.mark.e2e

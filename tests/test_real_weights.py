@@ -23,7 +23,7 @@ from common.core.errors import ConfigError
 import numpy as np
 import pytest
 
-from builders import read_csv, run_inference_kernels
+from builders import read_csv, run_inference_kernels, set_args
 from real_weights import CAT_CLASSES, ESPRESSO, write_photo_competition
 
 REPO = Path(__file__).resolve().parents[1]
@@ -143,16 +143,12 @@ PROBE = [
 ]
 
 
-def flags(*settings: str) -> list[str]:
-    return [a for s in settings for a in ("--set", s)]
-
-
 def train_route(route: str, real_weights: Path, records: Path, out: Path) -> dict:
     """The route's linear probe trained and exported into out/export; its card. torch_xla in a child: it must be
     imported before TensorFlow, which this process holds. keras_jax in a child whose tensorflow_text (and its own
     children's) does not import, as on an image without it: a KerasHub preset's backbone needs none, and keras-hub's
     preprocessing layers require it (the route reads the image converter's scale and offset from the preset's files)."""
-    argv = flags(*ROUTES[route](real_weights), *PROBE, f"runtime.tfrecords={records}", f"runtime.output_dir={out}")
+    argv = set_args(*ROUTES[route](real_weights), *PROBE, f"runtime.tfrecords={records}", f"runtime.output_dir={out}")
     if route == "tf_keras":
         from train_tpu.train import main as train_main
 
@@ -205,7 +201,7 @@ def test_a_linear_probe_on_real_weights_on_every_route_exports_verified_and_the_
 
     competition, records = tmp_path / "competition", tmp_path / "records"
     answers = write_photo_competition(competition, per_class=48, n_test=64)
-    assert cli_main(["tfrecords", "--competition", str(competition), "--out", str(records), *flags(*PROBE)]) == 0
+    assert cli_main(["tfrecords", "--competition", str(competition), "--out", str(records), *set_args(*PROBE)]) == 0
     cards = {route: train_route(route, real_weights, records, tmp_path / route) for route in ROUTES}
     for route, card in cards.items():
         assert card["complete"] is True and card["runtime"]["framework"] == route
@@ -213,7 +209,7 @@ def test_a_linear_probe_on_real_weights_on_every_route_exports_verified_and_the_
 
     infer = run_inference_kernels(
         [
-            flags(
+            set_args(
                 f"infer.exports=[{tmp_path / route / 'export'}]",
                 f"runtime.competition_dir={competition}",
                 f"runtime.output_dir={tmp_path / route / 'infer'}",

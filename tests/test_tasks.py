@@ -23,7 +23,7 @@ import pytest
 from infer_gpu.infer import main as infer_main
 from train_tpu.train import main as train_main
 
-from builders import SHAPES, read_csv, task_competition, write_csv
+from builders import SHAPES, read_csv, set_args, task_competition, write_csv
 from inexact_float32 import tpu_float32
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,7 +47,7 @@ def run_task(tmp_path: Path, demo_dir: Path, tiny_backbone: Path, task: str, *ex
         "train.export_float16=false",
         *extra,
     ]
-    flags = [a for s in settings for a in ("--set", s)]
+    flags = set_args(*settings)
     from tpu2gpu.cli import main as cli_main
 
     assert cli_main(["tfrecords", "--competition", str(competition), "--out", str(tmp_path / "records"), *flags]) == 0
@@ -229,7 +229,7 @@ def test_a_fifth_task_defined_in_a_test_alone_trains_and_predicts_end_to_end(
         "train.export_float16=false",
         "runtime.strategy=default",
     ]  # one replica, whatever ran before
-    flags = [a for item in settings for a in ("--set", item)]
+    flags = set_args(*settings)
     from tpu2gpu.cli import main as cli_main
 
     assert cli_main(["tfrecords", "--competition", str(competition), "--out", str(tmp_path / "records"), *flags]) == 0

@@ -20,15 +20,14 @@ from common.inference.predict import Unit, predict_rows, time_units
 from common.inference.time_plan import TimePlan, clock_text, shed_steps
 
 import pytest
-from test_kaggle import PROJECT
 
 from infer_gpu.infer import main as infer_main
 from tpu2gpu.backbones import save_tiny_backbone
 from tpu2gpu.build import build
 from train_tpu.train import main as train_main
 
-from builders import read_csv
-from fake_kaggle import offline
+from builders import read_csv, set_args
+from fake_kaggle import PROJECT, offline
 
 HIDDEN_COPIES = 20  # the hidden test set: the public one 20 times over (7,200 images)
 VIEWS = ("flip_left_right", "flip_up_down", "rotate90", "rotate180", "rotate270", "transpose")
@@ -252,7 +251,7 @@ def test_a_code_competition_rerun_sheds_views_to_end_within_the_limit_and_a_limi
         "train.export_float16=false",
         f"runtime.output_dir={tmp_path / 'trained'}",
     ]
-    assert train_main([a for s in settings for a in ("--set", s)]) == 0
+    assert train_main(set_args(*settings)) == 0
     kaggle, env = kaggle_layout(tmp_path, tmp_path / "trained" / "export" / "fold0")
     competition = kaggle / "input" / "competitions" / "digit-comp"
     public = write_test_set(competition, demo_dir, 1)

@@ -15,7 +15,7 @@ from common.launch.routes import torch_xla_missing
 
 import pytest
 
-from builders import kill_after_epochs
+from builders import kill_after_epochs, set_args
 from inexact_float32 import TORCH_XLA_BFLOAT16
 
 REPO = Path(__file__).resolve().parents[1]
@@ -243,7 +243,7 @@ def test_a_timm_model_trains_resumes_after_a_kill_and_exports_the_same_contract_
         f"runtime.tfrecords={records_dir}",
         f"runtime.output_dir={out}",
     ]
-    command = [sys.executable, "-m", "train_tpu.train", *[a for s in settings for a in ("--set", s)]]
+    command = [sys.executable, "-m", "train_tpu.train", *set_args(*settings)]
     env = {**os.environ, **TORCH_XLA_BFLOAT16}  # the XLA devices' float32 as inexact as a TPU's, and coarser
     assert kill_after_epochs(command, out / "work" / "fold0" / "checkpoints" / "progress.json", 1, 600, env) == 1
     run = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900, env=env)

@@ -23,7 +23,7 @@ from common.launch.routes import torch_xla_missing
 import numpy as np
 import pytest
 
-from builders import SHAPES, read_csv, run_inference_kernels, task_competition
+from builders import SHAPES, read_csv, run_inference_kernels, set_args, task_competition
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = [
@@ -128,7 +128,7 @@ def test_each_task_trains_on_torch_xla_exports_the_same_contract_and_the_tf_only
     runs, inference, answers_of = [], [], {}
     for task in TASKS:
         competition, answers_of[task] = task_competition(demo_dir, tmp_path / task / "competition", task)
-        flags = [a for s in settings(task, tiny_timm_backbone) for a in ("--set", s)]
+        flags = set_args(*settings(task, tiny_timm_backbone))
         assert (
             cli_main(
                 ["tfrecords", "--competition", str(competition), "--out", str(tmp_path / task / "records"), *flags]

@@ -21,6 +21,7 @@ import pytest
 
 from tpu2gpu.build import build
 
+from builders import set_args
 from fake_kaggle import offline
 from fake_tpu import FAKE_TPU_PINS as PINS
 from fake_tpu import fake_wheel, tensorflow_wheel, tpu_wheels
@@ -390,7 +391,7 @@ def test_the_real_tpu_stack_replaces_the_images_tensorflow_and_the_kernel_runs_a
     kaggle = tmp_path / "kaggle"
     wheels = kaggle / "input" / "datasets" / "tester" / "tpu-wheels"
     project = [*PROJECT[:-1], "kaggle.tpu_probe_seconds=180"]  # the default kaggle.tpu_packages
-    settings = [a for s in project for a in ("--set", s)]
+    settings = set_args(*project)
     made = subprocess.run(
         [sys.executable, "-m", "tpu2gpu.cli", "wheels", "--out", str(wheels), *settings],
         cwd=REPO,

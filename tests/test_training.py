@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from train_tpu.train import main as train_main
 
-from builders import TENSORFLOW_ALONE, kill_after_epochs
+from builders import TENSORFLOW_ALONE, kill_after_epochs, set_args
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -258,16 +258,12 @@ def test_the_time_budget_cuts_a_fold_starts_no_fold_it_cannot_finish_and_inferen
 
     def infer(*settings):
         return infer_main(
-            [
-                a
-                for s in (
-                    f"infer.exports=[{export}]",
-                    f"runtime.competition_dir={demo_dir}",
-                    f"runtime.output_dir={tmp_path / 'infer'}",
-                    *settings,
-                )
-                for a in ("--set", s)
-            ]
+            set_args(
+                f"infer.exports=[{export}]",
+                f"runtime.competition_dir={demo_dir}",
+                f"runtime.output_dir={tmp_path / 'infer'}",
+                *settings,
+            )
         )
 
     assert infer() == 0
@@ -342,7 +338,7 @@ def test_all_folds_in_turn_give_out_of_fold_scores(tmp_path, tiny_backbone):
         "train.batch_size_per_replica=4",
         f"runtime.output_dir={tmp_path / 'out'}",
     ]
-    assert train_main([a for item in argv for a in ("--set", item)]) == 0
+    assert train_main(set_args(*argv)) == 0
     report = json.loads((tmp_path / "out" / "export" / "training_report.json").read_text())
     assert sorted(report["folds"]) == ["fold0", "fold1"]
     oof = report["out_of_fold"]
@@ -393,7 +389,7 @@ def test_the_best_epoch_is_exported_not_the_last(tmp_path, tiny_backbone):
         "train.early_stopping=2",
         f"runtime.output_dir={tmp_path / 'out'}",
     ]
-    assert train_main([a for item in argv for a in ("--set", item)]) == 0
+    assert train_main(set_args(*argv)) == 0
     export = tmp_path / "out" / "export" / "fold0"
     card = read_card(export)
     history = np.genfromtxt(export / "history.csv", delimiter=",", names=True)

@@ -18,7 +18,7 @@ from PIL import Image
 
 from infer_gpu.infer import main as infer_main
 
-from builders import read_csv
+from builders import read_csv, set_args
 
 pytestmark = pytest.mark.e2e  # the inference kernel on the trained_export fixture's model
 
@@ -65,16 +65,12 @@ def probabilities(out: Path) -> dict[str, np.ndarray]:
     return {r["id"]: np.array([float(v) for k, v in r.items() if k != "id"]) for r in rows}
 
 
-def argv(*settings) -> list[str]:
-    return [a for s in settings for a in ("--set", s)]
-
-
 @pytest.fixture(scope="module")
 def clean_predictions(trained_export, demo_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("clean")
     assert (
         infer_main(
-            argv(
+            set_args(
                 f"infer.exports=[{trained_export}]",
                 f"runtime.competition_dir={demo_dir}",
                 f"runtime.output_dir={out}",
@@ -105,7 +101,7 @@ def test_every_odd_test_image_is_read_and_the_unreadable_ones_get_the_fallback(
     out = tmp_path / "warn"
     code = (
         f"import sys; sys.modules.update(dict.fromkeys({BLOCKED!r})); from infer_gpu.infer import main; "
-        f"sys.exit(main({argv(*settings, f'runtime.output_dir={out}')!r}))"
+        f"sys.exit(main({set_args(*settings, f'runtime.output_dir={out}')!r}))"
     )
     run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
@@ -139,15 +135,15 @@ def test_every_odd_test_image_is_read_and_the_unreadable_ones_get_the_fallback(
 
     # The image check off: the same submission.
     off = tmp_path / "off"
-    assert infer_main(argv(*settings, f"runtime.output_dir={off}", "infer.check_images=off")) == 0
+    assert infer_main(set_args(*settings, f"runtime.output_dir={off}", "infer.check_images=off")) == 0
     assert (off / "submission.csv").read_text() == (out / "submission.csv").read_text()
     # strict: every unreadable and unlike image named at once; on_bad_image=error: both unreadable ones at once.
     with pytest.raises(DataError) as strict:
-        infer_main(argv(*settings, f"runtime.output_dir={tmp_path / 'strict'}", "infer.check_images=strict"))
+        infer_main(set_args(*settings, f"runtime.output_dir={tmp_path / 'strict'}", "infer.check_images=strict"))
     assert str(strict.value).startswith("10 test image(s) are unlike the training images, which were 32x32 RGB")
     assert all(made[k] in str(strict.value) for k in ("empty file", "HTML error page", "1x1", "6000x4000"))
     with pytest.raises(DataError) as error:
-        infer_main(argv(*settings, f"runtime.output_dir={tmp_path / 'error'}", "infer.on_bad_image=error"))
+        infer_main(set_args(*settings, f"runtime.output_dir={tmp_path / 'error'}", "infer.on_bad_image=error"))
     assert str(error.value).startswith(
         "2 of 360 test images cannot be read by TensorFlow or Pillow:\n  "
         f"{made['empty file']} ({images[len(VARIANTS)]}): empty (0 bytes)\n  "
@@ -171,7 +167,9 @@ def test_a_damaged_test_record_and_a_missing_test_file_get_the_fallback(
     settings = [f"infer.exports=[{trained_export}]", f"runtime.competition_dir={competition}"]
 
     out = tmp_path / "from_records"
-    assert infer_main(argv(*settings, f"runtime.tfrecords={tmp_path / 'records'}", f"runtime.output_dir={out}")) == 0
+    assert (
+        infer_main(set_args(*settings, f"runtime.tfrecords={tmp_path / 'records'}", f"runtime.output_dir={out}")) == 0
+    )
     got = probabilities(out)
     assert [r["id"] for r in read_csv(out / "submission.csv")] == template
     fallback = np.mean([got[i] for i in template if i not in (damaged, absent)], axis=0)
@@ -185,12 +183,14 @@ def test_a_damaged_test_record_and_a_missing_test_file_get_the_fallback(
 
     (competition / "test" / f"{absent}.png").unlink()  # a listed test image missing from the folder
     out = tmp_path / "from_folder"
-    assert infer_main(argv(*settings, "runtime.tfrecords=", f"runtime.output_dir={out}")) == 0
+    assert infer_main(set_args(*settings, "runtime.tfrecords=", f"runtime.output_dir={out}")) == 0
     assert [r["id"] for r in read_csv(out / "submission.csv")] == template
     assert [r["problem"] for r in read_csv(out / "bad_test_images.csv")] == [
         f"no image {absent}[.jpg|.jpeg|.png] in {competition / 'test'}"
     ]
     with pytest.raises(DataError, match=rf"1 of 360 test images cannot be read by TensorFlow or Pillow:\n  {absent} "):
         infer_main(
-            argv(*settings, "runtime.tfrecords=", f"runtime.output_dir={tmp_path / 'e'}", "infer.on_bad_image=error")
+            set_args(
+                *settings, "runtime.tfrecords=", f"runtime.output_dir={tmp_path / 'e'}", "infer.on_bad_image=error"
+            )
         )
