@@ -286,9 +286,27 @@ LONGEST_FIRST_CASES = {
 }
 
 
+# Marks whose tests run only where the -m expression names them (pyproject.toml's markers say what each costs).
+OPT_IN = ("tpu_image", "jax_image", "torch_image", "slow", "pythons")
+
+
+def opted_out(config, items) -> list:
+    """The tests of an opt-in mark that the -m expression does not name: `-m "not e2e"` leaves the slow ones out too,
+    `-m slow` and `-m "slow and e2e"` keep them."""
+    expression = config.getoption("markexpr") or ""
+    skipped = {mark for mark in OPT_IN if mark not in expression}
+    return [item for item in items if skipped & {mark.name for mark in item.iter_markers()}]
+
+
 def pytest_collection_modifyitems(config, items):
-    """Two halves, each opening with its share of LONGEST_FIRST (dealt A B B A A B ...) and ending with its share of
-    the other tests in their usual order; under -n 0 the same order runs in one process."""
+    """The opt-in marks' tests deselected unless asked for; then two halves, each opening with its share of
+    LONGEST_FIRST (dealt A B B A A B ...) and ending with its share of the other tests in their usual order; under
+    -n 0 the same order runs in one process."""
+    deselected = opted_out(config, items)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        unwanted = {id(item) for item in deselected}
+        items[:] = [item for item in items if id(item) not in unwanted]
     rank = {name: float(i) for i, name in enumerate(LONGEST_FIRST)}
     for name, after in LONGEST_FIRST_CASES.items():
         rank[name] = rank[after] + 0.5
