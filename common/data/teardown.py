@@ -1,13 +1,10 @@
 """Taking down a tf.data iterator without waiting on it.
 
 Deleting an iterator joins the thread tf.data's autotuning runs in (RootDataset's "tf_data_model"; a MultiDeviceIterator
-has one for each device's pipeline). In TensorFlow 2.21 that thread is not always woken by the teardown: it is found in
-a timed wait (gdb, py-spy), and the stall ends when that wait does, at its next optimisation, which comes up to 60 s
-apart once the iterator has lived a minute or two. Measured here on two cores (2026-11-26/27):
-- a MirroredStrategy iterator that lived 90 s: three of eight took 50-60 s to delete, the other five 0.2 s;
-- the inference kernel's single-device test iterator, after a 6 s pass under load: 3.4-4.9 s in about one run in six,
-  and none in 20 runs with autotuning off on it (without_autotune). Off is no help to a distributed iterator: each
-  device's pipeline has options of its own.
+has one for each device's pipeline). In TensorFlow 2.21 the teardown does not always wake that thread, so the stall
+lasts until its timed wait ends at its next optimisation, up to 60 s apart once the iterator has lived a minute or two
+(figures: bench/README.md, "Validation passes and iterator teardown"). Autotuning off (without_autotune) spares a
+single-device iterator the wait, but not a distributed one: each device's pipeline has options of its own.
 So an iterator that lived long is dropped on a thread of its own (let_go), and the caller goes on at once.
 """
 
@@ -28,9 +25,7 @@ def let_go(holder: list) -> None:
 @contextlib.contextmanager
 def numpy_batches(dataset: tf.data.Dataset):
     """A generator of the dataset's batches as NumPy arrays (Keras 3 on JAX takes a generator, not tf.data's
-    NumpyIterator); on leaving, its iterator is let go. Seen here, a keras_jax fold of EfficientNet-Lite0 at 64 px (32
-    steps): at the end of fit, 2.2-3 s at 0% CPU in the generator's teardown, in each of three runs; let go, 0.6-0.7 s
-    from the last epoch to the export, restoring the best epoch included."""
+    NumpyIterator); on leaving, its iterator is let go, so the end of fit does not wait on the iterator's teardown."""
     holder = [dataset.as_numpy_iterator()]
     batches = (batch for batch in holder[0])
     try:
