@@ -12,7 +12,7 @@ short is made by writing a number into the file $FAKE_GCS_WRITES_LEFT names (in 
 object uploads are accepted, then each is refused with 503 until the file is removed. Two emulator
 defects are fixed here (monkeypatched; the installed files are untouched): TensorFlow sends upload bodies chunked AND
 with a Content-Length, and chunked must win (RFC 7230 3.3.3); an empty body (a directory marker, a zero-length
-object) is an empty body, not none. ../shared/GCS.md has the facts; about 0.2 s from namespace to a ready server.
+object) is an empty body, not none. The namespace is ready for requests in about 0.2 s.
 
 `python tests/fake_gcs.py --bucket NAME --cert C --key K` is the server the namespace script starts.
 """

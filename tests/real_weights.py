@@ -8,7 +8,7 @@
     OUT/photos.npz    scikit-image's chelsea (a cat) and coffee (an espresso) at 224 px, uint8
     OUT/timm_probabilities.npy   timm's own ImageNet probabilities for them (the known answer every route must give)
 
-The package's tensors map one to one, in order and shape, onto timm's efficientnet_lite0 (../shared/WEIGHTS.md); its
+The package's tensors map one to one, in order and shape, onto timm's efficientnet_lite0; its
 normalisation is (x - 0.5) / 0.5 on [0, 1] images, written into the folder's pretrained_cfg (timm's default for that
 name says ImageNet's mean and std). Each form is checked before it is written out: timm's own forward names the cat and
 the espresso, and the KerasHub and TF forms give timm's pooled features.

@@ -132,7 +132,7 @@ class EpochMonitor:
 
     def first_executed(self, steps: int) -> None:
         """The fit's first execution (its first `steps` steps) has run: its seconds beyond the compile are its own
-        phase, not the steps' pace (on an H200, 9-12 s where the steps take 34 ms: docs/training.md)."""
+        phase, not the steps' pace (a GPU's warm-up: seconds, where a step takes milliseconds)."""
         self.stop_watch()
         self.clock.lap("first execution", f"{steps} step(s)")
         self.first_steps = steps

@@ -10,9 +10,9 @@ Each runtime says it its own way (the public reports in the comments); what they
 - XLA on a TPU, at run time (torch_xla, TF): "Attempting to reserve 3.95G at the bottom of memory. That was not
   possible. There are 1.92G free ...; HBM capacity 8.00G" (pytorch/xla#1735), or "Attempting to allocate 180.59M.
   That was not possible. There are 142.58M free" (pytorch/xla#2569).
-- JAX on a GPU: "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 4294967296 bytes", and (JAX 0.11 on an
-  H200, seen here) "Out of memory while trying to allocate 15.67GiB with allocator GPU_0_bfc": the one allocation,
-  not the device's size, which the route's own report (JAX's memory_stats) then gives.
+- JAX on a GPU: "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 4294967296 bytes", and (JAX 0.11's GPU
+  allocator) "Out of memory while trying to allocate 15.67GiB with allocator GPU_0_bfc": the one allocation, not the
+  device's size, which the route's own report (JAX's memory_stats) then gives.
 - TensorFlow on a GPU: "OOM when allocating tensor with shape[256,112,112,32] and type float on ... GPU:0".
 - PyTorch on a GPU: "CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 15.78 GiB total capacity; ...)".
 - "Bad hardware status" on a TPU after a large allocation was out of memory in disguise (tensorflow/tpu#403).

@@ -31,7 +31,7 @@ class EpochLoop:
     epoch_begin: Callable[[int], None]  # epoch_begin(epoch), before its first step
     epoch_end: Callable[[int, dict], bool]  # epoch_end(epoch, logs) after its last step: True stops training
     # first_executed(steps) once the fit's first execution has run (its outputs read back): on an accelerator it
-    # carries seconds beyond the compile (9-12 s on an H200, docs/training.md), which are not the steps' pace
+    # carries seconds beyond the compile (the device's warm-up), which are not the steps' pace
     first_executed: Callable[[int], None] = lambda steps: None
 
 

@@ -6,7 +6,7 @@ needs from it.
     hosts.agree(stop)                   # process 0's decision on every process
     outputs = gather_outputs(forward, batches, hosts, sharding)   # every process's share of a batch, on every one
 
-Facts this rests on (../shared/MULTIHOST.md, seen with jax 0.7.2 and keras 3.15.1): a process that dies is noticed by
+Facts this rests on (jax 0.7.2 and keras 3.15.1; docs/beyond-kaggle.md): a process that dies is noticed by
 JAX's coordination service within its heartbeat timeout, and the survivors end; Keras's `predict` cannot fetch outputs
 that span other processes' devices, hence gather_outputs; replicated weights can be read on any process.
 """

@@ -17,7 +17,7 @@ themselves it failed in the openxla bridge (torch_xla 2.9: "Trying to access XLA
 is in flight"), and its capturable branch (the one that keeps the step count on the device) divides by the rate: NaN
 at the warm-up's first step, whose rate is 0. So the update is Adam's arithmetic written out, its bias corrections
 from the host. Dropout draws a new seed each call (the bridge advances torch_xla's RNG per execution,
-pytorch/xla#5444). docs/training.md, "The PyTorch step", has the figures.
+pytorch/xla#5444). bench/README.md, "The PyTorch step", has the figures.
 """
 
 from __future__ import annotations
