@@ -75,6 +75,7 @@ def test_missing_or_offline_hub_handles_are_clear_errors():
         )
 
 
+@pytest.mark.e2e  # two full-size EfficientNets built
 def test_an_efficientnet_weights_file_of_another_variant_is_one_line_naming_the_fix(tmp_path):
     """The efficientnet package's B1 weights given to a B0: the line names the variant and the fix, not a traceback
     from h5py or tf_keras."""

@@ -47,6 +47,7 @@ def known_answer(probabilities: np.ndarray, weights: Path, route: str) -> None:
     assert difference < 1e-4, difference
 
 
+@pytest.mark.e2e  # a full-size network with its real weights
 def test_a_tf_hub_feature_vector_of_real_weights_gives_timms_imagenet_answer(real_weights):
     from common.training.backends.tf_keras.model import build_model
 
@@ -57,6 +58,7 @@ def test_a_tf_hub_feature_vector_of_real_weights_gives_timms_imagenet_answer(rea
     known_answer(model(photos, training=False).numpy(), real_weights, "tf_keras, hub.KerasLayer")
 
 
+@pytest.mark.e2e  # a full-size network with its real weights
 def test_a_keras_hub_preset_of_real_weights_builds_with_its_own_converter_and_gives_timms_answer(
     real_weights, tmp_path
 ):
@@ -93,6 +95,7 @@ def test_a_keras_hub_preset_of_real_weights_builds_with_its_own_converter_and_gi
         build_keras_model(cut.model, 4, 64)
 
 
+@pytest.mark.e2e  # a full-size network with its real weights
 def test_a_timm_folder_of_real_weights_keeps_its_own_normalisation_and_gives_timms_answer(real_weights):
     """The folder's pretrained_cfg says (x - 0.5) / 0.5, where timm's default for efficientnet_lite0 says ImageNet's
     mean and std: the folder's is the one the model applies."""
