@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import common  # noqa: F401
-from common.core.config import format_config, parse_kernel_args
+from common.core.config import Config, format_config, parse_kernel_args
 from common.core.errors import UserError, guarded
 from common.core.paths import output_dir, resolve_data_path
 from common.core.platform import environment_report
@@ -44,7 +44,7 @@ from common.tasks.parts import decimal_text
 from common.tasks.types import get_task
 
 
-def competition_template(cfg):
+def competition_template(cfg: Config):
     """sample_submission.csv of the competition folder: the test ids, their order and the submission's columns."""
     competition = Path(resolve_data_path(cfg.runtime.competition_dir)) if cfg.runtime.competition_dir else None
     if competition is None or not (competition / cfg.data.test_csv).is_file():

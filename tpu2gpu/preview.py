@@ -5,9 +5,13 @@ a TPU hour is spent on them."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from common.core.config import Config
 
 
-def augment_preview(cfg, out_png: str | Path, rows: int = 4, cols: int = 6) -> list[str]:
+def augment_preview(cfg: Config, out_png: str | Path, rows: int = 4, cols: int = 6) -> list[str]:
     """Draw one training batch of rows x cols; returns the titles."""
     import matplotlib
 

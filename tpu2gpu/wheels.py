@@ -7,11 +7,11 @@ import json
 import shlex
 from pathlib import Path
 
-from common.core.config import config_from_args
+from common.core.config import Config, config_from_args
 from common.core.errors import UserError
 
 
-def _wheels_dataset(cfg) -> str:
+def _wheels_dataset(cfg: Config) -> str:
     from common.launch.tpu_stack import wheels_ref
 
     ref = wheels_ref(cfg.kaggle.tpu_wheels, cfg.kaggle.owner)

@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from common.core.config import Config
 from common.core.errors import UserError
 from common.export.card import read_card
 
@@ -60,7 +61,7 @@ def run_kaggle(args: list[str], dry_run: bool = False) -> str:
     return result.stdout
 
 
-def kernel_ref(cfg, kernel: str) -> str:
+def kernel_ref(cfg: Config, kernel: str) -> str:
     slug = cfg.kaggle.train_kernel if kernel == "train" else cfg.kaggle.infer_kernel
     return f"{cfg.kaggle.owner}/{slug}"
 
@@ -176,7 +177,9 @@ def publish_export(
     return publish(export_root, dataset_metadata, dataset_ref, message, dir_mode=True, dry_run=dry_run)
 
 
-def submit(cfg, build_dir: Path, version: int, message: str, submission_file: Path, dry_run: bool = False) -> str:
+def submit(
+    cfg: Config, build_dir: Path, version: int, message: str, submission_file: Path, dry_run: bool = False
+) -> str:
     """A code competition: the inference kernel's version (`version`, else the one `push` recorded) is submitted and
     Kaggle re-runs it on the hidden test set. Any other competition: submission_file (the inference kernel's
     submission.csv, downloaded by `fetch --kernel infer`) is uploaded."""

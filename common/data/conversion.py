@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from common.core.atomic import require_space, staged_dir
+from common.core.config import DataConfig
 from common.core.errors import DataError
 from common.data.images import (
     BAD_IMAGES_NAME,
@@ -132,7 +133,7 @@ class RecordWriting:
     """How this conversion writes records: into out_dir, with the data settings and schema, from the checked images."""
 
     out_dir: Path
-    data_cfg: object
+    data_cfg: DataConfig
     schema: RecordSchema
     facts: dict[Path, ImageFacts]
     pool: ThreadPoolExecutor

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from common.core.config import DataConfig
 from common.core.errors import ConfigError, DataError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
@@ -336,7 +337,7 @@ class CompetitionFolder:
     data.test_csv + data.test_images."""
 
     root: Path
-    data_cfg: object
+    data_cfg: DataConfig
 
     def train_samples(self) -> tuple[list[Sample], list[str], str]:
         return TRAIN_LAYOUTS[train_layout(self.root, self.data_cfg)](self.root, self.data_cfg)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from common.core.config import Config, DataConfig
 from common.core.errors import DataError, UserError
 from common.core.paths import resolve_data_path
 from common.data.samples import IMAGE_SUFFIXES, CompetitionFolder
@@ -54,7 +55,7 @@ class TestImage:
     problem: str = ""
 
 
-def open_source(cfg) -> Source:
+def open_source(cfg: Config) -> Source:
     """runtime.tfrecords when set, else runtime.competition_dir: the one place that chooses."""
     from common.core.platform import detect_platform
 
@@ -128,7 +129,7 @@ class CompetitionSource:
 @dataclass(frozen=True)
 class RecordSource:
     root: str
-    data_cfg: object
+    data_cfg: DataConfig
 
     def training_records(self, scratch: Path) -> str:
         return self.root

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,9 +69,11 @@ class Member:
 
     export: Path
     card: ModelCard
-    predict: object  # uint8 images [N, S, S, 3] -> float32 predictions [N, K]
+    predict: Callable  # uint8 images [N, S, S, 3] -> float32 predictions [N, K]
     weight: float
-    float32_predict: object = None  # where predict is the float16 signature: the float32 one, for confirm_float16
+    float32_predict: Callable | None = (
+        None  # where predict is the float16 signature: the float32 one, for confirm_float16
+    )
 
 
 def cut_weight(card: ModelCard, export: Path, cut_folds: str) -> float:

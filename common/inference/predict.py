@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from common.core.config import TTA_NAMES
 from common.data.teardown import let_go, without_autotune
+from common.export.card import ModelCard
 
 import numpy as np
 import tensorflow as tf
@@ -48,8 +50,8 @@ class Unit:
     member: str  # the member's name (its export folder), as lines and the time record give it
     view: str
     weight: float  # the member's weight (common/inference/ensemble.py: cut_weight)
-    card: object  # the member's ModelCard (image size, metric), or None for ensemble_probabilities' one dataset
-    step: object
+    card: ModelCard | None  # the member's (image size, metric), or None for ensemble_probabilities' one dataset
+    step: Callable  # a traced tf.function: uint8 batch -> float32 predictions [N, K] (view_step)
 
     @property
     def name(self) -> str:

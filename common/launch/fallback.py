@@ -15,6 +15,7 @@ import os
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from common.core.platform import installed_versions
 from common.launch.negotiation import FALLBACK_ENV, JAX_ROUTE_FIX, _route, ensure_tpu_stack
@@ -27,13 +28,16 @@ from common.launch.tpu_stack import (
     same_version,
 )
 
+if TYPE_CHECKING:
+    from common.core.config import Config
+
 
 def fallback_record() -> dict | None:
     """Why a Kaggle TPU run trains with Keras 3 on JAX under train.framework=auto: {reason, tries}."""
     return json.loads(os.environ.get(FALLBACK_ENV) or "null")
 
 
-def jax_route_blocked(cfg) -> str:
+def jax_route_blocked(cfg: Config) -> str:
     """Why train.framework=auto cannot fall back to Keras 3 on JAX here ('' when it can)."""
     from common.launch.routes import KERAS_3_BACKBONES, keras_jax_missing
 
@@ -68,7 +72,7 @@ def restore_image_package(name: str, version: str | None, kaggle_cfg) -> None:
     print(f"[tpu] put back the image's {name} {version} for JAX", flush=True)
 
 
-def negotiate(cfg, rerun) -> int | None:
+def negotiate(cfg: Config, rerun) -> int | None:
     """ensure_tpu_stack, and under train.framework=auto, when no TensorFlow TPU stack answers or none can be
     installed, the keras_jax route (when the backbone has a Keras 3 form): it says why, and which route it took."""
     from common.launch.routes import FRAMEWORK_ENV, use_keras_jax

@@ -16,8 +16,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from common.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from common.core.config import Config
 
 JOB_ADDRESSES = "KERAS_DISTRIBUTION_JOB_ADDRESSES"
 NUM_PROCESSES = "KERAS_DISTRIBUTION_NUM_PROCESSES"
@@ -34,7 +38,7 @@ class Job:
     coordinator: str | None
 
 
-def multiprocess_job(cfg, environ=None) -> Job | None:
+def multiprocess_job(cfg: Config, environ=None) -> Job | None:
     """The job this process belongs to when it has several processes, else None."""
     environ = os.environ if environ is None else environ
     if not environ.get(NUM_PROCESSES):

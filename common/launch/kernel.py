@@ -16,13 +16,17 @@ import os
 import subprocess
 import sys
 import threading
+from typing import TYPE_CHECKING
 
 from common.core.errors import guarded
 from common.core.platform import detect_platform
 from common.launch.routes import ROUTES, chosen_framework, require_tf_keras
 
+if TYPE_CHECKING:
+    from common.core.config import Config
 
-def prepare_runtime(kernel: str, cfg, rerun) -> int | None:
+
+def prepare_runtime(kernel: str, cfg: Config, rerun) -> int | None:
     """The kernel's runtime needs, before TensorFlow is imported. None: go on here; an int: the kernel already ran
     again in a fresh interpreter (after the TPU stack install) and ended with that exit code."""
     if kernel != "train":

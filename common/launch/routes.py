@@ -24,10 +24,14 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from common.core.errors import ConfigError, StrategyError
 from common.core.fields import supply_check, supply_choices
 from common.core.packages import optional_import
+
+if TYPE_CHECKING:
+    from common.core.config import Config
 
 FRAMEWORK_ENV = "TPU2GPU_FRAMEWORK"  # set by the TPU negotiation when it falls back to keras_jax
 KERAS_3_BACKBONES = ("efficientnet", "keras")  # model.backbone values with a Keras 3 form (a TF Hub model has none)
@@ -43,7 +47,7 @@ TIMM_ARCHITECTURES = (
 )
 
 
-def chosen_framework(cfg, environ=None) -> str:
+def chosen_framework(cfg: Config, environ=None) -> str:
     """The route: the negotiation's choice, else train.framework, auto meaning for a timm backbone torch on a machine
     with NVIDIA GPUs and torch_xla elsewhere (a TPU, the CPU), and tf_keras for any other backbone."""
     from common.core.platform import has_nvidia_gpu
@@ -70,7 +74,7 @@ def keras_jax_missing() -> list[str]:
     return missing
 
 
-def use_keras_jax(cfg=None) -> None:
+def use_keras_jax(cfg: Config = None) -> None:
     """Keras 3 on JAX for this process; call before keras and TensorFlow are first imported. TensorFlow must not load
     libtpu: one process may own the TPU, and JAX does."""
     missing = keras_jax_missing()
@@ -89,7 +93,7 @@ def use_keras_jax(cfg=None) -> None:
     os.environ["TPU_LOAD_LIBRARY"] = "0"
 
 
-def require_tf_keras(cfg=None) -> None:
+def require_tf_keras(cfg: Config = None) -> None:
     """hub.KerasLayer is a tf_keras (Keras 2) layer; TensorFlow >= 2.16 without tf-keras only has Keras 3, and the
     first `tf.keras` then fails inside TensorFlow's lazy loader. Checked from metadata, before TensorFlow loads."""
     if importlib.util.find_spec("tf_keras") is not None:
@@ -112,7 +116,7 @@ OTHER_ROUTES_FIX = (
 )
 
 
-def use_torch(cfg) -> None:
+def use_torch(cfg: Config) -> None:
     """Plain PyTorch for this process: torch and timm present (Kaggle's GPU image ships both), TensorFlow kept off
     the TPU (it reads the data only). torchrun starts the processes where there are several
     (common/launch/torchrun.py); a broken install is one line."""
@@ -133,7 +137,7 @@ def torch_xla_missing() -> list[str]:
     return [name for name in ("torch", "torch_xla", "timm") if importlib.util.find_spec(name) is None]
 
 
-def use_torch_xla(cfg) -> None:
+def use_torch_xla(cfg: Config) -> None:
     """PyTorch/XLA for this process, imported now, before TensorFlow: on a TPU its chips (PJRT_DEVICE=TPU), elsewhere
     runtime.cpu_devices XLA CPU devices (PJRT_DEVICE=CPU), which stand for the chips in tests and the demo. One
     process on one host: a job of several processes, a CUDA-only machine or a missing torch_xla is one line naming
@@ -209,7 +213,7 @@ def framework_choices() -> tuple[str, ...]:
     return ("auto", *ROUTES)
 
 
-def check_backbone(cfg) -> None:
+def check_backbone(cfg: Config) -> None:
     """A timm backbone goes with the PyTorch routes (torch_xla, torch) and no other, and its architecture is one the
     export can rebuild (a folder's is checked when its config.json is read): checked at load, so neither a kernel nor
     `tpu2gpu build` goes on. (The other routes refuse a backbone they cannot train when they build it.)"""
@@ -229,7 +233,7 @@ def check_backbone(cfg) -> None:
         )
 
 
-def check_device_augmentation(cfg) -> None:
+def check_device_augmentation(cfg: Config) -> None:
     """data.augment_on=device is the torch route's (its step augments the batch on the GPU)."""
     if cfg.data.augment_on == "device" and chosen_framework(cfg) != "torch":
         raise ConfigError(

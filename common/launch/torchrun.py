@@ -15,9 +15,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from common.launch.hosts import NUM_PROCESSES
 from common.launch.routes import chosen_framework
+
+if TYPE_CHECKING:
+    from common.core.config import Config
 
 KERNEL = "train_tpu.train"
 
@@ -35,7 +39,7 @@ def local_gpus(environ, proc: Path = Path("/proc/driver/nvidia/gpus")) -> int:
     return len(list(proc.iterdir())) if proc.is_dir() else 0
 
 
-def processes_to_start(cfg, environ=None, proc: Path = Path("/proc/driver/nvidia/gpus")) -> int:
+def processes_to_start(cfg: Config, environ=None, proc: Path = Path("/proc/driver/nvidia/gpus")) -> int:
     """How many processes the training kernel starts on this machine: one per GPU on the torch route, else 1 (one
     process already trains: under torchrun, or the other routes, which drive every device from one process)."""
     environ = os.environ if environ is None else environ

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 
 from common.core.errors import DataError
 
@@ -83,8 +83,10 @@ class Ops:
     written once, in these names, and runs as TensorFlow ops under tf_keras and as Keras 3 ops (JAX) under keras_jax.
     """
 
-    losses: object  # module with categorical_crossentropy / binary_crossentropy(targets, outputs, label_smoothing)
-    metrics: object  # module with CategoricalAccuracy, BinaryAccuracy, RootMeanSquaredError
+    # The framework's module (or a namespace) with categorical_crossentropy / binary_crossentropy(targets, outputs,
+    # label_smoothing), and with CategoricalAccuracy, BinaryAccuracy, RootMeanSquaredError (None: no running metrics)
+    losses: ModuleType | SimpleNamespace
+    metrics: ModuleType | None
     float32: Callable  # x -> x as float32
     sum_last: Callable  # x -> sum over the last axis
     mean_last: Callable  # x -> mean over the last axis

@@ -14,7 +14,7 @@ import csv
 from dataclasses import asdict
 from pathlib import Path
 
-from common.core.config import config_to_dict
+from common.core.config import Config, config_to_dict
 from common.data.pipeline import make_eval_dataset
 from common.export.card import ModelCard, read_card
 from common.export.writer import ExportContents
@@ -88,7 +88,7 @@ def compile_record(compiles) -> dict:
     }
 
 
-def export_fold(cfg, result, records, fold: int, export_dir: Path) -> ModelCard:
+def export_fold(cfg: Config, result, records, fold: int, export_dir: Path) -> ModelCard:
     """Score the fold, then write its verified export (float32, plus float16 where it pays). Returns the card."""
     plan, validation, backend = result.plan, result.validation, result.backend
     task, metric, labels, predictions = plan.task, plan.metric, validation.labels, validation.predictions

@@ -100,7 +100,7 @@ def _write_json(path: Path, value: dict) -> None:
 class EpochMonitor:
     """The fold's one epoch-end owner (see the module docstring for the order of what it does)."""
 
-    def __init__(self, cfg, plan: FoldPlan, backend, scoring: Scoring, work: FoldWork, deadline: float):
+    def __init__(self, cfg: Config, plan: FoldPlan, backend, scoring: Scoring, work: FoldWork, deadline: float):
         import tensorflow as tf
 
         self.phase = Phase("training")  # where the fold is, for a device's out-of-memory line (train_fold's own)
@@ -246,7 +246,7 @@ def read_validation(records) -> Validation:
     return Validation(ids, labels)
 
 
-def describe_precision(backend, cfg) -> str:
+def describe_precision(backend, cfg: Config) -> str:
     """The precision line; where a TF Hub backbone stays float32 under mixed_float16 (tensorflow/hub #790: its
     SavedModel's variables keep their dtype), it says so and names the backbones that compute in float16."""
     parts = backend.precision()
@@ -298,7 +298,7 @@ class FoldRun:
     compiled_before: CompileCount | None
 
 
-def describe_plan(cfg, plan: FoldPlan, records) -> None:
+def describe_plan(cfg: Config, plan: FoldPlan, records) -> None:
     print(plan.describe(records.train_count, records.val_count, cfg.train.keep), flush=True)
     if plan.class_weights:
         print(

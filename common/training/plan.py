@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from common.core.config import Config
 from common.core.errors import ConfigError, StrategyError
 from common.tasks.types import Task, get_task
 
@@ -113,12 +114,12 @@ def describe_executions(setting: int, steps_per_epoch: int) -> str | None:
     return line
 
 
-def needs_train_labels(cfg) -> bool:
+def needs_train_labels(cfg: Config) -> bool:
     """The plan reads every training label (no image is decoded) only for target scaling or class weights."""
     return get_task(cfg.data.task).scaling is not None or cfg.train.class_weight != "none"
 
 
-def plan_fold(cfg, records, replicas: int, train_labels=None, per_replica: int | None = None) -> FoldPlan:
+def plan_fold(cfg: Config, records, replicas: int, train_labels=None, per_replica: int | None = None) -> FoldPlan:
     """The fold's batch, steps, schedule, target scaling and class weights, from the config and the record set's
     counts and classes (common.data.records.RecordSet); train_labels where needs_train_labels(cfg). per_replica: the
     batch to plan at instead of the config's (train.batch_size_per_replica=auto's, chosen in batch.py)."""

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.core.atomic import free_bytes, out_of_space, size_text
+from common.core.config import Config
 from common.core.errors import DataError, UserError
 from common.core.gcs import Mirror
 from common.core.paths import TrainingFolders
@@ -73,7 +74,7 @@ class FoldJob:
         )
 
 
-def folds_to_train(cfg, tfrecord_dir: str) -> list[int]:
+def folds_to_train(cfg: Config, tfrecord_dir: str) -> list[int]:
     if cfg.train.fold >= 0:
         return [cfg.train.fold]
     split = read_manifest(tfrecord_dir)["split"] if has_manifest(tfrecord_dir) else {"kind": "none"}
@@ -88,7 +89,7 @@ def exported_metrics(export_dir: Path) -> dict | None:
         return None
 
 
-def train_and_export(cfg, backend, job: FoldJob, deadline: float) -> tuple[dict, FoldTiming | None]:
+def train_and_export(cfg: Config, backend, job: FoldJob, deadline: float) -> tuple[dict, FoldTiming | None]:
     """One fold trained and exported (by process 0): (its card's metrics, {} on the other processes; where its time
     went, None when it ran no epoch)."""
     started = time.monotonic()
@@ -144,7 +145,7 @@ def damaged_records(records, job, err) -> DataError:
     )
 
 
-def train_folds(cfg, backend, tfrecord_dir: str, folders: TrainingFolders, deadline: float) -> dict:
+def train_folds(cfg: Config, backend, tfrecord_dir: str, folders: TrainingFolders, deadline: float) -> dict:
     """Every fold to train, in turn: {"folds": {name: metrics}, "not_started": [fold, ...]}."""
     report, last, why = {"folds": {}, "not_started": []}, None, ""
     for fold in folds_to_train(cfg, tfrecord_dir):

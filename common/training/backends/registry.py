@@ -9,11 +9,12 @@ from __future__ import annotations
 import dataclasses
 import importlib
 
+from common.core.config import Config
 from common.core.paths import resolve_input_path
 from common.launch.routes import ROUTES, chosen_framework
 
 
-def with_local_paths(cfg):
+def with_local_paths(cfg: Config):
     """cfg with the backbone files it names (model.keras_backbone, model.efficientnet_weights, a model.timm_model
     folder) where this kernel finds them (common.core.paths.resolve_input_path); the run's own cfg, printed and saved
     in the card, keeps them as given."""
@@ -26,7 +27,7 @@ def with_local_paths(cfg):
     return dataclasses.replace(cfg, model=model)
 
 
-def start_backend(cfg):
+def start_backend(cfg: Config):
     """The training backend for cfg (a common.training.backends.base.Backend)."""
     route = ROUTES[chosen_framework(cfg)]
     route.prepare(cfg)

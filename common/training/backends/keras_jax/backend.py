@@ -23,6 +23,7 @@ import json
 import os
 from pathlib import Path
 
+from common.core.config import Config
 from common.core.errors import ConfigError
 from common.core.paths import compile_cache_dir
 from common.core.platform import gpu_lines, keep_tensorflow_off_gpus
@@ -71,7 +72,7 @@ class JaxBackend:
     compile_cache: CompileCache | None = None  # open_compile_cache sets the run's
     host_copy = None  # the export's float32 copy on the CPU, built once (export.py)
 
-    def __init__(self, cfg, hosts: Hosts = ONE_PROCESS):
+    def __init__(self, cfg: Config, hosts: Hosts = ONE_PROCESS):
         if cfg.train.loop != "fit":
             raise ConfigError(
                 f"train.loop={cfg.train.loop!r} is the tf_keras route's hand-written loop; Keras 3 on "
@@ -391,7 +392,7 @@ class JaxBackend:
         return float32_outputs(self, images, on_host)
 
 
-def start(cfg) -> JaxBackend:
+def start(cfg: Config) -> JaxBackend:
     """The keras_jax backend, its devices and precision logged (KERAS_BACKEND=jax was set by the route's prepare);
     TensorFlow kept off the GPUs; across processes, JAX's distributed runtime is started first (keras_jax/hosts.py)."""
     keep_tensorflow_off_gpus()  # TensorFlow reads the data; the GPUs' memory is JAX's

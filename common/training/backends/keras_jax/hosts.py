@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 
+from common.core.config import Config
 from common.core.errors import ConfigError, StrategyError
 from common.launch.hosts import multiprocess_job
 from common.training.backends.base import ONE_PROCESS, Hosts
@@ -25,7 +26,7 @@ import numpy as np
 BARRIER_SECONDS = 3 * 3600  # what a process waits for process 0 to export a fold
 
 
-def start_hosts(cfg) -> Hosts:
+def start_hosts(cfg: Config) -> Hosts:
     """One process, or JAX's distributed runtime started for the job's processes."""
     job = multiprocess_job(cfg)
     if job is None:

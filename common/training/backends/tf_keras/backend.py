@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
+from common.core.config import Config
 from common.data.pipeline import make_padded_image_batches
 from common.data.records import RecordSchema
 from common.export.census import precision_by_part
@@ -52,7 +53,7 @@ class TFBackend:
     name = "tf_keras"
     hosts = ONE_PROCESS  # one host: multi-host training is the keras_jax route's
 
-    def __init__(self, cfg, strategy: tf.distribute.Strategy, hub_handle: str | None = None):
+    def __init__(self, cfg: Config, strategy: tf.distribute.Strategy, hub_handle: str | None = None):
         self.cfg, self.strategy, self.hub_handle = cfg, strategy, hub_handle
         self.model: tf.keras.Model | None = None
         self._passes: RepeatedPasses | None = None  # the validation set's, for the fold's model (release ends it)
@@ -219,7 +220,7 @@ class TFBackend:
         return export(self, export_dir, contents)
 
 
-def start(cfg) -> TFBackend:
+def start(cfg: Config) -> TFBackend:
     """The tf_keras backend: the strategy (TPU, several GPUs, logical CPUs or the default) and the precision policy
     decided and logged."""
     from common.core.errors import ConfigError

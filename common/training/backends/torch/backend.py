@@ -20,6 +20,7 @@ import atexit
 import importlib.metadata
 from pathlib import Path
 
+from common.core.config import Config
 from common.core.errors import ConfigError
 from common.core.platform import gpu_lines, keep_tensorflow_off_gpus
 from common.data.pipeline import make_padded_image_batches
@@ -45,7 +46,7 @@ CHECKPOINT = "checkpoint.pt"  # model, optimiser, scaler, step count and moving 
 class TorchBackend:
     name = "torch"
 
-    def __init__(self, cfg, hosts: Hosts, device: torch.device):
+    def __init__(self, cfg: Config, hosts: Hosts, device: torch.device):
         if cfg.train.loop != "fit":
             raise ConfigError(
                 f"train.loop={cfg.train.loop!r} is the tf_keras route's hand-written loop; the torch "
@@ -302,7 +303,7 @@ class TorchBackend:
         return export(self, export_dir, contents)
 
 
-def start(cfg) -> TorchBackend:
+def start(cfg: Config) -> TorchBackend:
     """The torch backend: this process's device and the job's process group (torchrun's environment), TensorFlow
     kept off the GPUs, logged."""
     if cfg.model.backbone != "timm":

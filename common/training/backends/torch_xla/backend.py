@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib.metadata
 from pathlib import Path
 
+from common.core.config import Config
 from common.core.errors import ConfigError
 from common.core.platform import gpu_lines
 from common.data.pipeline import make_padded_image_batches
@@ -57,7 +58,7 @@ class TorchXlaBackend:
     hosts = ONE_PROCESS  # one host: several processes are the keras_jax route's
     compile_cache: CompileCache | None = None  # start sets the run's
 
-    def __init__(self, cfg):
+    def __init__(self, cfg: Config):
         if cfg.train.loop != "fit":
             raise ConfigError(
                 f"train.loop={cfg.train.loop!r} is the tf_keras route's hand-written loop; the torch_xla "
@@ -324,7 +325,7 @@ class TorchXlaBackend:
         return card
 
 
-def start(cfg) -> TorchXlaBackend:
+def start(cfg: Config) -> TorchXlaBackend:
     """The torch_xla backend (torch_xla imported, its devices set, by the route's prepare), SPMD on, logged."""
     if cfg.model.backbone != "timm":
         raise ConfigError(

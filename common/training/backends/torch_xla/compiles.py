@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from common.core.config import Config
 from common.core.paths import compile_cache_dir
 from common.training.compile_cache import CompileCache
 
@@ -41,7 +42,7 @@ def cache_load_seconds() -> float:
     return data[1] / 1e9 if data else 0.0
 
 
-def open_compile_cache(cfg) -> CompileCache | None:
+def open_compile_cache(cfg: Config) -> CompileCache | None:
     """torch_xla's persistent cache in the run's compile cache (<folder>/torch_xla), checked first
     (common/training/compile_cache.py), before any XLA computation as torch_xla requires; on a TPU only: torch_xla's
     CPU client cannot read an executable back (2.9: "Deserializing serialized executable not supported", each entry a
