@@ -104,7 +104,10 @@ class TimePlan:
     """Times every unit, projects the end of the rows and sheds units past the plan (module docstring)."""
 
     def __init__(self, units, rows: int, limit_text: str, margin: float):
-        self.units, self.rows, self.limit_text, self.margin = list(units), rows, limit_text, margin
+        self.units = list(units)
+        self.rows = rows
+        self.limit_text = limit_text
+        self.margin = margin
         self.limit = duration_seconds(limit_text)  # None: no limit, nothing shed
         self.planned = math.inf if self.limit is None else self.limit * (1 - margin)
         self.clock = time.monotonic  # every timing's: a test may give its own (predict_rows reads it too)
@@ -113,8 +116,13 @@ class TimePlan:
         self.loop = deque(maxlen=WINDOW)  # (images, seconds) of each batch beyond its units: reading, averaging
         self.steps = shed_steps(self.units)[:-1]
         self.live = set(self.units)
-        self.shed, self.projection, self.warned = [], None, False
-        self.first_batch_at, self.samples, self._unit_seconds, self.rows_done = None, {}, 0.0, 0
+        self.shed = []
+        self.projection = None
+        self.warned = False
+        self.first_batch_at = None
+        self.samples = {}
+        self._unit_seconds = 0.0
+        self.rows_done = 0
 
     def now(self) -> float:
         return self.clock() - self.origin

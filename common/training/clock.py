@@ -37,7 +37,8 @@ class EpochClock:
         compiling = count - self.count if count is not None else CompileCount()
         self.compiles = self.compiles + compiling
         self.phases[phase] = max(0.0, now - self.at - compiling.seconds)
-        self.at, self.count = now, count
+        self.at = now
+        self.count = count
         return self.phases[phase]
 
     def describe(self) -> str:
@@ -75,8 +76,13 @@ class FirstStepWatch:
         patience: float = FIRST_STEP_PATIENCE,
         every: float = 5.0,
     ):
-        self.epoch, self.compiled, self.say, self.patience, self.every = epoch, compiled, say, patience, every
-        self.began, self.count = time.monotonic(), compiled()
+        self.epoch = epoch
+        self.compiled = compiled
+        self.say = say
+        self.patience = patience
+        self.every = every
+        self.began = time.monotonic()
+        self.count = compiled()
         self.threshold = None  # the own seconds of the next line (None: none said yet)
         self.done = threading.Event()
 

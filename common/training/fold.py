@@ -104,10 +104,15 @@ class EpochMonitor:
         import tensorflow as tf
 
         self.phase = Phase("training")  # where the fold is, for a device's out-of-memory line (train_fold's own)
-        self.plan, self.backend, self.deadline = plan, backend, deadline
-        self.validation, self.predict_val, self.work_dir = scoring.validation, scoring.predict, Path(work.folder)
+        self.plan = plan
+        self.backend = backend
+        self.deadline = deadline
+        self.validation = scoring.validation
+        self.predict_val = scoring.predict
+        self.work_dir = Path(work.folder)
         self.checkpointed = work.checkpointed
-        self.keep_best, self.patience = cfg.train.keep == "best", cfg.train.early_stopping
+        self.keep_best = cfg.train.keep == "best"
+        self.patience = cfg.train.early_stopping
         labels = tf.constant(self.validation.labels)
         self.targets = plan.task.target(labels, len(plan.class_names), plan.scaling).numpy()
         self.loss = plan.task.loss(cfg.train.label_smoothing, ops=backend.ops)

@@ -57,7 +57,8 @@ class DeviceMemoryError(UserError, RuntimeError):
 
     def __init__(self, line: str, phase: str = "", batch: int | None = None):
         super().__init__(line)
-        self.phase, self.batch = phase, batch
+        self.phase = phase
+        self.batch = batch
 
 
 @dataclass(frozen=True)

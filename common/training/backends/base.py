@@ -148,7 +148,9 @@ class InputWait:
     records at the training size)."""
 
     def __init__(self, batches):
-        self.batches, self.waited, self.started = iter(batches), 0.0, None
+        self.batches = iter(batches)
+        self.waited = 0.0
+        self.started = None
 
     def __iter__(self):
         return self
@@ -161,7 +163,8 @@ class InputWait:
             self.waited += time.perf_counter() - asked
 
     def start(self) -> None:
-        self.waited, self.started = 0.0, time.perf_counter()
+        self.waited = 0.0
+        self.started = time.perf_counter()
 
     def text(self, steps: int) -> str:
         """'the step waited for input 4% of 81 ms a step' since start(), or '' without a stretch of steps."""

@@ -83,7 +83,9 @@ class JaxBackend:
                 f"Keras runs on its {keras.backend.backend()} backend in this process, not JAX: "
                 "KERAS_BACKEND=jax must be set before keras is first imported"
             )
-        self.cfg, self.ops, self.hosts = cfg, keras_ops(), hosts
+        self.cfg = cfg
+        self.ops = keras_ops()
+        self.hosts = hosts
         # runtime.strategy=default: one device, as the default tf.distribute strategy is one replica.
         single = cfg.runtime.strategy == "default" and hosts.count == 1
         self.devices = jax.devices()[:1] if single else jax.devices()

@@ -84,7 +84,9 @@ class TimmClassifier(nn.Module):
         self, backbone: nn.Module, outputs: int, activation: str, dropout: float, autocast: torch.dtype | None = None
     ):
         super().__init__()
-        self.backbone, self.autocast, self.activation = backbone, autocast, activation
+        self.backbone = backbone
+        self.autocast = autocast
+        self.activation = activation
         self.frozen = False  # freeze_backbone
         config = backbone.pretrained_cfg
         self.register_buffer("mean", torch.tensor(config["mean"]).view(1, 3, 1, 1) * 255.0, persistent=False)

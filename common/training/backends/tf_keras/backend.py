@@ -54,7 +54,9 @@ class TFBackend:
     hosts = ONE_PROCESS  # one host: multi-host training is the keras_jax route's
 
     def __init__(self, cfg: Config, strategy: tf.distribute.Strategy, hub_handle: str | None = None):
-        self.cfg, self.strategy, self.hub_handle = cfg, strategy, hub_handle
+        self.cfg = cfg
+        self.strategy = strategy
+        self.hub_handle = hub_handle
         self.model: tf.keras.Model | None = None
         self._passes: RepeatedPasses | None = None  # the validation set's, for the fold's model (release ends it)
         self.ops = tensorflow_ops()  # what the task's loss is written in

@@ -20,7 +20,10 @@ class RepeatedPasses:
     def __init__(
         self, strategy: tf.distribute.Strategy, model: tf.keras.Model, batches: tf.data.Dataset, steps: int, key
     ):
-        self.strategy, self.model, self.steps, self.key = strategy, model, steps, key
+        self.strategy = strategy
+        self.model = model
+        self.steps = steps
+        self.key = key
         # `steps` batches make one pass exactly (the last one padded): the next pass starts where this one ends.
         self.iterator = iter(strategy.experimental_distribute_dataset(batches.repeat()))
 

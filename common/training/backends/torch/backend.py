@@ -52,7 +52,9 @@ class TorchBackend:
                 f"train.loop={cfg.train.loop!r} is the tf_keras route's hand-written loop; the torch "
                 "route has its own. Fix: train.loop=fit"
             )
-        self.cfg, self.hosts, self.device = cfg, hosts, device
+        self.cfg = cfg
+        self.hosts = hosts
+        self.device = device
         self.autocast = autocast_dtype(cfg.train.precision, device)
         step = cfg.train.torch_step
         self.compile = step == "compiled" or (step == "auto" and device.type == "cuda")
@@ -84,7 +86,8 @@ class TorchBackend:
     def build(self, plan) -> None:
         """The model on this process's device (channels-last on a GPU, DDP across processes), Adam (the plan's rate
         set before every step), the loss scale where the backbone computes in float16, the task's loss."""
-        self.plan, self.steps = plan, 0
+        self.plan = plan
+        self.steps = 0
         if self.device.type == "cuda":  # a retry after an out of memory: the failed batch's blocks let go first
             self.model = self.step = self.optimizer = None
             torch.cuda.empty_cache()

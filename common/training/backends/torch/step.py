@@ -64,9 +64,13 @@ class TrainingStep:
         scaler: torch.amp.GradScaler,
         compiled: bool,
     ):
-        self.model, self.optimizer, self.loss, self.scaler = model, optimizer, loss, scaler
+        self.model = model
+        self.optimizer = optimizer
+        self.loss = loss
+        self.scaler = scaler
         self.forward = torch.compile(model) if compiled else model
-        self.compiled, self.tried = compiled, not compiled
+        self.compiled = compiled
+        self.tried = not compiled
         self.skipped = 0  # optimiser steps the loss scale skipped (a float16 gradient overflowed)
 
     def __call__(self, images: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -79,7 +83,8 @@ class TrainingStep:
             if device_out_of_memory(err) is not None:
                 raise  # the batch, not the compiler: the fold's out-of-memory line
             self.optimizer.zero_grad(set_to_none=True)
-            self.forward, self.compiled = self.model, False
+            self.forward = self.model
+            self.compiled = False
             print(
                 f"[torch] torch.compile could not take the training step ({root_cause(err)}); it runs eagerly",
                 flush=True,

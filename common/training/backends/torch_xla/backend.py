@@ -95,7 +95,8 @@ class TorchXlaBackend:
 
     def build(self, plan) -> None:
         """The model on the XLA device, Adam (the plan's rate set before every step), the task's loss."""
-        self.plan, self.steps = plan, 0
+        self.plan = plan
+        self.steps = 0
         torch.manual_seed(self.cfg.train.seed)
         self.model = build_timm_model(
             self.cfg.model, plan.outputs, plan.task.activation, torch.bfloat16 if self.autocast else None

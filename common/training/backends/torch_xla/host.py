@@ -28,7 +28,8 @@ class DeviceShare:
     started: float | None = None  # until start(): no stretch, no text
 
     def start(self) -> None:
-        self.started, self.executed = time.perf_counter(), execution_seconds()
+        self.started = time.perf_counter()
+        self.executed = execution_seconds()
 
     def text(self, steps: int) -> str:
         if steps < 1 or self.started is None:

@@ -33,7 +33,11 @@ class CompiledStep:
     def __init__(
         self, model: torch.nn.Module, optimizer: torch.optim.Adam, loss, ema: float = 0.0, average: list | None = None
     ):
-        self.model, self.optimizer, self.loss, self.ema, self.average = model, optimizer, loss, ema, average
+        self.model = model
+        self.optimizer = optimizer
+        self.loss = loss
+        self.ema = ema
+        self.average = average
         # The module's own tensors, looked up once: each step swaps their .data, so they stay the same objects.
         parameters = dict(model.named_parameters())
         self.names = [name for name, p in parameters.items() if p.requires_grad]
@@ -47,7 +51,8 @@ class CompiledStep:
             list(model.named_buffers(remove_duplicate=False))
         ) != len(self.buffers)
         group = optimizer.param_groups[0]
-        self.betas, self.eps = group["betas"], group["eps"]
+        self.betas = group["betas"]
+        self.eps = group["eps"]
         self.compiled = torch.compile(self._pure, backend="openxla", fullgraph=True, dynamic=False)
 
     def _pure(self, state: dict, step_size, bias2_root, images, targets):
