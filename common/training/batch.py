@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from common.core.config import Config
+from common.core.config import Config, ModelConfig
 from common.core.errors import ConfigError
 from common.data.pipeline import InputShare, make_train_dataset, read_ids_and_labels
 from common.data.records import RecordSet
@@ -97,7 +97,7 @@ class FoldBatch:
         return DeviceMemoryError(out_of_memory_line(oom, shape, phase))
 
 
-def model_name(model_cfg) -> str:
+def model_name(model_cfg: ModelConfig) -> str:
     """The backbone as the line names it: its variant, architecture, or the last part of its path or handle (a
     Kaggle Models handle's variation, not its version number)."""
 
