@@ -16,11 +16,13 @@ from pathlib import Path
 
 from common.core.config import Config, config_to_dict
 from common.data.pipeline import make_eval_dataset
+from common.data.records import RecordSet
 from common.export.card import ModelCard, read_card
 from common.export.writer import ExportContents
 from common.tasks.reports import plot_confusion, plot_history
 from common.tasks.types import Task, get_task
 from common.training.budget import cut_record
+from common.training.fold import FoldResult
 from common.training.memory import describe_peak
 
 import numpy as np
@@ -68,7 +70,7 @@ def fold_files(result, class_names, confusion) -> dict[str, Path]:
     return {name: work / name for name in names}
 
 
-def golden_batch(records, image_size: int, n: int = 4) -> np.ndarray:
+def golden_batch(records: RecordSet, image_size: int, n: int = 4) -> np.ndarray:
     """A few validation images: the export must reproduce its predictions for them wherever it is loaded."""
     dataset = make_eval_dataset(records.val_files, records.schema, image_size, n, labeled=False)
     return next(iter(dataset))["image"].numpy()
@@ -88,7 +90,7 @@ def compile_record(compiles) -> dict:
     }
 
 
-def export_fold(cfg: Config, result, records, fold: int, export_dir: Path) -> ModelCard:
+def export_fold(cfg: Config, result: FoldResult, records: RecordSet, fold: int, export_dir: Path) -> ModelCard:
     """Score the fold, then write its verified export (float32, plus float16 where it pays). Returns the card."""
     plan, validation, backend = result.plan, result.validation, result.backend
     task, metric, labels, predictions = plan.task, plan.metric, validation.labels, validation.predictions

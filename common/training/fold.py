@@ -100,7 +100,9 @@ def _write_json(path: Path, value: dict) -> None:
 class EpochMonitor:
     """The fold's one epoch-end owner (see the module docstring for the order of what it does)."""
 
-    def __init__(self, cfg: Config, plan: FoldPlan, backend, scoring: Scoring, work: FoldWork, deadline: float):
+    def __init__(
+        self, cfg: Config, plan: FoldPlan, backend: Backend, scoring: Scoring, work: FoldWork, deadline: float
+    ):
         import tensorflow as tf
 
         self.phase = Phase("training")  # where the fold is, for a device's out-of-memory line (train_fold's own)
@@ -212,7 +214,7 @@ class EpochMonitor:
         return f"val_{metric} {value:.4f} (best {best})"
 
 
-def restore_best(backend, monitor: EpochMonitor, predict_val) -> tuple[int, np.ndarray]:
+def restore_best(backend: Backend, monitor: EpochMonitor, predict_val) -> tuple[int, np.ndarray]:
     """With train.keep=best, the best epoch's weights put back and checked against the outputs that epoch gave:
     (that epoch, the validation outputs now); (0, the last epoch's outputs) when none is kept."""
     best_epoch, metric = backend.hosts.agree(monitor.best["epoch"]), monitor.plan.metric
@@ -241,7 +243,7 @@ def restore_best(backend, monitor: EpochMonitor, predict_val) -> tuple[int, np.n
     return best_epoch, outputs
 
 
-def read_validation(records) -> Validation:
+def read_validation(records: RecordSet) -> Validation:
     ids, labels = read_ids_and_labels(records.val_files, records.schema, True)
     if len(ids) != records.val_count:
         raise DataError(
@@ -303,7 +305,7 @@ class FoldRun:
     compiled_before: CompileCount | None
 
 
-def describe_plan(cfg: Config, plan: FoldPlan, records) -> None:
+def describe_plan(cfg: Config, plan: FoldPlan, records: RecordSet) -> None:
     print(plan.describe(records.train_count, records.val_count, cfg.train.keep), flush=True)
     if plan.class_weights:
         print(

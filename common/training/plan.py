@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from common.core.config import Config
 from common.core.errors import ConfigError, StrategyError
 from common.tasks.types import Task, get_task
+
+if TYPE_CHECKING:
+    from common.data.records import RecordSet
 
 
 def global_batch_size(per_replica: int, replicas: int, global_batch: int = 0) -> int:
@@ -119,7 +123,9 @@ def needs_train_labels(cfg: Config) -> bool:
     return get_task(cfg.data.task).scaling is not None or cfg.train.class_weight != "none"
 
 
-def plan_fold(cfg: Config, records, replicas: int, train_labels=None, per_replica: int | None = None) -> FoldPlan:
+def plan_fold(
+    cfg: Config, records: RecordSet, replicas: int, train_labels=None, per_replica: int | None = None
+) -> FoldPlan:
     """The fold's batch, steps, schedule, target scaling and class weights, from the config and the record set's
     counts and classes (common.data.records.RecordSet); train_labels where needs_train_labels(cfg). per_replica: the
     batch to plan at instead of the config's (train.batch_size_per_replica=auto's, chosen in batch.py)."""

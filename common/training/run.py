@@ -26,7 +26,15 @@ from common.core.config import Config
 from common.core.errors import DataError, UserError
 from common.core.gcs import Mirror
 from common.core.paths import TrainingFolders
-from common.data.records import RECORDS_FIX, damage_words, damaged_files, has_manifest, read_manifest, record_set
+from common.data.records import (
+    RECORDS_FIX,
+    RecordSet,
+    damage_words,
+    damaged_files,
+    has_manifest,
+    read_manifest,
+    record_set,
+)
 from common.export.card import CARD_NAME, read_card
 from common.training.budget import FoldTiming, estimate_fold_seconds, export_reserve_seconds, should_start
 from common.training.finish import export_fold, out_of_fold_scores
@@ -123,7 +131,7 @@ def train_and_export(cfg: Config, backend, job: FoldJob, deadline: float) -> tup
     )
 
 
-def damaged_records(records, job, err) -> DataError:
+def damaged_records(records: RecordSet, job: FoldJob, err: Exception) -> DataError:
     """The error for a damaged record met while a fold trained: the shard found by reading the fold's files once more,
     and the checkpoint that stays for the rerun after the repair."""
     found = damaged_files([*records.train_files, *records.val_files])
