@@ -239,53 +239,6 @@ def efficientnet_export(demo_records, tmp_path_factory):
     return out / "export"
 
 
-# The longest tests, by the CPU each takes with its child processes (10-80 CPU-s on 2 cores, measured with a pytest
-# plugin summing getrusage of the worker and its children), longest first. pyproject's `--dist worksteal` hands each
-# of its two workers one contiguous half of the collection, and a worker whose half is done steals the end of the
-# other's queue. So each half is made to open with every other pair of these (A B B A A B ...: both halves start on
-# long tests of about the same total) and to end with short tests, which are what gets stolen: the two workers finish
-# within a short test of each other. With the long tests all in the first half, one worker ran them alone at the end
-# (34% idle in the last 20 s).
-LONGEST_FIRST = (
-    "test_gcs.py::test_a_run_in_a_bucket_converts_trains_is_killed_resumes_from_the_bucket_and_scores",
-    "test_torch_route.py::test_a_timm_model_trains_resumes_after_a_kill_and_exports_the_same_contract_verified",
-    "test_readme.py::test_every_readme_command_runs_as_written",
-    "test_multihost.py::test_two_processes_train_as_one_process_with_two_devices",
-    "test_real_weights.py::test_a_linear_probe_on_real_weights_on_every_route_exports_verified_and_the_tf_only_"
-    "kernel_scores_it",
-    "test_torch_route.py::test_one_and_two_xla_devices_compiled_and_lazy_train_the_planned_steps_at_the_planned_rate_"
-    "to_the_same_weights",
-    "test_torch_tasks.py::test_each_task_types_torch_model_exports_the_same_contract_and_the_tf_only_kernel_predicts_"
-    "what_it_does",
-    "test_time_limit.py::test_a_code_competition_rerun_sheds_views_to_end_within_the_limit_and_a_limit_that_fits_"
-    "changes_nothing",
-    "test_bench.py::test_run_all_smoke_prints_a_row_of_real_figures_per_benchmark",
-    "test_memory.py::test_torch_xlas_out_of_memory_at_its_first_step_is_one_line_and_the_batch_it_names_trains",
-    "test_tasks.py::test_regression_submission_is_the_value_with_the_scaling_in_the_export",
-    "test_damaged_data.py::test_a_corrupt_record_ends_the_fold_naming_its_shard_and_the_repaired_run_resumes",
-    "test_tasks.py::test_multilabel_submission_is_known_labels_over_fold_thresholds",
-    "test_backends.py::test_a_third_backend_defined_in_the_tests_trains_and_its_export_feeds_the_inference_kernel",
-    "test_tasks.py::test_binary_submission_is_a_probability_per_row_with_patients_kept_whole",
-    "test_kaggle.py::test_simulated_kaggle_run_of_both_built_kernels",
-    "test_compile_cache.py::test_keras_jax_folds_and_a_resumed_fold_take_their_programs_from_the_cache_and_a_bad_"
-    "cache_costs_a_compile",
-    "test_memory.py::test_keras_jax_weighs_its_compiled_step_against_the_device_and_auto_trains_at_the_largest_"
-    "batch_that_fits",
-    "test_training.py::test_all_folds_in_turn_give_out_of_fold_scores",
-    "test_class_folders.py::test_class_folders_convert_train_and_submit_as_the_same_data_with_a_train_csv",
-    "test_training.py::test_bfloat16_training_exports_a_float32_signature_and_says_which_part_ran_in_what",
-    "test_tasks.py::test_a_fifth_task_defined_in_a_test_alone_trains_and_predicts_end_to_end",
-    "test_training.py::test_train_export_reload_in_a_fresh_process",
-    "test_gcs.py::test_a_credential_the_bucket_refuses_ends_the_job_before_training_and_no_secret_is_written",
-)
-# Each of these parametrised tests' cases takes 14-20 CPU-s: ranked case by case, after the test of about that cost.
-LONGEST_FIRST_CASES = {
-    "test_jax_route.py::test_each_task_trains_with_keras_on_jax_and_exports_the_same_contract": (
-        "test_bench.py::test_run_all_smoke_prints_a_row_of_real_figures_per_benchmark"
-    ),
-}
-
-
 # Marks whose tests run only where the -m expression names them (pyproject.toml's markers say what each costs).
 OPT_IN = ("tpu_image", "jax_image", "torch_image", "slow", "pythons")
 
@@ -299,25 +252,9 @@ def opted_out(config, items) -> list:
 
 
 def pytest_collection_modifyitems(config, items):
-    """The opt-in marks' tests deselected unless asked for; then two halves, each opening with its share of
-    LONGEST_FIRST (dealt A B B A A B ...) and ending with its share of the other tests in their usual order; under
-    -n 0 the same order runs in one process."""
+    """The opt-in marks' tests deselected unless asked for."""
     deselected = opted_out(config, items)
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         unwanted = {id(item) for item in deselected}
         items[:] = [item for item in items if id(item) not in unwanted]
-    rank = {name: float(i) for i, name in enumerate(LONGEST_FIRST)}
-    for name, after in LONGEST_FIRST_CASES.items():
-        rank[name] = rank[after] + 0.5
-
-    def ranked(item) -> float | None:
-        return rank.get(item.nodeid.removeprefix("tests/").split("[")[0])
-
-    long_tests = sorted((item for item in items if ranked(item) is not None), key=ranked)
-    others = [item for item in items if ranked(item) is None]
-    halves = ([], [])
-    for n, item in enumerate(long_tests):
-        halves[n % 4 in (1, 2)].append(item)
-    first_share = max(0, len(items) // 2 - len(halves[0]))  # worksteal's first half: len(items) // 2 tests
-    items[:] = [*halves[0], *others[:first_share], *halves[1], *others[first_share:]]

@@ -101,12 +101,3 @@ def test_the_branch_pattern_finds_what_it_is_for():
         assert TASK_BRANCH.search(line), line
     for line in ("task = get_task(cfg.data.task)", 'print(f"{task.name} model")', "card.task == first.card.task"):
         assert not TASK_BRANCH.search(line), line
-
-
-def test_the_longest_first_list_names_tests_that_exist():
-    """conftest.py's scheduling list: a renamed test would silently fall back to its usual place."""
-    from conftest import LONGEST_FIRST
-
-    for name in LONGEST_FIRST:
-        module, function = name.split("::")
-        assert f"\ndef {function}(" in (Path(__file__).parent / module).read_text(), name
