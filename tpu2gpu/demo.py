@@ -11,7 +11,7 @@
                                                                        runs/demo/infer
   6. score: macro-F1 of submission.csv against the held-out answers (solution.csv)
   7. both Kaggle kernel bundles built                                  runs/demo/build
-About 2 minutes on 2 cores, macro-F1 about 0.97. A second run reuses the competition, backbone and a complete export
+About a minute on 2 cores, macro-F1 about 0.98. A second run reuses the competition, backbone and a complete export
 (the training kernel skips exported folds and resumes unfinished ones) and replaces the rest; --fresh starts over.
 
     ./dev demo --framework keras_jax      (in runs/demo-keras_jax)
