@@ -148,14 +148,13 @@ def train_at_fitting_batch(fold: FoldBatch, train: Callable[[Batch, Phase], Resu
 
 
 def first_batch(fold: FoldBatch, weigher: StepMemory | None) -> Batch:
-    """The batch a fold starts at: auto's choice, or the set batch, checked where the backend weighs its step and
-    knows the device's memory."""
-    if fold.auto:
-        return choose_batch(fold, weigher)
-    plan = fold.plan()
-    if weigher is None or weigher.device_memory()[0] is None:
-        return Batch(plan)
-    return Batch(plan, check_step_fits(fold, weigher, plan))
+    """The batch a fold starts at: the set batch, checked where the backend weighs its step and knows the device's
+    memory, or auto's choice."""
+    if not fold.auto:
+        plan = fold.plan()
+        weighs = weigher is not None and weigher.device_memory()[0] is not None
+        return Batch(plan, check_step_fits(fold, weigher, plan) if weighs else None)
+    return choose_batch(fold, weigher)
 
 
 def choose_batch(fold: FoldBatch, weigher: StepMemory | None) -> Batch:
