@@ -23,6 +23,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from builders import set_args
+
 
 def flat_batch(n: int = 8, size: int = 12, classes: int = 4, step: int = 20):
     """Example i is filled with the value step * (i + 1) and labelled class i % classes (one-hot)."""
@@ -200,10 +202,7 @@ def test_augment_preview_draws_the_pipelines_mixed_targets(demo_records, tmp_pat
                 "augment-preview",
                 "--out",
                 str(tmp_path / "cli.png"),
-                "--set",
-                f"runtime.tfrecords={records_dir}",
-                "--set",
-                "data.image_size=32",
+                *set_args(f"runtime.tfrecords={records_dir}", "data.image_size=32"),
             ]
         )
         == 0

@@ -167,16 +167,12 @@ def test_a_third_backend_defined_in_the_tests_trains_and_its_export_feeds_the_in
 
     assert (
         infer_main(
-            [
-                "--set",
+            set_args(
                 f"infer.exports=[{export}]",
-                "--set",
                 f"runtime.competition_dir={demo_dir}",
-                "--set",
                 f"runtime.output_dir={tmp_path / 'infer'}",
-                "--set",
                 "data.image_size=16",
-            ]
+            )
         )
         == 0
     )

@@ -22,7 +22,7 @@ import pytest
 from infer_gpu.infer import main as infer_main
 from train_tpu.train import main as train_main
 
-from builders import kill_after_epochs, read_csv, write_competition, write_csv
+from builders import kill_after_epochs, read_csv, set_args, write_competition, write_csv
 
 REPO = Path(__file__).resolve().parents[1]
 FIX = (
@@ -106,16 +106,12 @@ def test_the_inference_kernel_names_a_truncated_test_shard(trained_export, demo_
     recorded, found = truncate(shard)
     with pytest.raises(DataError) as err:
         infer_main(
-            [
-                "--set",
+            set_args(
                 f"infer.exports=[{trained_export}]",
-                "--set",
                 f"runtime.competition_dir={demo_dir}",
-                "--set",
                 f"runtime.tfrecords={records}",
-                "--set",
                 f"runtime.output_dir={tmp_path / 'out'}",
-            ]
+            )
         )
     assert str(err.value) == (
         f"1 TFRecord shard(s) of {records} do not match its manifest.json (checked before any "

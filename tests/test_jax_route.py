@@ -67,10 +67,7 @@ def test_each_task_trains_with_keras_on_jax_and_exports_the_same_contract(
             train_main(
                 [
                     *flags,
-                    "--set",
-                    f"runtime.tfrecords={tmp_path / 'records'}",
-                    "--set",
-                    f"runtime.output_dir={tmp_path / 'train'}",
+                    *set_args(f"runtime.tfrecords={tmp_path / 'records'}", f"runtime.output_dir={tmp_path / 'train'}"),
                 ]
             )
             == 0
@@ -114,16 +111,12 @@ def test_keras_jax_refuses_what_it_cannot_train(tmp_path, demo_records, tiny_bac
     with pytest.raises(ConfigError, match="train.loop='custom' is the tf_keras route's"):
         start_backend(cfg)
     records_dir, _ = demo_records
-    argv = [
-        "--set",
+    argv = set_args(
         "train.framework=keras_jax",
-        "--set",
         f"model.hub_handle={tiny_backbone}",
-        "--set",
         f"runtime.tfrecords={records_dir}",
-        "--set",
         f"runtime.output_dir={tmp_path}",
-    ]
+    )
     with pytest.raises(ConfigError, match="model.backbone=hub is a TF Hub SavedModel, which Keras 3 on JAX cannot"):
         train_main(argv)
     assert not (tmp_path / "export").exists()

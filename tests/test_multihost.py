@@ -266,14 +266,9 @@ def test_a_lost_process_ends_the_job_and_the_same_command_resumes(
     scores = {}
     for name, export in (("one process", one_process[0] / "export"), ("resumed", tmp_path / "train" / "export")):
         out = tmp_path / "infer" / name.replace(" ", "_")
-        infer = [
-            "--set",
-            f"infer.exports=[{export}]",
-            "--set",
-            f"runtime.competition_dir={demo_dir}",
-            "--set",
-            f"runtime.output_dir={out}",
-        ]
+        infer = set_args(
+            f"infer.exports=[{export}]", f"runtime.competition_dir={demo_dir}", f"runtime.output_dir={out}"
+        )
         run = run_inference_kernel(infer)
         assert run.returncode == 0, run.stderr[-3000:]
         scores[name] = score(out / "submission.csv", demo_dir / "solution.csv")

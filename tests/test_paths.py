@@ -6,6 +6,8 @@ from common.core.paths import KAGGLE_ROOT_ENV, kaggle_working_dir, resolve_data_
 
 import pytest
 
+from builders import set_args
+
 SECRET = "ya29.TOKEN-that-must-never-be-seen"
 
 
@@ -143,14 +145,11 @@ def test_a_gs_url_where_only_a_local_folder_works_is_refused_not_rewritten(
         guarded(
             "infer_gpu",
             infer_main,
-            [
-                "--set",
+            set_args(
                 f"infer.exports=[{trained_export}]",
-                "--set",
                 f"runtime.competition_dir={demo_dir}",
-                "--set",
                 "runtime.output_dir=gs://bars-bucket/infer",
-            ],
+            ),
         )
         == 2
     )

@@ -232,16 +232,12 @@ def test_two_torchrun_nodes_train_the_planned_steps_resume_after_a_kill_and_expo
     assert card["verification"]["max_abs_diff"]["float32"] <= 1e-4
 
     scored = run_inference_kernel(
-        [
-            "--set",
+        set_args(
             f"infer.exports=[{out / 'export'}]",
-            "--set",
             f"runtime.competition_dir={demo_dir}",
-            "--set",
             f"runtime.output_dir={tmp_path / 'infer'}",
-            "--set",
             "data.image_size=16",
-        ]
+        )
     )
     assert scored.returncode == 0, scored.stdout[-2000:] + scored.stderr[-3000:]
     submission = read_csv(tmp_path / "infer" / "submission.csv")

@@ -56,10 +56,7 @@ def run_task(tmp_path: Path, demo_dir: Path, tiny_backbone: Path, task: str, *ex
             train_main(
                 [
                     *flags,
-                    "--set",
-                    f"runtime.tfrecords={tmp_path / 'records'}",
-                    "--set",
-                    f"runtime.output_dir={tmp_path / 'train'}",
+                    *set_args(f"runtime.tfrecords={tmp_path / 'records'}", f"runtime.output_dir={tmp_path / 'train'}"),
                 ]
             )
             == 0
@@ -78,16 +75,12 @@ def run_task(tmp_path: Path, demo_dir: Path, tiny_backbone: Path, task: str, *ex
     # type in test_torch_tasks.py.)
     assert (
         infer_main(
-            [
-                "--set",
+            set_args(
                 f"infer.exports=[{tmp_path / 'train' / 'export'}]",
-                "--set",
                 f"runtime.competition_dir={competition}",
-                "--set",
                 f"data.id_column={id_col}",
-                "--set",
                 f"runtime.output_dir={tmp_path / 'infer'}",
-            ]
+            )
         )
         == 0
     )
@@ -237,24 +230,18 @@ def test_a_fifth_task_defined_in_a_test_alone_trains_and_predicts_end_to_end(
         train_main(
             [
                 *flags,
-                "--set",
-                f"runtime.tfrecords={tmp_path / 'records'}",
-                "--set",
-                f"runtime.output_dir={tmp_path / 'train'}",
+                *set_args(f"runtime.tfrecords={tmp_path / 'records'}", f"runtime.output_dir={tmp_path / 'train'}"),
             ]
         )
         == 0
     )
     assert (
         infer_main(
-            [
-                "--set",
+            set_args(
                 f"infer.exports=[{tmp_path / 'train' / 'export'}]",
-                "--set",
                 f"runtime.competition_dir={competition}",
-                "--set",
                 f"runtime.output_dir={tmp_path / 'infer'}",
-            ]
+            )
         )
         == 0
     )

@@ -19,7 +19,7 @@ import pytest
 from tpu2gpu.cli import main
 from tpu2gpu.demo_data import CLASS_NAMES
 
-from builders import image_bytes, read_csv, read_records, write_competition
+from builders import image_bytes, read_csv, read_records, set_args, write_competition
 
 
 def test_demo_round_trip(demo_dir, demo_records):
@@ -138,10 +138,7 @@ def test_skip_converts_the_rest_and_lists_the_bad_images(tmp_path, capsys):
             str(comp),
             "--out",
             str(out),
-            "--set",
-            "data.folds=2",
-            "--set",
-            "data.on_bad_image=skip",
+            *set_args("data.folds=2", "data.on_bad_image=skip"),
         ]
     )
     assert code == 0

@@ -43,10 +43,7 @@ def test_an_architecture_the_export_cannot_rebuild_is_refused_by_the_config_and_
                 "build",
                 "--out",
                 str(tmp_path / "build"),
-                "--set",
-                "model.backbone=timm",
-                "--set",
-                "model.timm_model=convnext_tiny",
+                *set_args("model.backbone=timm", "model.timm_model=convnext_tiny"),
             ]
         )
         == 2

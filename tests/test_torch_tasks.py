@@ -66,16 +66,12 @@ TASKS = ("binary", "multilabel", "regression")
 def inference_argv(task: str, exports: Path, competition: Path, out: Path) -> list[str]:
     """The inference kernel's arguments for the task's exports on its competition: no training config, the card says
     what the task is; the template's id column named."""
-    return [
-        "--set",
+    return set_args(
         f"infer.exports=[{exports}]",
-        "--set",
         f"runtime.competition_dir={competition}",
-        "--set",
         f"data.id_column={SHAPES[task][0]}",
-        "--set",
         f"runtime.output_dir={out}",
-    ]
+    )
 
 
 def settings(task: str, timm_folder: Path) -> list[str]:
@@ -138,10 +134,10 @@ def test_each_task_trains_on_torch_xla_exports_the_same_contract_and_the_tf_only
         runs.append(
             [
                 *flags,
-                "--set",
-                f"runtime.tfrecords={tmp_path / task / 'records'}",
-                "--set",
-                f"runtime.output_dir={tmp_path / task / 'train'}",
+                *set_args(
+                    f"runtime.tfrecords={tmp_path / task / 'records'}",
+                    f"runtime.output_dir={tmp_path / task / 'train'}",
+                ),
             ]
         )
         inference.append(
