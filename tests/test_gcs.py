@@ -307,7 +307,7 @@ SETTLE = """
 import json, pathlib, shutil
 import tensorflow as tf
 from common.core.gcs import Mirror
-from common.training.fold import CHECKPOINT_MARKER
+from common.training.epoch import CHECKPOINT_MARKER
 from common.training.run import FoldJob
 
 run, marker = "gs://bars-bucket/run", CHECKPOINT_MARKER

@@ -310,10 +310,10 @@ import contextlib, io, os, re, sys
 import torch, torch_xla  # before anything imports TensorFlow
 from common.core.errors import guarded
 import common.training.backends.torch_xla.backend as torch_backend
-import common.training.fold as fold
+import common.training.epoch as epoch
 from train_tpu.train import main
 
-step, write_json = torch_backend.TorchXlaBackend._step, fold._write_json
+step, write_json = torch_backend.TorchXlaBackend._step, epoch._write_json
 
 def step_or_run_out(self, images, targets):
     if images.shape[0] > 8:
@@ -322,11 +322,11 @@ def step_or_run_out(self, images, targets):
 
 def write_then_stop(path, data):
     write_json(path, data)
-    if path.name == fold.PROGRESS_NAME:
+    if path.name == epoch.PROGRESS_NAME:
         print("CHECKPOINTED", data, flush=True)
         os._exit(0)
 
-torch_backend.TorchXlaBackend._step, fold._write_json = step_or_run_out, write_then_stop
+torch_backend.TorchXlaBackend._step, epoch._write_json = step_or_run_out, write_then_stop
 argv, err = sys.argv[2:], io.StringIO()
 with contextlib.redirect_stderr(err):
     code = guarded("train", main, argv)
@@ -390,7 +390,7 @@ def test_keras_jax_weighs_its_compiled_step_against_the_device_and_auto_trains_a
     run in the line; the batch it names trains (stopped once its epoch is checkpointed, as a kill would: auto's run
     exports); and auto finds the largest power of two that fits in at most three compiles, the chosen step then taken
     from the compile cache by fit."""
-    import common.training.fold as fold
+    import common.training.epoch as epoch
 
     model = [
         "train.framework=keras_jax",
@@ -417,14 +417,14 @@ def test_keras_jax_weighs_its_compiled_step_against_the_device_and_auto_trains_a
         not (tmp_path / "out" / "export").exists()
         and not (tmp_path / "out" / "work" / "fold0" / "checkpoints" / "progress.json").exists()
     )
-    write_json = fold._write_json
+    write_json = epoch._write_json
 
     def write_then_stop(path, data):
         write_json(path, data)
-        if path.name == fold.PROGRESS_NAME:
+        if path.name == epoch.PROGRESS_NAME:
             raise Checkpointed(data)
 
-    monkeypatch.setattr(fold, "_write_json", write_then_stop)
+    monkeypatch.setattr(epoch, "_write_json", write_then_stop)
     with pytest.raises(Checkpointed):  # the rerun, as the line says
         train_main([*argv, *set_args(f"train.batch_size_per_replica={fix}", "train.epochs=1")])
     monkeypatch.undo()

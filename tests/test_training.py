@@ -16,7 +16,7 @@ from common.tasks.types import TASKS
 from common.training.backends.tf_keras.backend import TFBackend
 from common.training.backends.tf_keras.custom_loop import CustomLoop
 from common.training.backends.tf_keras.model import build_model
-from common.training.fold import PROGRESS_NAME
+from common.training.epoch import PROGRESS_NAME
 
 import numpy as np
 import pytest

@@ -1,5 +1,5 @@
 """Where an epoch's time goes: each phase's seconds (training, the first execution, validation, saves), with what the
-backend compiled in them counted apart, for the epoch line of common/training/fold.py; and a line while a first
+backend compiled in them counted apart, for the epoch line of common/training/epoch.py; and a line while a first
 execution runs long.
 
     clock = EpochClock(backend.compiled); clock.start(); ...; clock.lap("training"); clock.describe()

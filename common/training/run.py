@@ -37,8 +37,9 @@ from common.data.records import (
 )
 from common.export.card import CARD_NAME, read_card
 from common.training.budget import FoldTiming, estimate_fold_seconds, export_reserve_seconds, should_start
+from common.training.epoch import CHECKPOINT_MARKER, epochs_checkpointed
 from common.training.finish import export_fold, out_of_fold_scores
-from common.training.fold import CHECKPOINT_MARKER, epochs_checkpointed, train_fold
+from common.training.fold import train_fold
 
 import tensorflow as tf
 
