@@ -16,6 +16,15 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 # Optimisation level 0: XLA's CPU graphs (JAX's, and torch_xla's in the children that inherit this) compile 2-3x
 # faster and run a little slower; the same HLO, so the counts and numbers the tests check are unchanged.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0")
+# xdist's workers share the cores: each worker (and every child it starts) computes on its share of them, where
+# TensorFlow's, torch's and XLA's pools would each take every core and the workers' threads would contend for them.
+# Set in the workers alone: -n 0 keeps the pools' defaults.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    cores_each = max(1, len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ.setdefault("OMP_NUM_THREADS", str(cores_each))
+    os.environ.setdefault("TF_NUM_INTRAOP_THREADS", str(cores_each))
+    if cores_each == 1 and "xla_cpu_multi_thread_eigen" not in os.environ["XLA_FLAGS"]:
+        os.environ["XLA_FLAGS"] += " --xla_cpu_multi_thread_eigen=false"
 
 import common  # noqa: F401, E402  (sets TF_USE_LEGACY_KERAS before tensorflow is imported)
 from common.core.process import settle  # noqa: E402

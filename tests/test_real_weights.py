@@ -193,11 +193,17 @@ def check_float16(route: str, card: dict) -> str:
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # two minutes and more: three full-size networks trained, exported and checked
 def test_a_linear_probe_on_real_weights_on_every_route_exports_verified_and_the_tf_only_kernel_scores_it(
     real_weights, tmp_path
 ):
     """One photo competition, converted once; each route's probe; the three exports scored by one TF-only inference
-    kernel process, one after the other (the kernel cannot tell which route trained an export)."""
+    kernel process, one after the other (the kernel cannot tell which route trained an export).
+
+    The one check of its kind (real weights learning to a bar on every route), opted into with -m slow. The default
+    suite covers its parts: the three known-answer tests above (each route's model from the real weights), and each
+    route's training, export and scoring on a tiny backbone (tests/test_training.py, test_jax_route.py,
+    test_torch_route.py)."""
     from sklearn.metrics import f1_score
 
     from tpu2gpu.cli import main as cli_main
