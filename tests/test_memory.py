@@ -313,7 +313,7 @@ import common.training.backends.torch_xla.backend as torch_backend
 import common.training.epoch as epoch
 from train_tpu.train import main
 
-step, write_json = torch_backend.TorchXlaBackend._step, epoch._write_json
+step, write_json = torch_backend.TorchXlaBackend._step, epoch.write_json
 
 def step_or_run_out(self, images, targets):
     if images.shape[0] > 8:
@@ -326,7 +326,7 @@ def write_then_stop(path, data):
         print("CHECKPOINTED", data, flush=True)
         os._exit(0)
 
-torch_backend.TorchXlaBackend._step, epoch._write_json = step_or_run_out, write_then_stop
+torch_backend.TorchXlaBackend._step, epoch.write_json = step_or_run_out, write_then_stop
 argv, err = sys.argv[2:], io.StringIO()
 with contextlib.redirect_stderr(err):
     code = guarded("train", main, argv)
@@ -417,14 +417,14 @@ def test_keras_jax_weighs_its_compiled_step_against_the_device_and_auto_trains_a
         not (tmp_path / "out" / "export").exists()
         and not (tmp_path / "out" / "work" / "fold0" / "checkpoints" / "progress.json").exists()
     )
-    write_json = epoch._write_json
+    write_json = epoch.write_json
 
     def write_then_stop(path, data):
         write_json(path, data)
         if path.name == epoch.PROGRESS_NAME:
             raise Checkpointed(data)
 
-    monkeypatch.setattr(epoch, "_write_json", write_then_stop)
+    monkeypatch.setattr(epoch, "write_json", write_then_stop)
     with pytest.raises(Checkpointed):  # the rerun, as the line says
         train_main([*argv, *set_args(f"train.batch_size_per_replica={fix}", "train.epochs=1")])
     monkeypatch.undo()

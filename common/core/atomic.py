@@ -11,12 +11,20 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 from common.core.errors import UserError
+
+
+def write_json(path: Path, value: dict) -> None:
+    """A small JSON file written whole or not at all: a temporary sibling, renamed over `path` (a kill mid-write
+    leaves the previous file)."""
+    path.with_suffix(".tmp").write_text(json.dumps(value))
+    path.with_suffix(".tmp").replace(path)
 
 
 def free_bytes(path: str | Path) -> int:

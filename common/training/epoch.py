@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.core.atomic import write_json
 from common.core.config import Config
 from common.tasks.parts import is_better
 from common.training.backends.base import Backend
@@ -66,11 +67,6 @@ def epochs_checkpointed(work_dir: Path) -> int:
     """Epochs a fold's checkpoint already holds (its progress.json), so a resumed fold is planned for the rest."""
     progress = Path(work_dir) / CHECKPOINT_MARKER
     return int(json.loads(progress.read_text())["epochs_done"]) if progress.is_file() else 0
-
-
-def _write_json(path: Path, value: dict) -> None:
-    path.with_suffix(".tmp").write_text(json.dumps(value))
-    path.with_suffix(".tmp").replace(path)
 
 
 class EpochMonitor:
@@ -128,7 +124,7 @@ class EpochMonitor:
         scored = self.score(epoch, logs)
         self.history.append(epoch, logs)
         self.backend.save_checkpoint(epoch + 1)
-        _write_json(self.work_dir / CHECKPOINT_MARKER, {"epochs_done": epoch + 1})  # after the checkpoint
+        write_json(self.work_dir / CHECKPOINT_MARKER, {"epochs_done": epoch + 1})  # after the checkpoint
         self.checkpointed()
         self.clock.lap("checkpoint")
         print(f"[train] epoch {epoch + 1}: {trained}; {scored}; {self.clock.describe()}", flush=True)
@@ -184,7 +180,7 @@ class EpochMonitor:
                 if self.keep_best:
                     self.backend.save_weights(self.work_dir / "best" / "weights")
                     np.save(self.work_dir / "best" / "predictions.npy", raw)  # what the restored weights must give
-                _write_json(self.work_dir / BEST_NAME, self.best)
+                write_json(self.work_dir / BEST_NAME, self.best)
                 self.clock.lap("best-epoch save")
         best = "none yet" if self.best["value"] is None else f"{self.best['value']:.4f} at epoch {self.best['epoch']}"
         return f"val_{metric} {value:.4f} (best {best})"

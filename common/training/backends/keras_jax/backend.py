@@ -23,6 +23,7 @@ import json
 import os
 from pathlib import Path
 
+from common.core.atomic import write_json
 from common.core.config import Config
 from common.core.errors import ConfigError
 from common.core.paths import compile_cache_dir
@@ -287,9 +288,7 @@ class JaxBackend:
         partial = self.checkpoints / f"partial-{CHECKPOINT}"
         save_weight_arrays(partial, [np.asarray(v.value) for v in self._state_variables()])
         partial.replace(self.checkpoints / CHECKPOINT)
-        state = self.checkpoints / CHECKPOINT_STATE
-        state.with_suffix(".tmp").write_text(json.dumps({"epochs_done": epochs_done}))
-        state.with_suffix(".tmp").replace(state)
+        write_json(self.checkpoints / CHECKPOINT_STATE, {"epochs_done": epochs_done})
         if self.compile_cache:  # the programs compiled so far are complete: a resumed run takes them
             self.compile_cache.vouch()
 
