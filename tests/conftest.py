@@ -261,9 +261,12 @@ def opted_out(config, items) -> list:
 
 
 def pytest_collection_modifyitems(config, items):
-    """The opt-in marks' tests deselected unless asked for."""
+    """The opt-in marks' tests deselected unless asked for, and the end-to-end tests put first. xdist's workers take
+    the tests in this order, two at a time (pyproject.toml's addopts), so the unit tests, a second or less each, come
+    last and fill in while the other worker finishes its last long test."""
     deselected = opted_out(config, items)
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         unwanted = {id(item) for item in deselected}
         items[:] = [item for item in items if id(item) not in unwanted]
+    items.sort(key=lambda item: item.get_closest_marker("e2e") is None)  # stable: each group keeps its order
