@@ -262,8 +262,8 @@ def opted_out(config, items) -> list:
 
 def pytest_collection_modifyitems(config, items):
     """The opt-in marks' tests deselected unless asked for, and the end-to-end tests put first. xdist's workers take
-    the tests in this order, two at a time (pyproject.toml's addopts), so the unit tests, a second or less each, come
-    last and fill in while the other worker finishes its last long test."""
+    the tests in this order as each frees, a chunk of two at most (pyproject.toml's addopts), so the unit tests, a
+    second or less each, come last and fill in while the other worker finishes its last long test."""
     deselected = opted_out(config, items)
     if deselected:
         config.hook.pytest_deselected(items=deselected)
