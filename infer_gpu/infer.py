@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import common  # noqa: F401
+from common.core.atomic import write_json
 from common.core.config import Config, format_config, parse_kernel_args
 from common.core.errors import UserError, guarded
 from common.core.paths import output_dir, resolve_data_path
@@ -38,7 +39,7 @@ from common.inference.submission import (
     submission_rows,
     write_csv_atomically,
 )
-from common.inference.time_plan import TIME_RECORD, clock_text, time_plan, write_time_record
+from common.inference.time_plan import TIME_RECORD, clock_text, time_plan
 from common.inference.unread import BAD_TEST_IMAGES, predict_unread, write_bad_test_images
 from common.tasks.parts import decimal_text
 from common.tasks.types import get_task
@@ -89,7 +90,7 @@ def write_time(plan, infer_cfg, strategy, path: Path) -> None:
         else None
     )
     record = plan.record(expected)
-    write_time_record(path, record)
+    write_json(path, record, indent=1)
     shed = [what for step in plan.shed for what in step["what"]]
     print(
         f"[infer] time: finished at {clock_text(record['finished_at_seconds'])} of the kernel"

@@ -20,11 +20,15 @@ from pathlib import Path
 from common.core.errors import UserError
 
 
-def write_json(path: Path, value: dict) -> None:
-    """A small JSON file written whole or not at all: a temporary sibling, renamed over `path` (a kill mid-write
-    leaves the previous file)."""
-    path.with_suffix(".tmp").write_text(json.dumps(value))
-    path.with_suffix(".tmp").replace(path)
+def write_json(path: Path, value: dict, indent: int | None = None) -> None:
+    """A small JSON file written whole or not at all: a hidden `.<name>.partial-<pid>` sibling (one per process, so
+    processes writing one file do not share it), renamed over `path`; a kill mid-write leaves the previous file."""
+    partial = path.parent / f".{path.name}.partial-{os.getpid()}"
+    try:
+        partial.write_text(json.dumps(value, indent=indent) + "\n")
+        partial.replace(path)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def free_bytes(path: str | Path) -> int:

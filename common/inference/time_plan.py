@@ -4,7 +4,7 @@ common/inference/predict.py) is measured at on this machine, and the units shed 
     plan = time_plan(cfg.infer, units, rows=len(template.ids))   # None with infer.time_limit=none (and no expected)
     ids, predictions = ensemble_predict(units, batches_for, strategy, plan)   # times each unit, sheds as it goes
     plan.expected(n, time_units)       # the save run: n hidden test images projected, what a rerun would shed
-    write_time_record(out / TIME_RECORD, plan.record())
+    write_json(out / TIME_RECORD, plan.record(), indent=1)   # common/core/atomic.py
 
 The clock starts with the kernel's process (imports and export loading count, as Kaggle's does), and plans
 infer.time_limit less infer.time_margin. A unit's first batch of each shape is its warm-up (tracing, compiling),
@@ -19,7 +19,6 @@ last member's original view is never shed: every row is always written.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -311,11 +310,3 @@ def time_plan(infer_cfg, units, rows: int) -> TimePlan | None:
     if duration_seconds(infer_cfg.time_limit) is None and not infer_cfg.expected_test_images:
         return None
     return TimePlan(units, rows, infer_cfg.time_limit, infer_cfg.time_margin)
-
-
-def write_time_record(path: Path, record: dict) -> None:
-    """inference_time.json beside submission.csv, written whole (a temporary file renamed)."""
-    path = Path(path)
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(record, indent=1) + "\n")
-    os.replace(temporary, path)

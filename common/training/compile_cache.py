@@ -24,6 +24,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.core.atomic import write_json
+
 LEDGER = "tpu2gpu-cache.json"  # {"versions": {...}, "entries": {name: sha256}}
 OFF = "off"  # runtime.compile_cache=off
 
@@ -174,6 +176,4 @@ class CompileCache:
             "versions": self.versions,
             "entries": {name: seen[2] for name, seen in sorted(self.known.items()) if name in present},
         }
-        partial = self.folder / f"{LEDGER}.partial-{os.getpid()}"
-        partial.write_text(json.dumps(ledger, indent=1) + "\n")
-        partial.replace(self.folder / LEDGER)
+        write_json(self.folder / LEDGER, ledger, indent=1)
