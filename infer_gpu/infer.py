@@ -19,14 +19,13 @@ in inference_time.json beside submission.csv (common/inference/time_plan.py).
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 import common  # noqa: F401
 from common.core.atomic import write_json
 from common.core.config import Config, format_config, parse_kernel_args
-from common.core.errors import UserError, guarded
+from common.core.errors import UserError, run_entry
 from common.core.paths import output_dir, resolve_data_path
 from common.core.platform import environment_report
 from common.core.strategy import get_strategy, split_cpu
@@ -161,4 +160,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(guarded("infer_gpu", main))
+    run_entry("infer_gpu", main)

@@ -521,15 +521,33 @@ def test_simulated_kaggle_run_of_both_built_kernels(tmp_path, demo_dir, tiny_bac
     assert sorted(p.name for p in (kaggle / "working").iterdir()) == ["__script__.py", "export"]
     assert (kaggle / "temp" / "tfrecords" / "manifest.json").is_file() and (kaggle / "temp" / "work").is_dir()
 
-    # The model dataset is the export; the inference kernel gets it attached and a fresh /kaggle/working.
+    # The model dataset is the export; the inference kernel gets it attached and a fresh /kaggle/working. What its
+    # predictions let go comes with an iterator whose teardown is still waiting when the kernel returns, released
+    # only while the interpreter finalizes (tests/held_teardown.py): the kernel ends without finalizing, exit 0 and
+    # its outputs whole, and waits for no teardown (this one never ends).
     shutil.copytree(export, kaggle / "input" / "datasets" / "tester" / "tpu2gpu-model")
     shutil.rmtree(kaggle / "working")
     (kaggle / "working").mkdir()
     shutil.copyfile(folders["infer"] / "infer.py", kaggle / "working" / "__script__.py")
+    held = Path(__file__).with_name("held_teardown.py")
     infer = subprocess.run(
-        offline([sys.executable, "__script__.py"]), cwd=kaggle / "working", env=env, capture_output=True, text=True
+        offline([sys.executable, str(held), "script", "__script__.py"]),
+        cwd=kaggle / "working",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3600,
     )
     assert infer.returncode == 0, infer.stdout[-2000:] + infer.stderr[-3000:]
+    assert "[held_teardown] let go with a teardown released only in finalization" in infer.stdout
+    assert "[infer] time: finished" in infer.stdout and "terminate called" not in infer.stderr
+    assert sorted(p.name for p in (kaggle / "working").iterdir()) == [
+        "__script__.py",
+        "inference_time.json",
+        "probabilities.csv",
+        "submission.csv",
+    ]
+    assert json.loads((kaggle / "working" / "inference_time.json").read_text())["shed"] == []
     submission = read_csv(kaggle / "working" / "submission.csv")
     template = read_csv(demo_dir / "sample_submission.csv")
     assert [r["id"] for r in submission] == [r["id"] for r in template]

@@ -259,21 +259,21 @@ with open(config_path, "w") as f:
     json.dump(CONFIG, f)
 # Kaggle's own argv (e.g. ipykernel's -f) is not ours to parse: the entry point reads the config file.
 {start}
-if code:
-    sys.exit(code)
 '''
 
 
 # How each kernel starts. Training: through the launcher (standard library only until then), since its runtime needs
 # come before the entry point is imported: on a TPU image without a TPU build, the TPU stack is installed and the
-# kernel runs again (run_kernel). Inference: TensorFlow alone, whichever build the GPU image holds: the entry point
-# under core's guarded, which ends a user's error with one line and exit code 2.
+# kernel runs again (run_kernel). Inference: TensorFlow alone, whichever build the GPU image holds. Either runs under
+# core's run_entry, which ends a user's error with one line and exit code 2, and ends the process once its outputs
+# are written without finalizing the interpreter (common/core/process.py says why).
 START = {
-    "train": """from common.launch.kernel import run_kernel  # noqa: E402
-code = run_kernel("train", "{entry}", config_path, BUNDLE_PATH)""",
-    "infer": """from common.core.errors import guarded  # noqa: E402
+    "train": """from common.core.errors import run_entry  # noqa: E402
+from common.launch.kernel import run_kernel  # noqa: E402
+run_entry("train", run_kernel, "train", "{entry}", config_path, BUNDLE_PATH)""",
+    "infer": """from common.core.errors import run_entry  # noqa: E402
 from {entry} import main  # noqa: E402
-code = guarded("infer", lambda: main(["--config", config_path]))""",
+run_entry("infer", main, ["--config", config_path])""",
 }
 
 

@@ -411,5 +411,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def run() -> None:
+    """The `tpu2gpu` command (pyproject's console script) and `python -m tpu2gpu.cli`: main's exit code ends the
+    process (common.core.errors.run_entry), whatever threads a step left behind."""
+    from common.core.errors import run_entry
+
+    run_entry("tpu2gpu", main)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

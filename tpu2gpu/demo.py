@@ -52,7 +52,7 @@ from pathlib import Path
 import common  # noqa: F401  (environment bootstrap first)
 from common.core.children import BLOCKED_IN_CHECK
 from common.core.config import load_config
-from common.core.errors import UserError
+from common.core.errors import UserError, run_entry
 from common.launch.routes import ROUTES
 
 CONFIG = Path("configs/demo.yaml")
@@ -133,7 +133,8 @@ def run(root: Path, framework: str = "tf_keras", processes: int = 1) -> float:
     ]
     code = (
         f"import sys; sys.modules.update(dict.fromkeys({BLOCKED_IN_CHECK!r})); "
-        f"from infer_gpu.infer import main; sys.exit(main({infer_argv!r}))"
+        "from common.core.errors import run_entry; from infer_gpu.infer import main; "
+        f"run_entry('infer', main, {infer_argv!r})"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -259,4 +260,4 @@ macro-F1        {macro_f1:.4f} on the held-out test set (target >= {MIN_MACRO_F1
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_entry("demo", main)

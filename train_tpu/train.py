@@ -27,7 +27,7 @@ from pathlib import Path
 import common  # noqa: F401  (TF_USE_LEGACY_KERAS before tensorflow)
 import common.launch.routes  # noqa: F401  (supplies the config train.framework's routes and backbone rule)
 from common.core.config import config_to_dict, format_config, parse_kernel_args
-from common.core.errors import guarded
+from common.core.errors import run_entry
 from common.core.gcs import require_access
 from common.core.paths import training_folders
 from common.data.records import has_manifest, read_manifest
@@ -95,4 +95,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(guarded("train_tpu", main))
+    run_entry("train_tpu", main)

@@ -1,9 +1,10 @@
 """Errors that are the user's to fix. Each message names the file, row, key or value at fault and says how to fix it.
 
 Entry points print a UserError as one line without a traceback (guarded); anything else is a bug and keeps its
-traceback.
+traceback. A process's entry point runs under run_entry, which ends the process with the code (common/core/process.py):
 
-    sys.exit(guarded("infer_gpu", main))   # both kernels, the tpu2gpu CLI and the export children end this way
+    run_entry("infer_gpu", main)   # both kernels, the tpu2gpu CLI and every child interpreter end this way
+    code = guarded("train_tpu", main, argv)   # the same run in this process, which goes on (the tests)
 """
 
 import sys
@@ -40,6 +41,34 @@ def guarded(prog: str, func, *args) -> int:
     except UserError as err:
         print(f"{prog}: error: {err}", file=sys.stderr, flush=True)
         return 2
+
+
+def run_entry(prog: str, func, *args) -> None:
+    """func(*args) as the whole of this process, which then ends with its exit code (common.core.process.end: not
+    finalizing the interpreter, so that no thread still tearing down can abort it): guarded's code, a SystemExit's as
+    Python reads it, and 1 after the traceback of any other exception (130 for an interrupt), as an uncaught one
+    would."""
+    from common.core.process import end
+
+    try:
+        code = exit_status(guarded(prog, func, *args))
+    except SystemExit as exit_:
+        code = exit_status(exit_.code)
+    except BaseException as err:  # a bug: its traceback, as Python prints an uncaught one
+        sys.excepthook(type(err), err, err.__traceback__)
+        code = 130 if isinstance(err, KeyboardInterrupt) else 1
+    end(code)
+
+
+def exit_status(code) -> int:
+    """The exit status Python gives `raise SystemExit(code)`: None is 0, an int itself, anything else is printed to
+    stderr and is 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr, flush=True)
+    return 1
 
 
 class PackageError(UserError, ImportError):

@@ -12,12 +12,19 @@ from common.core.children import BLOCKED_IN_CHECK, CPU_ONLY_ENV
 for _blocked in BLOCKED_IN_CHECK:  # set before tensorflow is imported: any import of them now fails
     sys.modules[_blocked] = None
 
+from common.core.errors import run_entry  # noqa: E402
 from common.export.verify import check_export  # noqa: E402
 
-if __name__ == "__main__":
-    diffs, census = check_export(sys.argv[1])
+
+def main(folder: str) -> int:
+    diffs, census = check_export(folder)
     print(
         json.dumps(
             {"max_abs_diff": diffs, "census": census, "environment": {k: os.environ.get(k) for k in CPU_ONLY_ENV}}
         )
     )
+    return 0
+
+
+if __name__ == "__main__":
+    run_entry("check", main, sys.argv[1])

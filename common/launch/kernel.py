@@ -1,12 +1,13 @@
 """How a kernel starts: its runtime's needs are checked (and the TPU stack installed) before anything imports
 TensorFlow, then the entry point runs, and a UserError ends it as one line and exit code 2.
 
-    run_kernel("train", "train_tpu.train", config_path, bundle)   # what a built kernel script calls
+    run_entry("train", run_kernel, "train", "train_tpu.train", config_path, bundle)   # a built kernel's last line
 
-guarded, which ends a run on a UserError with one line and exit code 2, lives in common.core.errors, where the GPU
-kernel, which imports nothing of this package, reaches it too. The route table is imported with this module, so the
-config run_kernel loads is checked against it (train.framework, model.backbone: the routes supply those checks on
-import). Standard library only at import time: TensorFlow must not be loaded before prepare_runtime has run.
+guarded, which ends a run on a UserError with one line and exit code 2, and run_entry, which then ends the process
+with its code, live in common.core.errors, where the GPU kernel, which imports nothing of this package, reaches them.
+The route table is imported with this module, so the config run_kernel loads is checked against it (train.framework,
+model.backbone: the routes supply those checks on import). Standard library only at import time: TensorFlow must not
+be loaded before prepare_runtime has run.
 """
 
 from __future__ import annotations
@@ -53,8 +54,9 @@ def run_again(kernel: str, entry: str, config_path: str, bundle: str, env: dict[
     """The kernel in a fresh interpreter (the same bundle and config), its output passed through line by line: this
     works whether the kernel runs as `python script.py` or inside a notebook's ipykernel."""
     code = (
-        f"import sys; sys.path.insert(0, {bundle!r}); import common; from common.launch.kernel import run_kernel; "
-        f"sys.exit(run_kernel({kernel!r}, {entry!r}, {config_path!r}, {bundle!r}))"
+        f"import sys; sys.path.insert(0, {bundle!r}); import common; from common.core.errors import run_entry; "
+        "from common.launch.kernel import run_kernel; "
+        f"run_entry({kernel!r}, run_kernel, {kernel!r}, {entry!r}, {config_path!r}, {bundle!r})"
     )
     child = subprocess.Popen(
         [sys.executable, "-c", code],

@@ -13,6 +13,8 @@ import os
 import sys
 import time
 
+from common.core.errors import run_entry
+
 VERDICT = "TPU_PROBE "
 MATMUL_SIDE = 128  # ones([128, 128]) @ ones([128, 128]) sums to 128 ** 3
 
@@ -52,4 +54,4 @@ def main(address: str) -> int:
 
 if __name__ == "__main__":
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "local"))
+    run_entry("probe", main, sys.argv[1] if len(sys.argv) > 1 else "local")

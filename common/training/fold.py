@@ -15,7 +15,6 @@ the history keeps every epoch once.
 from __future__ import annotations
 
 import gc
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from common.core.config import Config
 from common.core.errors import DataError
 from common.data.pipeline import InputShare, make_train_dataset, read_ids_and_labels
 from common.data.records import RecordSet
+from common.data.teardown import aside
 from common.training.backends.base import Backend, EpochLoop
 from common.training.batch import Batch, FoldBatch, train_at_fitting_batch
 from common.training.compile_cache import CompileCount
@@ -76,8 +76,8 @@ def collect_garbage_aside() -> None:
     cycles (3-4 a keras_jax fold, counted here), and a fold that ended in an error leaves its frames: only the garbage
     collector frees them, whenever it next runs, in whatever thread runs then, and taking down an old tf.data iterator
     can wait up to 60 s (common/training/backends/tf_keras/iterators.py). Collected now, they are as young as the
-    fold, and any wait is this thread's."""
-    threading.Thread(target=gc.collect, name="tpu2gpu-collect", daemon=True).start()
+    fold, and any wait is this thread's (common/data/teardown.py's aside: a kernel's end does not wait for it)."""
+    aside(gc.collect, "tpu2gpu-collect")
 
 
 def train_fold(

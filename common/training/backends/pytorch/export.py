@@ -25,6 +25,7 @@ if __name__ == "__main__":  # the child: set before keras is imported, for it ex
 import common  # noqa: F401
 from common.core.children import cpu_only_environment
 from common.core.config import config_from_dict, config_to_dict
+from common.core.errors import run_entry
 from common.core.packages import optional_import
 from common.export.card import read_card
 from common.export.writer import (
@@ -34,7 +35,6 @@ from common.export.writer import (
     run_rebuild_child,
     write_rebuild_job,
 )
-from common.launch.kernel import guarded
 
 import numpy as np
 
@@ -173,4 +173,4 @@ def main(job_dir: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(guarded("export", main, sys.argv[1]))
+    run_entry("export", main, sys.argv[1])
