@@ -62,3 +62,17 @@ def test_an_interpreter_that_finalizes_first_joins_the_teardown_released_in_time
 def test_a_system_exit_s_code_is_the_status_python_gives_it(code, status, printed, capsys):
     assert exit_status(code) == status
     assert capsys.readouterr().err == printed
+
+
+def test_in_a_notebook_s_kernel_the_process_is_left_running(monkeypatch):
+    """Under IPython (a notebook's kernel, which outlives the script), end() ends nothing: 0 returns, as the script's
+    last line would, and another code is raised as SystemExit, which IPython reports and the notebook fails on."""
+    import types
+
+    from common.core import process
+
+    monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: object()))
+    assert process.end(0) is None
+    with pytest.raises(SystemExit) as raised:
+        process.end(2)
+    assert raised.value.code == 2

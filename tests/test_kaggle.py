@@ -501,13 +501,24 @@ def test_simulated_kaggle_run_of_both_built_kernels(tmp_path, demo_dir, tiny_bac
     )
     (tmp_path / "tmp").mkdir()
 
-    # The training kernel: its script alone, run from /kaggle/working, no network.
+    # The training kernel: its script alone, run from /kaggle/working, no network. Everything its fold lets go comes
+    # with an iterator whose teardown is still waiting when the kernel returns, released only while the interpreter
+    # finalizes (tests/held_teardown.py): the fold goes on without waiting for it, and the kernel ends without
+    # finalizing, exit 0 (this teardown never ends).
     script = kaggle / "working" / "__script__.py"
     shutil.copyfile(folders["train"] / "train.py", script)
+    held = Path(__file__).with_name("held_teardown.py")
     train = subprocess.run(
-        offline([sys.executable, str(script)]), cwd=kaggle / "working", env=env, capture_output=True, text=True
+        offline([sys.executable, str(held), "script", str(script)]),
+        cwd=kaggle / "working",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3600,
     )
     assert train.returncode == 0, train.stdout[-2000:] + train.stderr[-3000:]
+    assert "[held_teardown] let go with a teardown released only in finalization" in train.stdout
+    assert "terminate called" not in train.stderr
     assert f"common from {tmp_path / 'tmp'}/tpu2gpu-" in train.stdout  # the bundle's code, not this checkout
     export = kaggle / "working" / "export"
     card = json.loads((export / "fold0" / "model_card.json").read_text())
@@ -522,14 +533,11 @@ def test_simulated_kaggle_run_of_both_built_kernels(tmp_path, demo_dir, tiny_bac
     assert (kaggle / "temp" / "tfrecords" / "manifest.json").is_file() and (kaggle / "temp" / "work").is_dir()
 
     # The model dataset is the export; the inference kernel gets it attached and a fresh /kaggle/working. What its
-    # predictions let go comes with an iterator whose teardown is still waiting when the kernel returns, released
-    # only while the interpreter finalizes (tests/held_teardown.py): the kernel ends without finalizing, exit 0 and
-    # its outputs whole, and waits for no teardown (this one never ends).
+    # predictions let go comes with a held teardown too: its outputs are whole, exit 0.
     shutil.copytree(export, kaggle / "input" / "datasets" / "tester" / "tpu2gpu-model")
     shutil.rmtree(kaggle / "working")
     (kaggle / "working").mkdir()
     shutil.copyfile(folders["infer"] / "infer.py", kaggle / "working" / "__script__.py")
-    held = Path(__file__).with_name("held_teardown.py")
     infer = subprocess.run(
         offline([sys.executable, str(held), "script", "__script__.py"]),
         cwd=kaggle / "working",

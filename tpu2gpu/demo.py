@@ -79,6 +79,39 @@ def score(submission: Path, solution: Path) -> float:
     return float(f1_score([truth[i] for i in ids], [predicted[i] for i in ids], average="macro"))
 
 
+def demo_paths(root: Path, framework: str) -> list[str]:
+    """The settings (--set) of the demo in `root` on `framework`, over configs/demo.yaml: where its inputs are, and its
+    backbone."""
+    return [
+        f"runtime.competition_dir={root / 'competition'}",
+        f"runtime.tfrecords={root / 'tfrecords'}",
+        f"train.framework={framework}",
+        *DemoBackbone.of(root, framework).settings,
+    ]
+
+
+def inference_command(root: Path, settings: list[str]) -> list[str]:
+    """Step 5: the inference kernel on the export in `root`, in a fresh interpreter where tf_keras, tensorflow_hub,
+    Keras 3 and JAX cannot be imported, ending as every entry point does (run_entry)."""
+    infer_argv = [
+        "--config",
+        str(CONFIG),
+        *settings,
+        "--set",
+        f"infer.exports=[{root / 'train' / 'export'}]",
+        "--set",
+        f"runtime.output_dir={root / 'infer'}",
+        "--set",
+        "runtime.tfrecords=",
+    ]
+    code = (
+        f"import sys; sys.modules.update(dict.fromkeys({BLOCKED_IN_CHECK!r})); "
+        "from common.core.errors import run_entry; from infer_gpu.infer import main; "
+        f"run_entry('infer', main, {infer_argv!r})"
+    )
+    return [sys.executable, "-c", code]
+
+
 def run(root: Path, framework: str = "tf_keras", processes: int = 1) -> float:
     from common.data.conversion import convert_competition
 
@@ -86,12 +119,7 @@ def run(root: Path, framework: str = "tf_keras", processes: int = 1) -> float:
     from tpu2gpu.demo_data import make_demo_competition
 
     backbone = DemoBackbone.of(root, framework)
-    paths = [
-        f"runtime.competition_dir={root / 'competition'}",
-        f"runtime.tfrecords={root / 'tfrecords'}",
-        f"train.framework={framework}",
-        *backbone.settings,
-    ]
+    paths = demo_paths(root, framework)
     cfg = load_config(CONFIG, paths)
     if processes > 1:  # the one-process demo's global batch, split over the processes: the same steps and rate
         paths.append(f"train.batch_size={cfg.train.batch_size_per_replica}")
@@ -120,23 +148,7 @@ def run(root: Path, framework: str = "tf_keras", processes: int = 1) -> float:
     )
 
     step("5/7 inference kernel (TensorFlow alone: tf_keras, tensorflow_hub, Keras 3 and JAX blocked)")
-    infer_argv = [
-        "--config",
-        str(CONFIG),
-        *settings,
-        "--set",
-        f"infer.exports=[{root / 'train' / 'export'}]",
-        "--set",
-        f"runtime.output_dir={root / 'infer'}",
-        "--set",
-        "runtime.tfrecords=",
-    ]
-    code = (
-        f"import sys; sys.modules.update(dict.fromkeys({BLOCKED_IN_CHECK!r})); "
-        "from common.core.errors import run_entry; from infer_gpu.infer import main; "
-        f"run_entry('infer', main, {infer_argv!r})"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True)
+    subprocess.run(inference_command(root, settings), check=True)
 
     step("6/7 score against the held-out answers")
     macro_f1 = score(root / "infer" / "submission.csv", competition / "solution.csv")
