@@ -32,7 +32,7 @@ def test_python_s_own_ending_aborts_a_kernel_whose_teardown_ends_while_the_inter
     let_go was), and the process dies on SIGABRT with its output written."""
     run = run_kernel(tmp_path, "python", "--exit-wait", "0")
     assert run.returncode == -signal.SIGABRT, run.stderr[-2000:]
-    assert "FATAL: exception not rethrown" in run.stderr
+    assert "terminate called" in run.stderr  # then "FATAL: exception not rethrown" (3.11, 3.12) or not (3.13)
     assert (tmp_path / "output.txt").read_text() == "every row\n"
 
 

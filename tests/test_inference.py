@@ -243,6 +243,7 @@ def test_the_inference_kernel_and_its_config_load_with_every_training_dependency
         "common.core.gcs",
         "common.core.paths",
         "common.core.platform",
+        "common.core.process",
         "common.core.strategy",
         "common.data",
         "common.data.pipeline",
