@@ -73,7 +73,7 @@ class ReleasedAtFinalization:
         time.sleep(self.linger)
 
 
-def wait_until_in_native_code(name: str, steady: float = 0.5) -> None:
+def wait_until_in_native_code(name: str, steady: float = 0.3) -> None:
     """Until the thread called `name` has been in native code, the GIL released, for `steady` seconds: no Python frame
     above its run() all that time, while this thread held the GIL at each look. The teardown is then under way in
     TensorFlow's C++, not still in the Python of the objects it frees (where finalization would end it quietly)."""

@@ -84,9 +84,10 @@ THIRD_BACKEND = textwrap.dedent('''
 
 
     routes.ROUTES["keras_tf"] = routes.Route("keras_tf", lambda cfg: prepare(), "__main__:start", ("keras",))
+    from common.core.errors import run_entry
     from train_tpu.train import main
 
-    sys.exit(main(sys.argv[1:]))
+    run_entry("train_tpu", main, sys.argv[1:])
 ''')
 
 

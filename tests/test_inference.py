@@ -51,7 +51,10 @@ def test_trained_export_to_a_valid_submission_without_any_training_dependency(tr
         "infer.tta=[identity, flip_up_down]",
         "infer.batch_size=50",
     )
-    code = BLOCK_TRAINING + f"from infer_gpu.infer import main; sys.exit(main({argv!r}))"
+    code = BLOCK_TRAINING + (
+        "from common.core.errors import run_entry; from infer_gpu.infer import main; "
+        f"run_entry('infer', main, {argv!r})"
+    )
     run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "360 predictions, 1 export(s) x 2 view(s)" in run.stdout

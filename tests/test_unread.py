@@ -101,7 +101,8 @@ def test_every_odd_test_image_is_read_and_the_unreadable_ones_get_the_fallback(
     out = tmp_path / "warn"
     code = (
         f"import sys; sys.modules.update(dict.fromkeys({BLOCKED!r})); from infer_gpu.infer import main; "
-        f"sys.exit(main({set_args(*settings, f'runtime.output_dir={out}')!r}))"
+        "from common.core.errors import run_entry; "
+        f"run_entry('infer', main, {set_args(*settings, f'runtime.output_dir={out}')!r})"
     )
     run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
