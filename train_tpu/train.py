@@ -1,7 +1,7 @@
 """The TPU training kernel: config -> framework and hardware -> data -> model -> fit -> export, for each fold.
 
     python -m train_tpu.train --config configs/demo.yaml --set train.epochs=3     # locally (CPU)
-    python -m train_tpu.train --config configs/demo_jax.yaml                      # Keras 3 on JAX (CPU devices)
+    python -m tpu2gpu.demo --framework keras_jax                                # the demo's, on Keras 3 on JAX
     tpu2gpu build, then kaggle kernels push                                     # on Kaggle (TPU v5e-8)
 
 Writes to runtime.output_dir (/kaggle/working on Kaggle, ./runs/train locally, or a gs:// folder: worked on in a
