@@ -137,7 +137,7 @@ def device_rate(size: int, settings: list[str], seconds: float) -> float:
     """Images a second torch's augment_batch (the torch route's data.augment_on=device) transforms, on batches of 64
     already on the device: the GPU where torch sees one, else this process's cores."""
     from common.core.config import load_config
-    from common.training.backends.pytorch.augment import augment_batch
+    from common.training.backends.torch_shared.augment import augment_batch
 
     import torch
 

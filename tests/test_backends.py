@@ -29,7 +29,7 @@ THIRD_BACKEND = textwrap.dedent('''
     import sys
 
     import common
-    from common.launch import routes
+    from common.launch import backbones, routes
 
 
     def prepare():
@@ -47,6 +47,7 @@ THIRD_BACKEND = textwrap.dedent('''
             """Keras 3 on its TensorFlow backend, one device: the Keras 3 route's code, its own hardware."""
 
             name = "keras_tf"
+            abilities = frozenset({"step_memory"})  # keras_jax's step weighing; its compiles are not counted
 
             def __init__(self, cfg):
                 self.cfg, self.ops, self.model = cfg, keras_ops(), None
@@ -59,9 +60,6 @@ THIRD_BACKEND = textwrap.dedent('''
             def runtime(self):
                 return {"framework": self.name, "keras": keras.__version__, "keras_backend": keras.backend.backend(),
                         "steps_per_execution": self.steps_per_execution}
-
-            def compiled(self):
-                return None  # Keras 3 on TensorFlow: its compiles are not counted
 
             def device_memory(self):
                 return None, "Keras 3 on TensorFlow's CPU reports no memory size"  # JaxBackend's asks JAX's devices
@@ -83,7 +81,11 @@ THIRD_BACKEND = textwrap.dedent('''
         return backend
 
 
-    routes.ROUTES["keras_tf"] = routes.Route("keras_tf", lambda cfg: prepare(), "__main__:start", ("keras",))
+    # One entry in the route table, and the backbone family it trains told which builder serves it.
+    routes.ROUTES["keras_tf"] = routes.Route(
+        "keras_tf", lambda cfg: prepare(), list, "__main__:start", ("gpu", "cpu"), "one", routes.DemoSetup("keras")
+    )
+    backbones.BACKBONES["keras"].builders["keras_tf"] = "common.training.backends.keras_jax.model:file_features"
     from common.core.errors import run_entry
     from train_tpu.train import main
 
@@ -91,32 +93,82 @@ THIRD_BACKEND = textwrap.dedent('''
 ''')
 
 
-def test_the_route_table_gives_the_framework_choices_and_each_backend_meets_the_protocol():
-    assert framework_choices() == ("auto", "tf_keras", "keras_jax", "torch_xla", "torch")
-    assert {name: route.backbones for name, route in ROUTES.items()} == {
-        "tf_keras": ("hub", "efficientnet"),
-        "keras_jax": ("efficientnet", "keras"),
-        "torch_xla": ("timm",),
-        "torch": ("timm",),
-    }
-    assert all(isinstance(route, Route) and route.start.endswith(":start") for route in ROUTES.values())
-    from common.training.backends.keras_jax.backend import JaxBackend
-    from common.training.backends.tf_keras.backend import TFBackend
+def backend_class(route):
+    """The Backend class of a route: the class in its start's module named as the route."""
+    import importlib
 
-    members = sorted({name for name in dir(Backend) if not name.startswith("_")} | set(Backend.__annotations__))
-    assert len(members) == 20 and {"hosts", "release", "peak_memory"} <= set(members), members
-    for backend in (TFBackend, JaxBackend):  # ops is set per instance
-        assert [m for m in members if not hasattr(backend, m)] == ["ops"], backend
-    from common.training.backends.torch.backend import TorchBackend
+    module, _ = route.start.split(":")
+    classes = vars(importlib.import_module(module)).values()
+    return next(c for c in classes if isinstance(c, type) and getattr(c, "name", None) == route.name)
 
-    assert [m for m in members if not hasattr(TorchBackend, m)] == ["hosts", "ops"]  # the job's, set per instance
+
+BACKEND_MEMBERS = {name for name in dir(Backend) if not name.startswith("_")} | set(Backend.__annotations__)
+# A child that starts the route's framework first, then checks its backend class here.
+CHILD_CHECK = (
+    "import common.core.config as c, common.launch.routes as r; from test_backends import protocol_gaps; "
+    "r.ROUTES[{name!r}].prepare(c.load_config(None, ['model.backbone=timm'])); print(protocol_gaps(r.ROUTES[{name!r}]))"
+)
+
+
+def protocol_gaps(route) -> list[str]:
+    """What the route's backend class lacks of Backend (ops and hosts are set per instance) and of the protocols of
+    the abilities it declares."""
+    from common.training.backends.base import ABILITIES
+
+    backend = backend_class(route)
+    gaps = sorted(BACKEND_MEMBERS - {"ops", "hosts"} - set(dir(backend)))
+    gaps += [f"ability {a} undeclared" for a in sorted(backend.abilities - set(ABILITIES))]
+    unmet = [a for a in backend.abilities & set(ABILITIES) if not isinstance(backend.__new__(backend), ABILITIES[a])]
+    return gaps + [f"ability {a} unmet" for a in sorted(unmet)]
+
+
+def test_each_route_s_backend_meets_the_protocol_and_the_abilities_it_declares():
+    """Every member of Backend on each backend class, and each declared ability's protocol met; an ability nobody
+    declared is an error, not a guess. A route whose framework must come before TensorFlow is checked in a child."""
+    import os
+
+    from common.training.backends.base import has
+
+    assert {"abilities", "release", "peak_memory", "export"} <= BACKEND_MEMBERS
+    for route in ROUTES.values():
+        if not route.before_tensorflow:
+            assert protocol_gaps(route) == [], route.name
+            continue
+        env = {**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'tests'}"}
+        code = CHILD_CHECK.format(name=route.name)
+        child = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        assert child.stdout.splitlines()[-1:] == ["[]"], (route.name, child.stdout[-2000:], child.stderr[-2000:])
+    assert framework_choices() == ("auto", *ROUTES)
+    with pytest.raises(KeyError, match="'compiles' is not a backend ability: compile_count, step_memory"):
+        has(backend_class(ROUTES["tf_keras"]), "compiles")
 
 
 @pytest.mark.e2e
-def test_a_third_backend_defined_in_the_tests_trains_and_its_export_feeds_the_inference_kernel(
-    demo_dir, demo_records, tiny_keras_backbone, tmp_path
+def test_a_third_backend_defined_in_the_tests_builds_trains_and_its_export_feeds_the_inference_kernel(
+    demo_dir, demo_records, tiny_keras_backbone, tmp_path, monkeypatch
 ):
+    from common.core.config import load_config
+    from common.launch.backbones import BACKBONES
+    from common.launch.routes import DemoSetup
+
     from infer_gpu.infer import main as infer_main
+    from tpu2gpu.build import build
+
+    from fake_kaggle import PROJECT
+
+    # The same entry here: `tpu2gpu build` takes the route, and its kernel's config names it.
+    monkeypatch.setitem(
+        ROUTES,
+        "keras_tf",
+        Route("keras_tf", print, list, "third_backend:start", ("gpu", "cpu"), "one", DemoSetup("keras")),
+    )
+    monkeypatch.setitem(
+        BACKBONES["keras"].builders, "keras_tf", "common.training.backends.keras_jax.model:file_features"
+    )
+    attached = ["kaggle.train_accelerator=NvidiaTeslaT4", "model.keras_backbone=/kaggle/input/extra-data/tiny.keras"]
+    cfg = load_config(None, [*PROJECT, "train.framework=keras_tf", "model.backbone=keras", *attached])
+    script = next(build(cfg, tmp_path / "build")["train"].glob("*.py")).read_text()
+    assert '"framework": "keras_tf"' in script
 
     records_dir, _ = demo_records
     script = tmp_path / "third_backend.py"

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 from common.core.config import load_config
 from common.core.errors import ConfigError
 from common.training import batch as batches
-from common.training.backends.base import StepMemory
+from common.training.backends.base import StepMemory, has
 from common.training.batch import (
     AUTO_LARGEST,
     FoldBatch,
@@ -25,6 +25,7 @@ class FirstStepBackend:
     """A backend that cannot weigh its step (tf_keras, torch_xla, torch): it meets the device at the first step."""
 
     replicas = 2
+    abilities = frozenset()
 
     def __init__(self):
         self.released = 0
@@ -38,6 +39,8 @@ class FirstStepBackend:
 
 class WeighingBackend(FirstStepBackend):
     """keras_jax's StepMemory: its compiled step needs 10 MiB of weights and optimiser state and 1 MiB an image."""
+
+    abilities = frozenset({"step_memory"})
 
     def __init__(self, capacity: int | None):
         super().__init__()
@@ -85,7 +88,7 @@ def test_a_set_batch_is_planned_as_set_and_weighed_where_the_backend_can(unbuilt
     fold = fold_batch(FirstStepBackend(), "train.batch_size_per_replica=32")
     train_at_fitting_batch(fold, lambda batch, phase: trained.append(batch))
     assert trained[0].plan.global_batch == 64 and trained[0].memory is None
-    assert not isinstance(FirstStepBackend(), StepMemory) and isinstance(WeighingBackend(1), StepMemory)
+    assert not has(FirstStepBackend(), "step_memory") and isinstance(WeighingBackend(1), StepMemory)
     unknown = WeighingBackend(None)
     train_at_fitting_batch(fold_batch(unknown, "train.batch_size_per_replica=32"), lambda b, p: trained.append(b))
     assert trained[1].memory is None and unknown.weighed == []

@@ -1,6 +1,6 @@
 """data.augment_on=device: the torch route augments each batch on its device with the same transforms the host's
-pipeline draws (common/training/backends/pytorch/augment.py). Each transform is drawn on one fixed batch by both and
-measured the same way: every draw of either lies in the transform's range, and both spread over it. The resampling
+pipeline draws (common/training/backends/torch_shared/augment.py). Each transform is drawn on one fixed batch by both
+and measured the same way: every draw of either lies in the transform's range, and both spread over it. The resampling
 itself is TensorFlow's projective transform's, and the route trains a fold with it."""
 
 import math
@@ -29,7 +29,7 @@ def fixed_batch(count: int = 48) -> np.ndarray:
 
 def both(settings: list[str], images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The batch augmented by the host's pipeline (image by image) and by the device's (the whole batch at once)."""
-    from common.training.backends.pytorch.augment import augment_batch
+    from common.training.backends.torch_shared.augment import augment_batch
 
     import tensorflow as tf
 
@@ -129,7 +129,7 @@ def test_cutout_fills_the_same_share_of_grey_squares():
 def test_the_device_resamples_as_tensorflows_projective_transform():
     """A fixed affine map (a 30 degree turn, zoom 1.2, a shift) read through TensorFlow's
     ImageProjectiveTransformV3 (the host's) and through grid_sample (the device's): bilinear, reflected borders."""
-    from common.training.backends.pytorch.augment import resample
+    from common.training.backends.torch_shared.augment import resample
 
     import tensorflow as tf
 

@@ -45,7 +45,7 @@ def test_a_half_set_job_is_an_error_that_names_the_variable(change, message):
 
 
 def test_kaggle_refuses_a_job_of_several_processes(monkeypatch):
-    from common.training.backends.keras_jax.hosts import start_hosts
+    from common.training.backends.keras_jax.processes import start_hosts
 
     monkeypatch.setenv("KAGGLE_KERNEL_RUN_TYPE", "Batch")
     for name, value in JOB.items():

@@ -375,14 +375,13 @@ def test_the_default_config_does_not_buildoffline(tmp_path):
         (["kaggle.tpu_wheels="], "has no way to install one"),
         (
             ["kaggle.train_accelerator=NvidiaTeslaT4", *TIMM, "train.framework=torch_xla"],
-            "train.framework=torch_xla on "
-            "kaggle.train_accelerator=NvidiaTeslaT4: torch_xla runs on a TPU, and has no CUDA devices. Fix: "
-            "train.framework=torch",
+            "train.framework=torch_xla on kaggle.train_accelerator=NvidiaTeslaT4: it trains on TPU and CPU, not "
+            "this GPU. Fix: train.framework=torch or auto",
         ),
         (
             [*TIMM, "train.framework=torch"],
-            "train.framework=torch on kaggle.train_accelerator=TpuV5E8 would train on the "
-            "TPU VM's CPU. Fix: train.framework=torch_xla (the TPU's chips) or auto",
+            "train.framework=torch on kaggle.train_accelerator=TpuV5E8: it trains on GPU and CPU, not this TPU. "
+            "Fix: train.framework=torch_xla or auto",
         ),
     ],
 )

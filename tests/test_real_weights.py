@@ -99,7 +99,7 @@ def test_a_keras_hub_preset_of_real_weights_builds_with_its_own_converter_and_gi
 def test_a_timm_folder_of_real_weights_keeps_its_own_normalisation_and_gives_timms_answer(real_weights):
     """The folder's pretrained_cfg says (x - 0.5) / 0.5, where timm's default for efficientnet_lite0 says ImageNet's
     mean and std: the folder's is the one the model applies."""
-    from common.training.backends.pytorch.model import build_timm_model
+    from common.training.backends.torch_shared.model import build_timm_model
 
     import torch
 

@@ -101,3 +101,82 @@ def test_the_branch_pattern_finds_what_it_is_for():
         assert TASK_BRANCH.search(line), line
     for line in ("task = get_task(cfg.data.task)", 'print(f"{task.name} model")', "card.task == first.card.task"):
         assert not TASK_BRANCH.search(line), line
+
+
+def names_tested(tree: ast.AST, names: set[str], subject: str = "") -> list[tuple[int, str]]:
+    """(line, name) of every test of a name in `names`: a comparison with it (==, !=, in, not in, alone or in a
+    tuple, list or set) or a lookup by it (`ROUTES["keras_jax"]`); with `subject`, only comparisons of an attribute
+    of that name (`cfg.model.backbone == "hub"`). A package's name asked of sys.modules is not a route's."""
+
+    def named(node) -> list[str]:
+        if isinstance(node, ast.Constant) and node.value in names:
+            return [node.value]
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return [n for element in node.elts for n in named(element)]
+        return []
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(isinstance(s, ast.Attribute) and s.attr == "modules" for s in sides):
+                continue
+            if subject and not any(isinstance(s, ast.Attribute) and s.attr == subject for s in sides):
+                continue
+            found += [(node.lineno, n) for side in sides for n in named(side)]
+        elif isinstance(node, ast.Subscript) and not subject:
+            found += [(node.lineno, n) for n in named(node.slice)]
+    return sorted(found)
+
+
+def test_only_the_route_table_tests_a_route_s_name_and_only_the_backbone_registry_a_family_s():
+    """Launch, build, reachability, the demo and the CLI ask the route table (common/launch/routes.py) what a route
+    does, and the backbone registry (common/launch/backbones.py) what a family is; a route's own folder under
+    common/training/backends/ may name itself."""
+    from common.launch.backbones import BACKBONES
+    from common.launch.routes import ROUTES
+
+    tables = {REPO / "common" / "launch" / "routes.py", REPO / "common" / "launch" / "backbones.py"}
+    backends = REPO / "common" / "training" / "backends"
+    offenders = []
+    for path in sources():
+        if path in tables or any(backends / name in path.parents for name in ROUTES):
+            continue
+        tree = ast.parse(path.read_text())
+        tested = names_tested(tree, set(ROUTES)) + names_tested(tree, set(BACKBONES), subject="backbone")
+        offenders += [f"{path.relative_to(REPO)}:{line}: {name}" for line, name in tested]
+    assert not offenders, "a route or backbone family tested by name outside its table:\n" + "\n".join(offenders)
+
+
+def test_the_name_finder_finds_what_it_is_for():
+    source = (
+        'if framework == "torch": pass\n'
+        'x = 1 if name in ("keras_jax", "torch") else 2\n'
+        'route = ROUTES["tf_keras"]\n'
+        'if cfg.model.backbone != "hub": pass\n'
+        'versions = {"torch": 1}\n'
+        'optional_import("torch", "why")\n'
+        'if module == "hub": pass\n'
+        'if "torch" in sys.modules: pass\n'
+    )
+    tree = ast.parse(source)
+    routes = {"tf_keras", "keras_jax", "torch"}
+    assert names_tested(tree, routes) == [(1, "torch"), (2, "keras_jax"), (2, "torch"), (3, "tf_keras")]
+    assert names_tested(tree, {"hub"}, subject="backbone") == [(4, "hub")]
+
+
+def test_every_backend_folder_is_a_route_or_shared_and_names_its_modules_from_one_list():
+    from common.launch.routes import ROUTES
+    from common.training.backends import MODULES, SHARED
+
+    backends = REPO / "common" / "training" / "backends"
+    folders = sorted(p.name for p in backends.iterdir() if (p / "__init__.py").is_file())
+    assert [f for f in folders if f not in ROUTES and not f.endswith(SHARED)] == []
+    assert [name for name in ROUTES if not (backends / name / "backend.py").is_file()] == []
+    strays = [
+        f"{folder}/{module.name}"
+        for folder in folders
+        for module in (backends / folder).glob("*.py")
+        if module.stem != "__init__" and module.stem not in MODULES
+    ]
+    assert strays == [], f"module names outside common/training/backends MODULES: {strays}"

@@ -21,11 +21,11 @@ import subprocess
 from pathlib import Path
 
 from common.core.config import load_config
+from common.launch.routes import TORCH_DEMO
 
 import pytest
 
 from tpu2gpu.build import build
-from tpu2gpu.demo import TORCH_SETTINGS
 
 from fake_kaggle import offline
 from image_envs import environment, kaggle_env, macro_f1, run_inference
@@ -63,7 +63,7 @@ PROJECT = [
     "runtime.tfrecords=",
     "runtime.output_dir=",
     "runtime.cpu_devices=2",
-    *TORCH_SETTINGS,
+    *TORCH_DEMO,
 ]  # the demo's torch_xla run
 
 

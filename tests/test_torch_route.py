@@ -66,7 +66,7 @@ def test_a_folder_of_an_architecture_the_export_cannot_rebuild_is_refused(tmp_pa
     pytest.importorskip("timm")
     from common.core.config import load_config
     from common.core.errors import ConfigError
-    from common.training.backends.pytorch.model import timm_source
+    from common.training.backends.torch_shared.model import timm_source
 
     folder = tmp_path / "convnext"
     folder.mkdir()
@@ -86,7 +86,7 @@ def test_a_timm_folder_whose_weights_cannot_be_read_is_one_named_error(tmp_path,
     pytest.importorskip("timm")
     from common.core.config import load_config
     from common.core.errors import ConfigError
-    from common.training.backends.pytorch.model import create_backbone
+    from common.training.backends.torch_shared.model import create_backbone
 
     from tpu2gpu.backbones import save_tiny_timm_backbone
 
@@ -131,7 +131,7 @@ def test_the_head_takes_what_forward_features_gives_for_each_family(architecture
     feature_info, has 320), MobileNetV3's does not: the head is as wide as the map it pools. On the CPU with plain
     torch (this process has TensorFlow: no torch_xla)."""
     from common.core.config import load_config
-    from common.training.backends.pytorch.model import build_timm_model
+    from common.training.backends.torch_shared.model import build_timm_model
 
     import torch
 

@@ -185,7 +185,7 @@ def model_whose_outputs_vary(cfg, task, width: int, images: np.ndarray):
     """The route's model for the task, untrained, with outputs that depend on the image (else the export's check could
     not fail): timm's random backbone keeps batch-norm statistics of 0 and 1, which make every output alike in
     evaluation mode, so they are set to these images' own; the head's weights spread each logit over about +-2."""
-    from common.training.backends.pytorch.model import build_timm_model
+    from common.training.backends.torch_shared.model import build_timm_model
 
     import torch
 
@@ -210,7 +210,7 @@ def model_whose_outputs_vary(cfg, task, width: int, images: np.ndarray):
 
 def torch_predictions(model, images: np.ndarray, scaling: dict | None) -> np.ndarray:
     """What the model predicts, as the export must: the regression value with its scaling undone."""
-    from common.training.backends.pytorch.export import torch_outputs
+    from common.training.backends.torch_shared.export import torch_outputs
 
     outputs = torch_outputs(model, images)
     return outputs * scaling["std"] + scaling["mean"] if scaling else outputs
@@ -223,7 +223,7 @@ def export_untrained(task_name: str, competition: Path, timm_folder: Path, expor
     from common.export.card import ModelCard
     from common.export.writer import ExportContents
     from common.tasks.types import get_task
-    from common.training.backends.pytorch.export import export
+    from common.training.backends.torch_shared.export import export
 
     id_col, target_col = SHAPES[task_name][:2]
     cfg = load_config(

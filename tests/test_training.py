@@ -14,8 +14,8 @@ from common.export.loader import load_export
 from common.export.writer import ExportContents, write_export
 from common.tasks.types import TASKS
 from common.training.backends.tf_keras.backend import TFBackend
-from common.training.backends.tf_keras.custom_loop import CustomLoop
 from common.training.backends.tf_keras.model import build_model
+from common.training.backends.tf_keras.step import CustomLoop
 from common.training.epoch import PROGRESS_NAME
 
 import numpy as np

@@ -43,7 +43,7 @@ def cmd_env(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from common.launch.routes import chosen_framework
+    from common.launch.routes import route_of
 
     from tpu2gpu.launcher import launch
 
@@ -52,7 +52,7 @@ def cmd_train(args) -> int:
         *(["--config", args.config] if args.config else []),
         *[a for s in args.overrides for a in ("--set", s)],
     ]
-    return launch(kernel_args, args.processes, cfg.runtime.cpu_devices, torch=chosen_framework(cfg) == "torch")
+    return launch(kernel_args, args.processes, cfg.runtime.cpu_devices, torchrun=route_of(cfg).processes == "per_gpu")
 
 
 def cmd_demo_data(args) -> int:

@@ -53,12 +53,13 @@ import common  # noqa: F401  (environment bootstrap first)
 from common.core.children import BLOCKED_IN_CHECK
 from common.core.config import load_config
 from common.core.errors import UserError, run_entry
+from common.launch.backbones import BACKBONES, resolve
 from common.launch.routes import ROUTES
 
 CONFIG = Path("configs/demo.yaml")
 DEMO_ROOT = Path("runs/demo")
 MIN_MACRO_F1 = 0.90
-TORCH_SETTINGS = ("train.learning_rate=0.02", "train.epochs=25")  # Adam's rate for a convnet
+DEFAULT_FRAMEWORK = next(iter(ROUTES))  # the route table's first: tf_keras, the seeds' own route
 
 
 def step(title: str) -> None:
@@ -112,7 +113,7 @@ def inference_command(root: Path, settings: list[str]) -> list[str]:
     return [sys.executable, "-c", code]
 
 
-def run(root: Path, framework: str = "tf_keras", processes: int = 1) -> float:
+def run(root: Path, framework: str = DEFAULT_FRAMEWORK, processes: int = 1) -> float:
     from common.data.conversion import convert_competition
 
     from tpu2gpu.build import build
@@ -144,7 +145,8 @@ def run(root: Path, framework: str = "tf_keras", processes: int = 1) -> float:
     train(
         ["--config", str(CONFIG), *settings, "--set", f"runtime.output_dir={root / 'train'}"],
         processes,
-        in_child=framework == "torch_xla",
+        in_child=ROUTES[framework].before_tensorflow,
+        torchrun=ROUTES[framework].processes == "per_gpu",
     )
 
     step("5/7 inference kernel (TensorFlow alone: tf_keras, tensorflow_hub, Keras 3 and JAX blocked)")
@@ -163,7 +165,8 @@ def run(root: Path, framework: str = "tf_keras", processes: int = 1) -> float:
 
 @dataclass(frozen=True)
 class DemoBackbone:
-    """The small network each route trains from scratch here (nothing can be downloaded), and its settings."""
+    """The small network a route's demo trains from scratch here (nothing can be downloaded), and its settings: the
+    route table's DemoSetup names the family, whose registered DemoNetwork it is."""
 
     path: Path
     kind: str
@@ -172,30 +175,14 @@ class DemoBackbone:
 
     @classmethod
     def of(cls, root: Path, framework: str) -> DemoBackbone:
-        from tpu2gpu import backbones
-
-        if framework == "keras_jax":
-            path = root / "backbone.keras"
-            return cls(
-                path,
-                ".keras file (Keras 3)",
-                ("model.backbone=keras", f"model.keras_backbone={path}"),
-                backbones.save_tiny_keras_backbone,
-            )
-        if framework in ("torch_xla", "torch"):  # torch_xla: two XLA CPU devices stand for the TPU's chips
-            path = root / "timm_backbone"
-            batch = "runtime.cpu_devices=2" if framework == "torch_xla" else "train.batch_size_per_replica=128"
-            return cls(
-                path,
-                f"timm {backbones.TINY_TIMM_ARCHITECTURE} (save_for_hf folder)",
-                ("model.backbone=timm", f"model.timm_model={path}", batch, *TORCH_SETTINGS),
-                backbones.save_tiny_timm_backbone,
-            )
-        path = root / "backbone"
-        return cls(path, "SavedModel (TF Hub contract)", (f"model.hub_handle={path}",), backbones.save_tiny_backbone)
+        demo = ROUTES[framework].demo
+        network = BACKBONES[demo.backbone].demo
+        path = root / network.file
+        settings = (f"model.backbone={demo.backbone}", f"{network.key}={path}", *demo.settings)
+        return cls(path, network.kind, settings, resolve(network.save))
 
 
-def train(argv: list[str], processes: int, in_child: bool = False) -> None:
+def train(argv: list[str], processes: int, in_child: bool = False, torchrun: bool = False) -> None:
     """The training kernel, in this process, or in `processes` processes on 127.0.0.1 with one CPU device each (as
     `tpu2gpu train --processes N` runs them), or in a child interpreter (torch_xla: this process has imported
     TensorFlow, and torch_xla must come first)."""
@@ -209,7 +196,7 @@ def train(argv: list[str], processes: int, in_child: bool = False) -> None:
         return
     from tpu2gpu.launcher import launch
 
-    if launch(argv, processes, processes, torch="train.framework=torch" in argv):
+    if launch(argv, processes, processes, torchrun=torchrun):
         raise UserError(f"the training kernel's {processes} processes did not finish (see their log above)")
 
 
@@ -227,8 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--framework",
         choices=tuple(ROUTES),
-        default="tf_keras",
-        help="tf_keras (default), Keras 3 on JAX, or a timm model with PyTorch/XLA or plain PyTorch "
+        default=DEFAULT_FRAMEWORK,
+        help=f"{DEFAULT_FRAMEWORK} (default), Keras 3 on JAX, or a timm model with PyTorch/XLA or plain PyTorch "
         "(written to runs/demo-<framework>)",
     )
     parser.add_argument(
@@ -239,13 +226,15 @@ def main(argv: list[str] | None = None) -> int:
         "on 127.0.0.1, as the hosts of a pod slice or GPU nodes would (runs/demo-<framework>-<N>proc)",
     )
     args = parser.parse_args(argv)
-    if args.processes > 1 and args.framework not in ("keras_jax", "torch"):
+    several = [name for name, route in ROUTES.items() if route.processes != "one"]
+    if args.processes > 1 and args.framework not in several:
         parser.error(
-            "--processes trains across processes on the keras_jax and torch routes: add --framework keras_jax or torch"
+            f"--processes trains across processes on the {' and '.join(several)} routes: add --framework "
+            + " or ".join(several)
         )
-    if args.framework == "keras_jax":
-        os.environ.setdefault("KERAS_BACKEND", "jax")  # before keras is first imported
-    if args.framework != "tf_keras" and args.root == DEMO_ROOT:
+    for name, value in ROUTES[args.framework].environment:  # before a framework is first imported
+        os.environ.setdefault(name, value)
+    if args.framework != DEFAULT_FRAMEWORK and args.root == DEMO_ROOT:
         args.root = Path(f"{DEMO_ROOT}-{args.framework}" + (f"-{args.processes}proc" if args.processes > 1 else ""))
     if args.fresh:
         shutil.rmtree(args.root, ignore_errors=True)

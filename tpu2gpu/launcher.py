@@ -55,15 +55,15 @@ def _exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode  # killed by signal S: 128 + S, as a shell says
 
 
-def launch(kernel_args: list[str], processes: int, cpu_devices: int, torch: bool = False) -> int:
+def launch(kernel_args: list[str], processes: int, cpu_devices: int, torchrun: bool = False) -> int:
     """Run the training kernel in `processes` processes; 0 when every one succeeded, else the first failure's code.
-    `torch`: the torch route's processes, as torchrun nodes."""
+    `torchrun`: the processes of a route with one per GPU (Route.processes "per_gpu"), as torchrun nodes."""
     if processes == 1:
         from train_tpu.train import main
 
         return main(kernel_args)
     port, devices = free_port(), max(1, cpu_devices // processes)
-    if torch:
+    if torchrun:
         command, env = (
             node_command(processes, f"127.0.0.1:{port}", f"tpu2gpu-{port}", kernel_args),
             {**worker_environment(os.environ, processes), "CUDA_VISIBLE_DEVICES": ""},

@@ -8,8 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from common.core.config import Config
+from common.launch.backbones import BACKBONES, resolve
 from common.launch.negotiation import parse_candidates
-from common.launch.routes import ROUTES, chosen_framework
+from common.launch.routes import ROUTES, route_of
 from common.launch.tpu_stack import TpuStackError
 
 TPU_SHAPES = ("TpuV38", "Tpu1VmV38", "TpuV5E8", "TpuV6E8")
@@ -21,34 +22,30 @@ def _attached_as_dataset(cfg: Config, name: str) -> bool:
     return any(name.strip("/") in ("/".join(ref[:2]), ref[1]) for ref in refs if len(ref) >= 2)
 
 
-def _backbone_problems(cfg: Config) -> list[str]:
-    """The backbone's weights: a TF Hub handle or a weights file the kernel must reach offline or download."""
-    k, jax = cfg.kaggle, cfg.train.framework == "keras_jax"
-    if cfg.model.backbone == "keras":
-        path = cfg.model.keras_backbone
-        attached_model = path.strip("/").lower() in [m.lower() for m in k.model_sources]
-        if path.startswith("/kaggle/input/") or attached_model:
-            return []
-        return [
-            f"model.keras_backbone={path!r} is not in an attached input. Fix: a /kaggle/input/... path in a dataset "
-            "of kaggle.dataset_sources (a .keras file), or the handle of a Kaggle Model listed in "
-            "kaggle.model_sources (a KerasHub preset, owner/model/keras/variation/version)"
-        ]
-    if cfg.model.backbone == "timm":
-        return _timm_problems(cfg.model, k.train_internet)
-    if cfg.model.backbone == "efficientnet":
-        weights = cfg.model.efficientnet_weights
-        if jax and weights == "noisy-student":
-            return [
-                "model.efficientnet_weights='noisy-student' is the efficientnet package's; keras.applications "
-                "(train.framework=keras_jax) has none, imagenet or a weights file"
-            ]
-        return _weights_problems(weights, k.train_internet)
-    if jax:
-        return [
-            "model.backbone=hub cannot train under train.framework=keras_jax (a TF Hub SavedModel has no Keras 3 "
-            "form). Fix: model.backbone=efficientnet or keras, or train.framework=tf_keras"
-        ]
+def keras_problems(cfg: Config) -> list[str]:
+    """model.keras_backbone: a .keras file in an attached dataset, or an attached Kaggle Model (a KerasHub preset)."""
+    k, path = cfg.kaggle, cfg.model.keras_backbone
+    attached_model = path.strip("/").lower() in [m.lower() for m in k.model_sources]
+    if path.startswith("/kaggle/input/") or attached_model:
+        return []
+    return [
+        f"model.keras_backbone={path!r} is not in an attached input. Fix: a /kaggle/input/... path in a dataset "
+        "of kaggle.dataset_sources (a .keras file), or the handle of a Kaggle Model listed in "
+        "kaggle.model_sources (a KerasHub preset, owner/model/keras/variation/version)"
+    ]
+
+
+def efficientnet_problems(cfg: Config) -> list[str]:
+    return _weights_problems(cfg.model.efficientnet_weights, cfg.kaggle.train_internet)
+
+
+def timm_problems(cfg: Config) -> list[str]:
+    return _timm_problems(cfg.model, cfg.kaggle.train_internet)
+
+
+def hub_problems(cfg: Config) -> list[str]:
+    """model.hub_handle: a TF Hub / Kaggle Models handle the kernel must reach offline or download."""
+    k = cfg.kaggle
     handle = cfg.model.hub_handle
     bare = handle[len(KAGGLE_MODELS_URL) :] if handle.startswith(KAGGLE_MODELS_URL) else handle
     is_models_handle = "://" not in bare and len(bare.strip("/").split("/")) == 5
@@ -143,14 +140,16 @@ def _tpu_stack_problems(cfg: Config) -> list[str]:
     it trains with Keras 3 on JAX (asked for, or what train.framework=auto falls back to for a Keras 3 backbone) or
     PyTorch/XLA (the image ships torch_xla)."""
     k = cfg.kaggle
-    if k.train_accelerator not in TPU_SHAPES or k.tpu_runtime != "install" or chosen_framework(cfg) != "tf_keras":
+    route = route_of(cfg)
+    if k.train_accelerator not in TPU_SHAPES or k.tpu_runtime != "install" or not route.tpu_stack:
         return []
     problems = []
     try:
         parse_candidates(k.tpu_packages)
     except TpuStackError as err:
         problems.append(str(err))
-    if not (k.tpu_wheels or k.train_internet or cfg.model.backbone in ROUTES["keras_jax"].backbones):
+    fallback = ROUTES.get(route.fallback)
+    if not (k.tpu_wheels or k.train_internet or (fallback and cfg.model.backbone in fallback.backbones)):
         problems.append(
             "the training kernel runs on a TPU (kaggle.train_accelerator=" + k.train_accelerator + "), whose Kaggle "
             "image has no TPU build of TensorFlow, and has no way to install one. Fix: attach the TPU stack's wheels "
@@ -161,22 +160,25 @@ def _tpu_stack_problems(cfg: Config) -> list[str]:
 
 
 def _accelerator_problems(cfg: Config) -> list[str]:
-    """A PyTorch route named for the other accelerator: torch_xla has no CUDA devices, and the torch route on a TPU VM
-    would train on its CPU. (train.framework=auto picks between them by the hardware the kernel finds.)"""
-    framework, shape = cfg.train.framework, cfg.kaggle.train_accelerator
-    if framework == "torch_xla" and shape not in TPU_SHAPES:
-        return [
-            f"train.framework=torch_xla on kaggle.train_accelerator={shape}: torch_xla runs on a TPU, and has no "
-            "CUDA devices. Fix: train.framework=torch (plain PyTorch on the GPUs) or auto"
-        ]
-    if framework == "torch" and shape in TPU_SHAPES:
-        return [
-            f"train.framework=torch on kaggle.train_accelerator={shape} would train on the TPU VM's CPU. Fix: "
-            "train.framework=torch_xla (the TPU's chips) or auto, or kaggle.train_accelerator=NvidiaTeslaT4"
-        ]
-    return []
+    """A route named for an accelerator it does not train on: torch_xla has no CUDA devices, and the torch route on a
+    TPU VM would train on its CPU. (train.framework=auto picks by the hardware the kernel finds.)"""
+    route, shape = route_of(cfg), cfg.kaggle.train_accelerator
+    accelerator = "tpu" if shape in TPU_SHAPES else "gpu"
+    if cfg.train.framework == "auto" or accelerator in route.accelerators:
+        return []
+    takers = [
+        name
+        for name, other in ROUTES.items()
+        if accelerator in other.accelerators and cfg.model.backbone in other.backbones
+    ]
+    return [
+        f"train.framework={route.name} on kaggle.train_accelerator={shape}: it trains on "
+        f"{' and '.join(a.upper() for a in route.accelerators)}, not this {accelerator.upper()}. Fix: "
+        f"train.framework={' or '.join([*takers, 'auto'])}, or another kaggle.train_accelerator"
+    ]
 
 
 def unreachable(cfg: Config) -> list[str]:
     """What the training kernel loads but could not reach on Kaggle, each with its config key and fix."""
-    return _backbone_problems(cfg) + _data_problems(cfg) + _tpu_stack_problems(cfg) + _accelerator_problems(cfg)
+    backbone = resolve(BACKBONES[cfg.model.backbone].reachable)(cfg)
+    return backbone + _data_problems(cfg) + _tpu_stack_problems(cfg) + _accelerator_problems(cfg)

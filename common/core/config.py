@@ -159,7 +159,7 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    backbone: Literal["hub", "efficientnet", "keras", "timm"] = "hub"
+    backbone: str = one_of("hub", supplied("model.backbone"))
     """TF Hub model (tf_keras route); EfficientNet (efficientnet package on tf_keras, keras.applications on keras_jax);
     keras = model.keras_backbone (keras_jax); timm = model.timm_model (torch_xla, torch)"""
 

@@ -37,15 +37,18 @@ def fallback_record() -> dict | None:
     return json.loads(os.environ.get(FALLBACK_ENV) or "null")
 
 
-def jax_route_blocked(cfg: Config) -> str:
-    """Why train.framework=auto cannot fall back to Keras 3 on JAX here ('' when it can)."""
-    from common.launch.routes import KERAS_3_BACKBONES, keras_jax_missing
+def fallback_blocked(cfg: Config) -> str:
+    """Why train.framework=auto cannot fall back to the TPU route's fallback (keras_jax) here ('' when it can)."""
+    from common.launch.routes import ROUTES, route_of
 
     if cfg.train.framework != "auto":
         return f"train.framework={cfg.train.framework} asks for TensorFlow"
-    if cfg.model.backbone not in KERAS_3_BACKBONES:
+    fallback = ROUTES.get(route_of(cfg).fallback)
+    if fallback is None:
+        return f"train.framework={route_of(cfg).name} has no other route on a TPU"
+    if cfg.model.backbone not in fallback.backbones:
         return f"model.backbone={cfg.model.backbone} has no Keras 3 form"
-    missing = keras_jax_missing()
+    missing = fallback.missing()
     return f"this image lacks {', '.join(missing)}" if missing else ""
 
 
@@ -75,14 +78,14 @@ def restore_image_package(name: str, version: str | None, kaggle_cfg) -> None:
 def negotiate(cfg: Config, rerun) -> int | None:
     """ensure_tpu_stack, and under train.framework=auto, when no TensorFlow TPU stack answers or none can be
     installed, the keras_jax route (when the backbone has a Keras 3 form): it says why, and which route it took."""
-    from common.launch.routes import FRAMEWORK_ENV, use_keras_jax
+    from common.launch.routes import FRAMEWORK_ENV, ROUTES, route_of
 
     image_libtpu = installed_versions().get("libtpu")
     try:
         return ensure_tpu_stack(cfg.kaggle, rerun)
     except TpuStackError as err:
         blocked = "" if not getattr(err, "fatal", False) else "TensorFlow was left half-installed"
-        blocked = blocked or jax_route_blocked(cfg)
+        blocked = blocked or fallback_blocked(cfg)
         if blocked:
             why = f" (train.framework=auto did not: {blocked})" if cfg.train.framework == "auto" else ""
             err.args = (f"{err}{why}" if JAX_ROUTE_FIX in str(err) else f"{err} {JAX_ROUTE_FIX}{why}",)
@@ -93,14 +96,15 @@ def negotiate(cfg: Config, rerun) -> int | None:
             "JAX owns the TPU, TensorFlow only reads the data)",
             flush=True,
         )
+        fallback = ROUTES[route_of(cfg).fallback]
         env = {
-            FRAMEWORK_ENV: "keras_jax",
+            FRAMEWORK_ENV: fallback.name,
             FALLBACK_ENV: json.dumps({"reason": reason, "tries": [asdict(t) for t in getattr(err, "tries", [])]}),
         }
         if getattr(err, "installed", False):  # this interpreter's packages changed under it: a fresh one trains
             restore_image_package("libtpu", image_libtpu, cfg.kaggle)
             print("[tpu] running the kernel again in a fresh interpreter", flush=True)
-            return rerun({**env, "KERAS_BACKEND": "jax", "TPU_LOAD_LIBRARY": "0"})
+            return rerun({**env, **dict(fallback.environment)})
         os.environ.update(env)
-        use_keras_jax()
+        fallback.prepare(cfg)
         return None

@@ -8,7 +8,7 @@ with Keras's three variables (several GPU nodes, or `tpu2gpu train --processes N
 
     job = multiprocess_job(cfg)   # None: one process; else Job(processes, process_id, coordinator)
 
-Only the keras_jax route trains across processes (common/training/backends/keras_jax/hosts.py starts the runtime);
+Only the keras_jax route trains across processes (common/training/backends/keras_jax/processes.py starts the runtime);
 Kaggle gives one host, so a job there that asks for several is refused.
 """
 

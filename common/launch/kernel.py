@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from common.core.errors import guarded
 from common.core.platform import detect_platform
-from common.launch.routes import ROUTES, chosen_framework, require_tf_keras
+from common.launch.routes import route_of
 
 if TYPE_CHECKING:
     from common.core.config import Config
@@ -32,16 +32,14 @@ def prepare_runtime(kernel: str, cfg: Config, rerun) -> int | None:
     again in a fresh interpreter (after the TPU stack install) and ended with that exit code."""
     if kernel != "train":
         return None  # inference needs TensorFlow alone, whichever build the GPU image holds
-    if chosen_framework(cfg) != "tf_keras":
-        ROUTES[chosen_framework(cfg)].prepare(cfg)  # keras_jax: the image as it is, TensorFlow kept off the TPU
-        return None
-    if detect_platform().kind == "kaggle-tpu-vm" and cfg.kaggle.tpu_runtime == "install":
+    route = route_of(cfg)
+    if route.tpu_stack and detect_platform().kind == "kaggle-tpu-vm" and cfg.kaggle.tpu_runtime == "install":
         from common.launch.fallback import negotiate
 
-        code = negotiate(cfg, rerun)  # under train.framework=auto it may take the keras_jax route instead
-        if code is not None or chosen_framework(cfg) == "keras_jax":
+        code = negotiate(cfg, rerun)  # under train.framework=auto it may take the route's fallback instead
+        if code is not None or route_of(cfg) is not route:
             return code
-    require_tf_keras()
+    route.prepare(cfg)  # keras_jax: the image as it is, TensorFlow kept off the TPU
     return None
 
 

@@ -1,20 +1,23 @@
-"""The training routes (train.framework) and what each needs in the process before its framework is imported.
+"""The training routes (train.framework): the one table (ROUTES) that launch, build, reachability, the demo and the
+CLI ask about a route, and what each needs in the process before its framework is imported.
 
-    ROUTES["keras_jax"].prepare(cfg) # KERAS_BACKEND=jax, TPU_LOAD_LIBRARY=0; or an error naming what is missing
-    chosen_framework(cfg)            # the negotiation's fallback (FRAMEWORK_ENV), else train.framework (auto: below)
+    route = route_of(cfg)            # the negotiation's fallback (FRAMEWORK_ENV), else train.framework (auto: below)
+    route.prepare(cfg)               # keras_jax: KERAS_BACKEND=jax, TPU_LOAD_LIBRARY=0; or an error naming what lacks
+    route.accelerators, route.processes, route.device_augment, route.backbones, route.demo
 
-tf_keras: tf_keras under a tf.distribute strategy (TPU, several GPUs or logical CPUs, or the default), every
-backbone. keras_jax: Keras 3 on JAX with keras.distribution.DataParallel over every JAX device; TensorFlow is kept off
-the TPU (TPU_LOAD_LIBRARY=0) and only reads the data. auto: tf_keras, except that on a Kaggle TPU VM the kernel
-switches to keras_jax when no TensorFlow TPU stack answers and the backbone has a Keras 3 form
-(common/launch/fallback.py sets FRAMEWORK_ENV for the run). torch_xla: PyTorch/XLA with a timm model over every XLA
+tf_keras: tf_keras under a tf.distribute strategy (TPU, several GPUs or logical CPUs, or the default); on a Kaggle
+TPU VM the kernel negotiates TensorFlow's TPU stack (tpu_stack), and under train.framework=auto takes its fallback,
+keras_jax, when none answers and the backbone has a Keras 3 form (common/launch/fallback.py sets FRAMEWORK_ENV).
+keras_jax: Keras 3 on JAX with keras.distribution.DataParallel over every JAX device, across hosts too; TensorFlow is
+kept off the TPU (TPU_LOAD_LIBRARY=0) and only reads the data. torch_xla: PyTorch/XLA with a timm model over every XLA
 device of one host (the TPU's chips; runtime.cpu_devices XLA CPU devices elsewhere), torch_xla imported before
 anything imports TensorFlow (the other order aborts the process: two LLVMs in one process). torch: plain PyTorch
-with a timm model on CUDA GPUs (DDP, one process per GPU, torchrun starting them) or the CPU (gloo); auto picks it
-for a timm backbone on a machine with NVIDIA GPUs. The backends start in
-common/training/backends/registry.py. Importing this module supplies the config train.framework's choices and the
-backbone rule (check_backbone), which load_config then checks. Standard library at import time.
-"""
+with a timm model on CUDA GPUs (DDP, one process per GPU, torchrun starting them) or the CPU (gloo). auto: the first
+route that trains the backbone family on this machine's accelerator. A route added to ROUTES (one entry, one folder
+under common/training/backends/) is a train.framework choice at once; the backends start in
+common/training/backends/registry.py. Importing this module supplies the config train.framework's and
+model.backbone's choices and the rules that join them (check_backbone), which load_config then checks. Standard library
+at import time."""
 
 from __future__ import annotations
 
@@ -29,36 +32,37 @@ from typing import TYPE_CHECKING
 from common.core.errors import ConfigError, StrategyError
 from common.core.fields import supply_check, supply_choices
 from common.core.packages import optional_import
+from common.launch.backbones import BACKBONES, trained_by
 
 if TYPE_CHECKING:
     from common.core.config import Config
 
-FRAMEWORK_ENV = "TPU2GPU_FRAMEWORK"  # set by the TPU negotiation when it falls back to keras_jax
-KERAS_3_BACKBONES = ("efficientnet", "keras")  # model.backbone values with a Keras 3 form (a TF Hub model has none)
-# The timm architectures the torch_xla route trains: those keras-hub's timm converters (0.29-0.32) rebuild under
-# TensorFlow for the export (keras_hub/src/utils/timm/convert_*.py, by exact name; their output is forward_features').
-TIMM_ARCHITECTURES = (
-    *(f"efficientnet_b{k}" for k in range(6)),
-    "efficientnet_lite0",
-    *(f"resnet{depth}" for depth in (18, 26, 34, 50, 101, 152)),
-    "mobilenetv3_small_050",
-    "mobilenetv3_small_100",
-    "mobilenetv3_large_100",
-)
+FRAMEWORK_ENV = "TPU2GPU_FRAMEWORK"  # set by the TPU negotiation when it falls back (Route.fallback)
+
+
+def accelerator_here() -> str:
+    """ "gpu" on a machine with NVIDIA GPUs, "tpu" on a TPU VM, else "cpu" (what train.framework=auto trains on)."""
+    from common.core.platform import has_nvidia_gpu, tpu_hardware_signals
+
+    return "gpu" if has_nvidia_gpu() else "tpu" if tpu_hardware_signals() else "cpu"
 
 
 def chosen_framework(cfg: Config, environ=None) -> str:
-    """The route: the negotiation's choice, else train.framework, auto meaning for a timm backbone torch on a machine
-    with NVIDIA GPUs and torch_xla elsewhere (a TPU, the CPU), and tf_keras for any other backbone."""
-    from common.core.platform import has_nvidia_gpu
-
+    """The route: the negotiation's choice, else train.framework; auto: the first route in ROUTES that trains the
+    backbone family on this machine's accelerator (a timm model: torch on NVIDIA GPUs, torch_xla on a TPU or the
+    CPU; a Keras 3 file: keras_jax; TF Hub and EfficientNet: tf_keras)."""
     environ = os.environ if environ is None else environ
     choice = environ.get(FRAMEWORK_ENV) or cfg.train.framework
-    if choice == "auto":
-        if cfg.model.backbone == "timm":
-            return "torch" if has_nvidia_gpu() else "torch_xla"
-        return "tf_keras"
-    return choice
+    if choice != "auto":
+        return choice
+    takers = [route for route in ROUTES.values() if cfg.model.backbone in route.backbones]
+    here = accelerator_here() if len(takers) > 1 else None
+    return next((route.name for route in takers if here in route.accelerators), takers[0].name if takers else "auto")
+
+
+def tf_keras_missing() -> list[str]:
+    """What the tf_keras route lacks here, from package metadata (nothing is imported)."""
+    return [name for name in ("tensorflow", "tf_keras") if importlib.util.find_spec(name) is None]
 
 
 def keras_jax_missing() -> list[str]:
@@ -89,8 +93,7 @@ def use_keras_jax(cfg: Config = None) -> None:
             "keras was imported with another backend before the keras_jax route started: set "
             "KERAS_BACKEND=jax before anything imports keras"
         )
-    os.environ["KERAS_BACKEND"] = "jax"
-    os.environ["TPU_LOAD_LIBRARY"] = "0"
+    os.environ.update(ROUTES["keras_jax"].environment)
 
 
 def require_tf_keras(cfg: Config = None) -> None:
@@ -116,11 +119,16 @@ OTHER_ROUTES_FIX = (
 )
 
 
+def torch_missing() -> list[str]:
+    """What the torch route lacks here, from package metadata (nothing is imported)."""
+    return [name for name in ("torch", "timm") if importlib.util.find_spec(name) is None]
+
+
 def use_torch(cfg: Config) -> None:
     """Plain PyTorch for this process: torch and timm present (Kaggle's GPU image ships both), TensorFlow kept off
     the TPU (it reads the data only). torchrun starts the processes where there are several
     (common/launch/torchrun.py); a broken install is one line."""
-    missing = [name for name in ("torch", "timm") if importlib.util.find_spec(name) is None]
+    missing = torch_missing()
     if missing:
         raise StrategyError(
             f"train.framework=torch needs torch and timm, and this environment lacks "
@@ -186,24 +194,90 @@ def use_torch_xla(cfg: Config) -> None:
 
 
 @dataclass(frozen=True)
+class DemoSetup:
+    """How the offline demo (tpu2gpu/demo.py) trains a route on this CPU."""
+
+    backbone: str  # the family whose small stand-in network it trains (common/launch/backbones.py DemoNetwork)
+    settings: tuple[str, ...] = ()  # added to configs/demo.yaml
+
+
+@dataclass(frozen=True)
 class Route:
-    """A training framework: what it needs set up before its framework is first imported, and where its backend
-    starts (a "module:function" taking the config, imported only after prepare)."""
+    """A training route (train.framework): everything launch, build, reachability, the demo and the CLI ask about it.
+    Its backend starts at `start` ("module:function" taking the config, imported only after prepare); the backbone
+    families it trains are those whose builders name it (common/launch/backbones.py)."""
 
     name: str
-    prepare: Callable[[object], None]  # prepare(cfg)
+    prepare: Callable[[object], None]  # prepare(cfg): its framework's environment, before anything imports it
+    missing: Callable[[], list[str]]  # the packages it lacks here, read from metadata (nothing imported)
     start: str
-    backbones: tuple[str, ...]  # the model.backbone values it can train
+    accelerators: tuple[str, ...]  # where it trains: "tpu", "gpu", "cpu"
+    processes: str  # "one": one process drives every device; "hosts": one per host (JAX's distributed runtime);
+    # "per_gpu": one per GPU, torchrun starting them
+    demo: DemoSetup
+    device_augment: bool = False  # data.augment_on=device: its step augments the batch on the accelerator
+    tpu_stack: bool = False  # on a TPU VM it needs TensorFlow's TPU stack, negotiated (Kaggle's image has none)
+    fallback: str = ""  # the route train.framework=auto takes instead when that TPU stack cannot be had
+    environment: tuple[tuple[str, str], ...] = ()  # what its framework reads at import; prepare sets it too
+    # Its framework must be imported before TensorFlow in a process (the other order aborts it): a process that has
+    # TensorFlow already starts it in a child interpreter.
+    before_tensorflow: bool = False
+
+    @property
+    def backbones(self) -> tuple[str, ...]:
+        """The model.backbone families it trains."""
+        return trained_by(self.name)
 
 
-# The one name -> backend mapping: train.framework's choices, the build's reachability check and the demo read it.
+# Settings the PyTorch routes' demo adds: Adam's rate for a small convnet trained from scratch.
+TORCH_DEMO = ("train.learning_rate=0.02", "train.epochs=25")
+
+# The one name -> route mapping: train.framework's choices, in the order train.framework=auto tries them.
 ROUTES = {
     route.name: route
     for route in (
-        Route("tf_keras", require_tf_keras, "common.training.backends.tf_keras.backend:start", ("hub", "efficientnet")),
-        Route("keras_jax", use_keras_jax, "common.training.backends.keras_jax.backend:start", KERAS_3_BACKBONES),
-        Route("torch_xla", use_torch_xla, "common.training.backends.torch_xla.backend:start", ("timm",)),
-        Route("torch", use_torch, "common.training.backends.torch.backend:start", ("timm",)),
+        Route(
+            "tf_keras",
+            require_tf_keras,
+            tf_keras_missing,
+            "common.training.backends.tf_keras.backend:start",
+            ("tpu", "gpu", "cpu"),
+            "one",
+            DemoSetup("hub"),
+            tpu_stack=True,
+            fallback="keras_jax",
+        ),
+        Route(
+            "keras_jax",
+            use_keras_jax,
+            keras_jax_missing,
+            "common.training.backends.keras_jax.backend:start",
+            ("tpu", "gpu", "cpu"),
+            "hosts",
+            DemoSetup("keras"),
+            environment=(("KERAS_BACKEND", "jax"), ("TPU_LOAD_LIBRARY", "0")),
+        ),
+        Route(
+            "torch_xla",
+            use_torch_xla,
+            torch_xla_missing,
+            "common.training.backends.torch_xla.backend:start",
+            ("tpu", "cpu"),
+            "one",
+            # two XLA CPU devices stand for the TPU's chips
+            DemoSetup("timm", ("runtime.cpu_devices=2", *TORCH_DEMO)),
+            before_tensorflow=True,
+        ),
+        Route(
+            "torch",
+            use_torch,
+            torch_missing,
+            "common.training.backends.torch.backend:start",
+            ("gpu", "cpu"),
+            "per_gpu",
+            DemoSetup("timm", ("train.batch_size_per_replica=128", *TORCH_DEMO)),
+            device_augment=True,
+        ),
     )
 }
 
@@ -213,33 +287,33 @@ def framework_choices() -> tuple[str, ...]:
     return ("auto", *ROUTES)
 
 
+def route_of(cfg: Config, environ=None) -> Route:
+    """The route this run takes (chosen_framework's)."""
+    return ROUTES[chosen_framework(cfg, environ)]
+
+
 def check_backbone(cfg: Config) -> None:
-    """A timm backbone goes with the PyTorch routes (torch_xla, torch) and no other, and its architecture is one the
-    export can rebuild (a folder's is checked when its config.json is read): checked at load, so neither a kernel nor
-    `tpu2gpu build` goes on. (The other routes refuse a backbone they cannot train when they build it.)"""
-    model, framework = cfg.model, chosen_framework(cfg)
-    if (model.backbone == "timm") != (framework in ("torch_xla", "torch")):
-        takers = [name for name, route in ROUTES.items() if model.backbone in route.backbones]
+    """The route trains the backbone family, and the family knows its model name there: checked at load, so neither a
+    kernel nor `tpu2gpu build` goes on."""
+    model, route = cfg.model, route_of(cfg)
+    if model.backbone not in route.backbones:
+        takers = [name for name, other in ROUTES.items() if model.backbone in other.backbones]
         raise ConfigError(
-            f"model.backbone={model.backbone} is not trained by train.framework={framework} (it trains "
-            f"{list(ROUTES[framework].backbones)}). Fix: train.framework={' or '.join(takers)}, or "
-            "another model.backbone"
+            f"model.backbone={model.backbone} is not trained by train.framework={route.name} (it trains "
+            f"{list(route.backbones)}). Fix: train.framework={' or '.join(takers)}, or another model.backbone"
         )
-    if model.backbone == "timm" and "/" not in model.timm_model and model.timm_model not in TIMM_ARCHITECTURES:
-        raise ConfigError(
-            f"model.timm_model={model.timm_model!r} is not an architecture the export can rebuild "
-            f"under TensorFlow (keras-hub's timm converters): {', '.join(TIMM_ARCHITECTURES)}. Fix: one "
-            "of those, or a folder holding one (config.json + model.safetensors)"
-        )
+    BACKBONES[model.backbone].check(model, route.name)
 
 
 def check_device_augmentation(cfg: Config) -> None:
-    """data.augment_on=device is the torch route's (its step augments the batch on the GPU)."""
-    if cfg.data.augment_on == "device" and chosen_framework(cfg) != "torch":
+    """data.augment_on=device is for the routes whose step augments the batch on the accelerator."""
+    route = route_of(cfg)
+    if cfg.data.augment_on == "device" and not route.device_augment:
+        able = [name for name, other in ROUTES.items() if other.device_augment]
         raise ConfigError(
-            f"data.augment_on=device augments on the GPU inside the torch route's step; "
-            f"train.framework={chosen_framework(cfg)} augments on the host. Fix: data.augment_on=host, "
-            "or train.framework=torch"
+            f"data.augment_on=device augments the batch inside the training step on the accelerator, which "
+            f"train.framework={route.name} does not; it augments on the host. Fix: data.augment_on=host, or "
+            f"train.framework={' or '.join(able)}"
         )
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from common.launch.hosts import NUM_PROCESSES
-from common.launch.routes import chosen_framework
+from common.launch.routes import route_of
 
 if TYPE_CHECKING:
     from common.core.config import Config
@@ -43,7 +43,7 @@ def processes_to_start(cfg: Config, environ=None, proc: Path = Path("/proc/drive
     """How many processes the training kernel starts on this machine: one per GPU on the torch route, else 1 (one
     process already trains: under torchrun, or the other routes, which drive every device from one process)."""
     environ = os.environ if environ is None else environ
-    if chosen_framework(cfg, environ) != "torch" or under_torchrun(environ) or environ.get(NUM_PROCESSES):
+    if route_of(cfg, environ).processes != "per_gpu" or under_torchrun(environ) or environ.get(NUM_PROCESSES):
         return 1
     return max(1, local_gpus(environ, proc))
 

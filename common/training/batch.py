@@ -26,7 +26,8 @@ from common.core.config import Config, ModelConfig
 from common.core.errors import ConfigError
 from common.data.pipeline import InputShare, make_train_dataset, read_ids_and_labels
 from common.data.records import RecordSet
-from common.training.backends.base import Backend, StepMemory
+from common.launch.backbones import BACKBONES
+from common.training.backends.base import Backend, StepMemory, has
 from common.training.memory import (
     FIRST_STEP,
     HEADROOM,
@@ -98,19 +99,8 @@ class FoldBatch:
 
 
 def model_name(model_cfg: ModelConfig) -> str:
-    """The backbone as the line names it: its variant, architecture, or the last part of its path or handle (a
-    Kaggle Models handle's variation, not its version number)."""
-
-    def last(path: str) -> str:
-        parts = [part for part in path.split("/") if part]
-        return parts[-2] if len(parts) > 1 and parts[-1].isdigit() else (parts[-1] if parts else path)
-
-    return {
-        "efficientnet": f"EfficientNet {model_cfg.efficientnet_variant}",
-        "hub": f"TF Hub {last(model_cfg.hub_handle)}",
-        "keras": f"Keras backbone {last(model_cfg.keras_backbone)}",
-        "timm": f"timm {last(model_cfg.timm_model)}",
-    }[model_cfg.backbone]
+    """The backbone as the line names it (its family's label: common/launch/backbones.py)."""
+    return BACKBONES[model_cfg.backbone].label(model_cfg)
 
 
 @dataclass(frozen=True)
@@ -126,7 +116,7 @@ def train_at_fitting_batch(fold: FoldBatch, train: Callable[[Batch, Phase], Resu
     """train(batch, phase) at the batch chosen or checked for the fold, tried again at a smaller one where auto's
     first step ran out of memory on a backend that cannot weigh its step; a device's out of memory inside ends as
     the one line naming the fold's shape and `phase` (common/training/memory.py)."""
-    weigher = fold.backend if isinstance(fold.backend, StepMemory) else None
+    weigher = fold.backend if has(fold.backend, "step_memory") else None
     batch = first_batch(fold, weigher)
     retries = AUTO_RETRIES if fold.auto and weigher is None else 0
     while True:

@@ -24,7 +24,7 @@ from pathlib import Path
 from common.core.atomic import write_json
 from common.core.config import Config
 from common.tasks.parts import is_better
-from common.training.backends.base import Backend
+from common.training.backends.base import Backend, compiled_so_far
 from common.training.budget import cut_message, cuts_after
 from common.training.clock import EpochClock, FirstStepWatch
 from common.training.history import History
@@ -96,14 +96,14 @@ class EpochMonitor:
         self.seconds: list[float] = []
         self.cut = False
         self.steps = backend.optimizer_steps()  # restored with the checkpoint
-        self.clock = EpochClock(backend.compiled)
+        self.clock = EpochClock(lambda: compiled_so_far(backend))
         self.watch: FirstStepWatch | None = None  # a line while the epoch's first execution runs long
 
     def epoch_begin(self, epoch: int) -> None:
         self.clock.start()
         self.first_steps = 0
         self.stop_watch()
-        self.watch = FirstStepWatch(epoch, self.backend.compiled).start()
+        self.watch = FirstStepWatch(epoch, lambda: compiled_so_far(self.backend)).start()
 
     def stop_watch(self) -> None:
         if self.watch is not None:

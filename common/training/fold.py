@@ -24,7 +24,8 @@ from common.core.errors import DataError
 from common.data.pipeline import InputShare, make_train_dataset, read_ids_and_labels
 from common.data.records import RecordSet
 from common.data.teardown import aside
-from common.training.backends.base import Backend, EpochLoop
+from common.launch.backbones import BACKBONES
+from common.training.backends.base import Backend, EpochLoop, compiled_so_far
 from common.training.batch import Batch, FoldBatch, train_at_fitting_batch
 from common.training.compile_cache import CompileCount
 from common.training.epoch import EpochMonitor, FoldWork, Scoring, Validation, restore_best
@@ -62,8 +63,9 @@ def describe_precision(backend, cfg: Config) -> str:
     """The precision line; where a TF Hub backbone stays float32 under mixed_float16 (tensorflow/hub #790: its
     SavedModel's variables keep their dtype), it says so and names the backbones that compute in float16."""
     parts = backend.precision()
-    note = "; a TF Hub backbone keeps its SavedModel's dtypes" if cfg.model.backbone == "hub" else ""
-    if cfg.model.backbone == "hub" and parts["policy"] == "mixed_float16" and parts["backbone"] == "float32":
+    keeps = BACKBONES[cfg.model.backbone].keeps_dtypes
+    note = "; a TF Hub backbone keeps its SavedModel's dtypes" if keeps else ""
+    if keeps and parts["policy"] == "mixed_float16" and parts["backbone"] == "float32":
         note += (
             ": it computes at float32 speed on a GPU. For float16: model.backbone=efficientnet, or "
             "train.framework=keras_jax (a KerasHub preset) or torch (a timm model)"
@@ -92,7 +94,7 @@ def train_fold(
     `checkpointed` follows each."""
     work_dir = Path(work_dir)
     (work_dir / "best").mkdir(parents=True, exist_ok=True)
-    run = FoldRun(cfg, backend, records, work_dir, deadline, checkpointed, backend.compiled())
+    run = FoldRun(cfg, backend, records, work_dir, deadline, checkpointed, compiled_so_far(backend))
     fold = FoldBatch.of(cfg, backend, records, work_dir.name)
     return train_at_fitting_batch(fold, lambda batch, phase: _train_built_fold(run, batch, phase))
 
@@ -180,7 +182,7 @@ def _train_built_fold(run: FoldRun, batch: Batch, phase: Phase) -> FoldResult:
         collect_garbage_aside()
     validation.predictions = plan.to_values(outputs)
     epochs_done = initial_epoch + len(monitor.seconds)
-    compiles = backend.compiled() - run.compiled_before if run.compiled_before is not None else None
+    compiles = compiled_so_far(backend) - run.compiled_before if run.compiled_before is not None else None
     if compiles is not None:
         print(f"[train] the fold compiled {compiles.describe()}", flush=True)
     return FoldResult(

@@ -38,7 +38,7 @@ class EpochLoop:
 @dataclass(frozen=True)
 class Hosts:
     """The processes training together: one, unless the keras_jax route runs across hosts
-    (common/training/backends/keras_jax/hosts.py gives the collectives)."""
+    (common/training/backends/keras_jax/processes.py gives the collectives)."""
 
     index: int = 0
     count: int = 1
@@ -68,6 +68,7 @@ class Backend(Protocol):
     """A training backend: one per run (common/training/backends/registry.py starts it), built again for each fold."""
 
     name: str  # the route's name, as train.framework and the card's runtime.framework say it
+    abilities: frozenset[str]  # the optional abilities it has (ABILITIES): the fold asks, never guesses
     ops: Any  # the task ops its losses are written in (common.tasks.parts: tensorflow_ops or keras_ops)
     hosts: Hosts  # the processes training together (ONE_PROCESS but on the keras_jax route across hosts)
 
@@ -83,10 +84,6 @@ class Backend(Protocol):
 
     def precision(self) -> dict[str, str]:
         """{"policy", "backbone", "head"}: the dtype each part computes in."""
-
-    def compiled(self):
-        """Programs compiled so far in this process, a common.training.compile_cache.CompileCount (how many, how many
-        from the compile cache, seconds), or None where the route does not count them (tf_keras)."""
 
     def restore(self, directory: Path) -> int:
         """Model, optimiser and epochs from the checkpoint in directory (created if missing): epochs done, 0: none."""
@@ -128,10 +125,21 @@ class Backend(Protocol):
 
 
 @runtime_checkable
+class CompileCounting(Protocol):
+    """What a backend that counts its compiles adds to Backend (ability "compile_count"): the epoch line then gives
+    the compiling apart from the steps' time (common/training/clock.py)."""
+
+    def compiled(self):
+        """Programs compiled so far in this process, a common.training.compile_cache.CompileCount (how many, how many
+        from the compile cache, seconds)."""
+
+
+@runtime_checkable
 class StepMemory(Protocol):
-    """What a backend that weighs its compiled training step before training adds to Backend (keras_jax, which
-    compiles ahead of time): the batch is then chosen or checked against the device's memory before the first step
-    (common/training/batch.py); a backend without it meets a device's limit at its first step."""
+    """What a backend that weighs its compiled training step before training adds to Backend (ability
+    "step_memory"; keras_jax, which compiles ahead of time): the batch is then chosen or checked against the device's
+    memory before the first step (common/training/batch.py); a backend without it meets a device's limit at its first
+    step."""
 
     def device_memory(self) -> tuple[int | None, str]:
         """(bytes one device holds, where that figure comes from), or (None, why the device gives no figure)."""
@@ -139,6 +147,22 @@ class StepMemory(Protocol):
     def step_memory(self, plan, batch_spec) -> int:
         """Bytes one device needs for the training step at `plan`'s batch, for batches of `batch_spec` (the training
         pipeline's element spec), compiled ahead of time."""
+
+
+# The optional abilities a backend declares (Backend.abilities), and what each adds to Backend.
+ABILITIES = {"compile_count": CompileCounting, "step_memory": StepMemory}
+
+
+def has(backend: Backend, ability: str) -> bool:
+    """Whether the backend declares `ability` (one of ABILITIES)."""
+    if ability not in ABILITIES:
+        raise KeyError(f"{ability!r} is not a backend ability: {', '.join(ABILITIES)}")
+    return ability in backend.abilities
+
+
+def compiled_so_far(backend: Backend):
+    """The backend's CompileCount so far where it counts its compiles, else None (not counted)."""
+    return backend.compiled() if has(backend, "compile_count") else None
 
 
 class InputWait:

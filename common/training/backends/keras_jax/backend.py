@@ -45,14 +45,14 @@ from common.training.backends.base import (
 )
 from common.training.backends.keras_jax import compiles
 from common.training.backends.keras_jax.export import export, float32_outputs
-from common.training.backends.keras_jax.hosts import (
+from common.training.backends.keras_jax.model import build_keras_model, read_weight_arrays, save_weight_arrays
+from common.training.backends.keras_jax.processes import (
     describe_hosts,
     gather_outputs,
     local_devices,
     lost_process_named,
     start_hosts,
 )
-from common.training.backends.keras_jax.model import build_keras_model, read_weight_arrays, save_weight_arrays
 from common.training.compile_cache import CompileCache, CompileCount
 from common.training.memory import jax_device_limit, jax_peak, planned_within
 from common.training.plan import describe_executions, whole_executions
@@ -69,6 +69,7 @@ CHECKPOINT_STATE = "checkpoint.json"  # {"epochs_done": n}, written after the we
 
 class JaxBackend:
     name = "keras_jax"
+    abilities = frozenset({"compile_count", "step_memory"})  # it compiles ahead of time, counted and weighed
     hosts = ONE_PROCESS  # __init__ sets the job's
     compile_cache: CompileCache | None = None  # open_compile_cache sets the run's
     host_copy = None  # the export's float32 copy on the CPU, built once (export.py)
@@ -395,7 +396,8 @@ class JaxBackend:
 
 def start(cfg: Config) -> JaxBackend:
     """The keras_jax backend, its devices and precision logged (KERAS_BACKEND=jax was set by the route's prepare);
-    TensorFlow kept off the GPUs; across processes, JAX's distributed runtime is started first (keras_jax/hosts.py)."""
+    TensorFlow kept off the GPUs; across processes, JAX's distributed runtime is started first
+    (keras_jax/processes.py)."""
     keep_tensorflow_off_gpus()  # TensorFlow reads the data; the GPUs' memory is JAX's
     backend = JaxBackend(cfg, start_hosts(cfg))
     print(backend.describe(), flush=True)

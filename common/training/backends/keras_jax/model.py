@@ -22,14 +22,11 @@ import io
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 from common.core.errors import ConfigError, root_cause
 from common.core.packages import optional_import
-
-KERAS_EFFICIENTNETS = {
-    **{f"B{k}": f"EfficientNetB{k}" for k in range(8)},
-    **{f"V2{v}": f"EfficientNetV2{v}" for v in ("B0", "B1", "B2", "B3", "S", "M", "L")},
-}
+from common.launch.backbones import BACKBONES, check_efficientnet, resolve
 
 
 @contextlib.contextmanager
@@ -92,12 +89,8 @@ def efficientnet_backbone(variant: str, weights: str, image_size: int):
     """keras.applications' EfficientNet, global-average-pooled: 0..255 float pixels in, features out."""
     import keras
 
-    name = KERAS_EFFICIENTNETS.get(variant.upper())
-    if name is None:
-        raise ConfigError(
-            f"model.efficientnet_variant={variant!r} is not one of {list(KERAS_EFFICIENTNETS)} "
-            "(keras.applications under Keras 3)"
-        )
+    check_efficientnet(SimpleNamespace(efficientnet_variant=variant, efficientnet_weights=weights), "keras_jax")
+    name = f"EfficientNet{variant.upper()}"  # keras.applications' names: EfficientNetB0, EfficientNetV2S
     weights_arg = _weights(weights)
     try:
         with initial_values_replaced() if weights_arg else contextlib.nullcontext():
@@ -223,6 +216,27 @@ def preset_scale_and_offset(folder: Path) -> tuple[float | list[float], float | 
     )
 
 
+def efficientnet_features(model_cfg, images, image_size: int):
+    """model.backbone=efficientnet's features of uint8 images: keras.applications' EfficientNet normalises 0..255
+    pixels itself."""
+    import keras
+
+    pixels = keras.layers.Rescaling(1.0, dtype="float32", name="to_float")(images)
+    base = efficientnet_backbone(model_cfg.efficientnet_variant, model_cfg.efficientnet_weights, image_size)
+    base.trainable = model_cfg.trainable
+    return base(pixels)
+
+
+def file_features(model_cfg, images, image_size: int):
+    """model.backbone=keras's features of uint8 images: model.keras_backbone takes float pixels in [0, 1]."""
+    import keras
+
+    pixels = keras.layers.Rescaling(1.0 / 255.0, dtype="float32", name="to_unit_range")(images)
+    base = file_backbone(model_cfg.keras_backbone, image_size)
+    base.trainable = model_cfg.trainable
+    return base(pixels)
+
+
 def build_keras_model(model_cfg, outputs: int, image_size: int, activation: str = "softmax", policy: str = "float32"):
     """uint8 [B, S, S, 3] -> float32 [B, outputs], its layers computing under `policy` (the head's activation in
     float32). Build it once the distribution is set (keras.distribution), so its variables are placed by it."""
@@ -230,24 +244,12 @@ def build_keras_model(model_cfg, outputs: int, image_size: int, activation: str 
 
     if activation == "softmax" and outputs < 2:
         raise ConfigError(f"a classifier needs at least 2 classes, got {outputs}")
-    if model_cfg.backbone == "hub":
-        raise ConfigError(
-            "model.backbone=hub is a TF Hub SavedModel, which Keras 3 on JAX cannot fine-tune. Fix: "
-            "train.framework=tf_keras, or model.backbone=efficientnet (keras.applications) or "
-            "model.backbone=keras with model.keras_backbone"
-        )
+    features = resolve(BACKBONES[model_cfg.backbone].builders["keras_jax"])
     trained = keras.config.dtype_policy().name
     keras.config.set_dtype_policy(policy)
     try:
         images = keras.Input((image_size, image_size, 3), dtype="uint8", name="image")
-        if model_cfg.backbone == "efficientnet":
-            pixels = keras.layers.Rescaling(1.0, dtype="float32", name="to_float")(images)  # it normalises itself
-            base = efficientnet_backbone(model_cfg.efficientnet_variant, model_cfg.efficientnet_weights, image_size)
-        else:
-            pixels = keras.layers.Rescaling(1.0 / 255.0, dtype="float32", name="to_unit_range")(images)
-            base = file_backbone(model_cfg.keras_backbone, image_size)
-        base.trainable = model_cfg.trainable
-        x = keras.layers.Dropout(model_cfg.dropout, name="head_dropout")(base(pixels))
+        x = keras.layers.Dropout(model_cfg.dropout, name="head_dropout")(features(model_cfg, images, image_size))
         logits = keras.layers.Dense(outputs, name="head_logits")(x)
         predictions = keras.layers.Activation(activation, dtype="float32", name="predictions")(logits)
         return keras.Model(images, predictions, name=f"keras_{model_cfg.backbone}_{activation}")

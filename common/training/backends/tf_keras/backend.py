@@ -33,7 +33,6 @@ from common.training.backends.base import (
     epoch_hooks,
     learning_rate_schedule,
 )
-from common.training.backends.tf_keras.custom_loop import CustomLoop
 from common.training.backends.tf_keras.export import export, serving_model
 from common.training.backends.tf_keras.iterators import RepeatedPasses, fit_iterator_let_go
 from common.training.backends.tf_keras.model import (
@@ -41,6 +40,7 @@ from common.training.backends.tf_keras.model import (
     compile_model,
     import_hub,
 )
+from common.training.backends.tf_keras.step import CustomLoop
 from common.training.memory import tensorflow_peak
 
 import numpy as np
@@ -51,6 +51,9 @@ HOST = "/job:localhost"  # on a TPU, checkpoints and weights are written through
 
 class TFBackend:
     name = "tf_keras"
+    # Nothing counted or weighed ahead: tf.function traces where it runs, and a TPU compiles inside TensorFlow's
+    # runtime, which has no persistent cache (docs/training.md, Compiling once).
+    abilities = frozenset()
     hosts = ONE_PROCESS  # one host: multi-host training is the keras_jax route's
 
     def __init__(self, cfg: Config, strategy: tf.distribute.Strategy, hub_handle: str | None = None):
@@ -118,11 +121,6 @@ class TFBackend:
     def precision(self) -> dict[str, str]:
         """The trained model's policy and the dtype each part computes in (a TF Hub backbone keeps its own)."""
         return {"policy": self.model.dtype_policy.name, **precision_by_part(self.model)}
-
-    def compiled(self) -> None:
-        """Not counted: tf.function traces where it runs, and a TPU compiles inside TensorFlow's runtime, which has no
-        persistent cache (docs/training.md, Compiling once)."""
-        return None
 
     # ------------------------------------------------------------------------------------------------ checkpoints
     def restore(self, directory: Path) -> int:

@@ -1,4 +1,5 @@
-"""The model: uint8 images -> preprocessing -> backbone (TF Hub or the efficientnet package) -> the task's head.
+"""The model: uint8 images -> preprocessing -> backbone -> the task's head. The backbone is the family's builder for
+this route (common/launch/backbones.py): hub_features (TF Hub) or efficientnet_features (the efficientnet package).
 
     with strategy.scope():
         model = build_model(cfg.model, task.outputs(num_classes), cfg.data.image_size, hub_handle=resolved_handle,
@@ -14,8 +15,10 @@ and the loss stay numerically safe.
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 from common.core.errors import ConfigError, StrategyError, root_cause
+from common.launch.backbones import BACKBONES, check_efficientnet, resolve
 
 import tensorflow as tf
 
@@ -24,7 +27,6 @@ import tensorflow as tf
 # the same).
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-EFFICIENTNET_VARIANTS = ("B0", "B1", "B2", "B3", "B4", "B5", "B6", "B7")
 
 
 def host_load_options() -> tf.saved_model.LoadOptions:
@@ -75,8 +77,7 @@ def efficientnet_backbone(variant: str, weights: str, image_size: int, trainable
     """EfficientNet B0-B7 from the `efficientnet` package (tf_keras), global-average-pooled features."""
     import efficientnet.tfkeras as efn
 
-    if variant.upper() not in EFFICIENTNET_VARIANTS:
-        raise ConfigError(f"model.efficientnet_variant={variant!r} is not one of {list(EFFICIENTNET_VARIANTS)}")
+    check_efficientnet(SimpleNamespace(efficientnet_variant=variant, efficientnet_weights=weights), "tf_keras")
     weights_arg = None if weights.lower() in ("", "none") else weights
     if weights_arg not in (None, "imagenet", "noisy-student") and not Path(weights_arg).is_file():
         raise ConfigError(
@@ -102,6 +103,22 @@ def efficientnet_backbone(variant: str, weights: str, image_size: int, trainable
     return base
 
 
+def hub_features(model_cfg, pixels, image_size: int, hub_handle: str | None):
+    """model.backbone=hub's features of float32 pixels in [0, 1] (hub_handle: where this kernel found the handle)."""
+    return hub_backbone(hub_handle or model_cfg.hub_handle, model_cfg.trainable)(pixels)
+
+
+def efficientnet_features(model_cfg, pixels, image_size: int, hub_handle: str | None):
+    """model.backbone=efficientnet's features of float32 pixels in [0, 1], normalised as its weights expect."""
+    x = tf.keras.layers.Normalization(
+        mean=IMAGENET_MEAN, variance=[s * s for s in IMAGENET_STD], dtype="float32", name="imagenet_normalise"
+    )(pixels)
+    base = efficientnet_backbone(
+        model_cfg.efficientnet_variant, model_cfg.efficientnet_weights, image_size, model_cfg.trainable
+    )
+    return base(x)
+
+
 def build_model(
     model_cfg, outputs: int, image_size: int, hub_handle: str | None = None, activation: str = "softmax"
 ) -> tf.keras.Model:
@@ -110,16 +127,7 @@ def build_model(
         raise ConfigError(f"a classifier needs at least 2 classes, got {outputs}")
     images = tf.keras.Input((image_size, image_size, 3), dtype=tf.uint8, name="image")
     x = tf.keras.layers.Rescaling(1.0 / 255.0, dtype="float32", name="to_unit_range")(images)
-    if model_cfg.backbone == "hub":
-        features = hub_backbone(hub_handle or model_cfg.hub_handle, model_cfg.trainable)(x)
-    else:
-        x = tf.keras.layers.Normalization(
-            mean=IMAGENET_MEAN, variance=[s * s for s in IMAGENET_STD], dtype="float32", name="imagenet_normalise"
-        )(x)
-        base = efficientnet_backbone(
-            model_cfg.efficientnet_variant, model_cfg.efficientnet_weights, image_size, model_cfg.trainable
-        )
-        features = base(x)
+    features = resolve(BACKBONES[model_cfg.backbone].builders["tf_keras"])(model_cfg, x, image_size, hub_handle)
     x = tf.keras.layers.Dropout(model_cfg.dropout, name="head_dropout")(features)
     logits = tf.keras.layers.Dense(outputs, name="head_logits")(x)
     predictions = tf.keras.layers.Activation(activation, dtype="float32", name="predictions")(logits)

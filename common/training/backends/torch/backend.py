@@ -27,12 +27,12 @@ from common.data.pipeline import make_padded_image_batches
 from common.data.records import RecordSchema
 from common.tasks.parts import torch_ops
 from common.training.backends.base import EpochLoop, Hosts, InputWait
-from common.training.backends.pytorch.augment import augment_batch
-from common.training.backends.pytorch.export import export
-from common.training.backends.pytorch.model import build_timm_model
-from common.training.backends.pytorch.tensors import HostBatches, average_swapped_in, copy_into, on_cpu
 from common.training.backends.torch.processes import describe_processes, start_processes, stop_processes
 from common.training.backends.torch.step import TrainingStep, autocast_dtype, dtype_name
+from common.training.backends.torch_shared.augment import augment_batch
+from common.training.backends.torch_shared.export import export
+from common.training.backends.torch_shared.model import build_timm_model
+from common.training.backends.torch_shared.tensors import HostBatches, average_swapped_in, copy_into, on_cpu
 from common.training.memory import torch_cuda_peak
 
 import numpy as np
@@ -45,6 +45,7 @@ CHECKPOINT = "checkpoint.pt"  # model, optimiser, scaler, step count and moving 
 
 class TorchBackend:
     name = "torch"
+    abilities = frozenset()  # torch.compile's work happens inside the first step, uncounted
 
     def __init__(self, cfg: Config, hosts: Hosts, device: torch.device):
         if cfg.train.loop != "fit":
@@ -146,10 +147,6 @@ class TorchBackend:
     def peak_memory(self) -> dict | None:
         """This process's GPU's peak against its capacity, as CUDA reports them (the CPU keeps none)."""
         return torch_cuda_peak(self.device)
-
-    def compiled(self):
-        """None: torch.compile's work is not counted by the fold's clock (it happens inside the first step)."""
-        return None
 
     def precision(self) -> dict[str, str]:
         backbone = dtype_name(self.autocast)
@@ -302,18 +299,13 @@ class TorchBackend:
         """Nothing to let go: predict reads its batches anew on each call."""
 
     def export(self, export_dir: Path, contents):
-        """The verified export (common/training/backends/pytorch/export.py: rebuilt under TensorFlow in a child)."""
+        """The verified export (backends/torch_shared/export.py: rebuilt under TensorFlow in a child)."""
         return export(self, export_dir, contents)
 
 
 def start(cfg: Config) -> TorchBackend:
     """The torch backend: this process's device and the job's process group (torchrun's environment), TensorFlow
     kept off the GPUs, logged."""
-    if cfg.model.backbone != "timm":
-        raise ConfigError(
-            f"model.backbone={cfg.model.backbone} is not a timm model; the torch route trains "
-            "model.backbone=timm (model.timm_model)"
-        )
     hosts, device = start_processes()
     atexit.register(stop_processes)
     keep_tensorflow_off_gpus()

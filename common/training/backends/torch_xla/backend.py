@@ -11,7 +11,7 @@ differs: one process drives all the host's devices (torch_xla's SPMD: a 1-D mesh
 the weights replicated), the shared tf.data pipeline's batches move to the devices while the step before runs
 (MpDeviceLoader); every step has the same shapes, so its graph compiles once, and the log counts the compiles after
 each epoch; the step is traced once (train.torch_step=auto or compiled: step.py) or re-traced every step (lazy), and
-each epoch's line gives the host's share of a step (host.py); the learning rate is the plan's schedule at each optimiser
+each epoch's line gives the host's share of a step (pace.py); the learning rate is the plan's schedule at each optimiser
 step; checkpoints are torch.save files; the export is rebuilt under Keras' TensorFlow backend in a child (export.py).
 """
 
@@ -27,9 +27,9 @@ from common.data.pipeline import make_padded_image_batches
 from common.data.records import RecordSchema
 from common.tasks.parts import torch_ops
 from common.training.backends.base import ONE_PROCESS, EpochLoop
-from common.training.backends.pytorch.export import export
-from common.training.backends.pytorch.model import build_timm_model
-from common.training.backends.pytorch.tensors import HostBatches, average_swapped_in, copy_into, on_cpu
+from common.training.backends.torch_shared.export import export
+from common.training.backends.torch_shared.model import build_timm_model
+from common.training.backends.torch_shared.tensors import HostBatches, average_swapped_in, copy_into, on_cpu
 from common.training.backends.torch_xla.compiles import (
     cache_hits,
     cache_load_seconds,
@@ -37,7 +37,7 @@ from common.training.backends.torch_xla.compiles import (
     graphs,
     open_compile_cache,
 )
-from common.training.backends.torch_xla.host import DeviceShare, stop_loader
+from common.training.backends.torch_xla.pace import DeviceShare, stop_loader
 from common.training.backends.torch_xla.step import CompiledStep
 from common.training.compile_cache import CompileCache, CompileCount
 from common.training.memory import torch_xla_peak
@@ -55,6 +55,7 @@ CHECKPOINT = "checkpoint.pt"  # model, optimiser, step count and moving average;
 
 class TorchXlaBackend:
     name = "torch_xla"
+    abilities = frozenset({"compile_count"})  # its XLA graphs, counted; the device's limit met at the first step
     hosts = ONE_PROCESS  # one host: several processes are the keras_jax route's
     compile_cache: CompileCache | None = None  # start sets the run's
 
@@ -319,7 +320,7 @@ class TorchXlaBackend:
         """Nothing to let go: predict reads its batches anew on each call."""
 
     def export(self, export_dir: Path, contents):
-        """The verified export (common/training/backends/pytorch/export.py: rebuilt under TensorFlow in a child)."""
+        """The verified export (backends/torch_shared/export.py: rebuilt under TensorFlow in a child)."""
         card = export(self, export_dir, contents)
         if self.compile_cache:  # the graphs of the device's own outputs for the card too: the next run takes them
             self.compile_cache.vouch()
@@ -328,11 +329,6 @@ class TorchXlaBackend:
 
 def start(cfg: Config) -> TorchXlaBackend:
     """The torch_xla backend (torch_xla imported, its devices set, by the route's prepare), SPMD on, logged."""
-    if cfg.model.backbone != "timm":
-        raise ConfigError(
-            f"model.backbone={cfg.model.backbone} is not a timm model; the torch_xla route trains "
-            "model.backbone=timm (model.timm_model)"
-        )
     cache = open_compile_cache(cfg)
     xla_runtime.use_spmd()
     backend = TorchXlaBackend(cfg)

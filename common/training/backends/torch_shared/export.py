@@ -1,5 +1,5 @@
 """Both PyTorch routes' export: `export(backend, export_dir, contents)` writes a job folder and runs
-`python -m common.training.backends.pytorch.export JOB_DIR`, a child interpreter under Keras 3's TensorFlow backend
+`python -m common.training.backends.torch_shared.export JOB_DIR`, a child interpreter under Keras 3's TensorFlow backend
 on the CPU, which rebuilds the model (keras-hub's timm converter for the backbone, then the same preprocessing and
 head) and writes the same SavedModel contract as the other routes, checked in a fresh process against the torch
 model's own float32 predictions. Neither torch nor torch_xla is imported there: TensorFlow loads first in the child.
@@ -38,7 +38,7 @@ from common.export.writer import (
 
 import numpy as np
 
-CHILD = "common.training.backends.pytorch.export"  # this module, run as the child
+CHILD = "common.training.backends.torch_shared.export"  # this module, run as the child
 
 
 # ------------------------------------------------------------------------------------------- the training process
@@ -98,7 +98,7 @@ def torch_outputs(model, images: np.ndarray) -> np.ndarray:
 def cpu_copy(model):
     """The trained model as plain torch on the CPU, float32 at full precision: where the export's reference is
     computed (one small batch there: the verify images). The same architecture, weights and pretrained_cfg."""
-    from common.training.backends.pytorch.model import TimmClassifier
+    from common.training.backends.torch_shared.model import TimmClassifier
 
     import timm
 

@@ -1,5 +1,5 @@
 """The host's side of the torch_xla route: the loader's threads, and how much of a training step the devices spend
-computing (DeviceShare). The batches and checkpoints' tensors are both PyTorch routes' (pytorch/tensors.py).
+computing (DeviceShare). The batches and checkpoints' tensors are both PyTorch routes' (torch_shared/tensors.py).
 
     share = DeviceShare(); share.start()   # after a step's first call (its compile is no pace)
     ... steps ...

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 from common.core.errors import ConfigError, root_cause
-from common.launch.routes import TIMM_ARCHITECTURES
+from common.launch.backbones import TIMM_ARCHITECTURES
 
 import timm
 import torch
