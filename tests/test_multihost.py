@@ -185,7 +185,8 @@ def test_two_processes_train_as_one_process_with_two_devices(one_process, demo_r
 
 def test_the_launcher_names_the_first_process_to_fail(demo_records, tiny_keras_backbone, tmp_path):
     # The tf_keras route refuses a job of several processes, in each process: the launcher names the first to end.
-    argv = settings(demo_records[0], tiny_keras_backbone, tmp_path, "train.framework=tf_keras")
+    tf_keras = ("train.framework=tf_keras", "model.backbone=efficientnet", "model.efficientnet_weights=none")
+    argv = settings(demo_records[0], tiny_keras_backbone, tmp_path, *tf_keras)
     run = train(2, argv)
     assert run.returncode == 2, run.stdout[-3000:]
     assert re.search(
