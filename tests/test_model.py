@@ -8,7 +8,6 @@ from common.core.strategy import get_strategy
 from common.data.pipeline import InputShare, make_train_dataset
 from common.data.records import split_files
 from common.tasks.types import TASKS
-from common.training.backends.base import learning_rate_schedule
 from common.training.backends.tf_keras.model import build_model, compile_model
 
 import numpy as np
@@ -91,14 +90,6 @@ def test_an_efficientnet_weights_file_of_another_variant_is_one_line_naming_the_
         r"model.efficientnet_variant set to the file's variant",
     ):
         build_model(cfg.model, 10, 32)
-
-
-def test_learning_rate_warms_up_then_decays():
-    schedule = learning_rate_schedule(0.1, 100, 10, tf.keras.optimizers.schedules)
-    rates = [float(schedule(step)) for step in (0, 5, 10, 55, 100)]
-    assert rates[0] == pytest.approx(0.0) and rates[1] == pytest.approx(0.05)
-    assert rates[2] == pytest.approx(0.1) and rates[3] == pytest.approx(0.05, abs=1e-3)
-    assert rates[4] == pytest.approx(0.0, abs=1e-6)
 
 
 def test_mixed_precision_keeps_float32_probabilities(tiny_backbone):

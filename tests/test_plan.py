@@ -1,5 +1,6 @@
 """A fold's plan (common/training/plan.py) is arithmetic on the config and the record counts: tested without a model."""
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 from common.core.config import load_config
@@ -32,26 +33,48 @@ def test_batch_steps_and_schedule_follow_the_replicas():
     assert (capped.global_batch, capped.steps_per_epoch) == (16, 3)
 
 
-def test_the_pure_schedule_is_the_one_each_backend_builds():
-    """plan.learning_rate (for the plot and any backend) equals Keras' CosineDecay with warm-up that
-    common.training.backends.base.learning_rate_schedule builds from the same plan: tf_keras' (tf_keras route)
-    and Keras 3's on JAX (keras_jax route)."""
+def test_each_schedule_warms_up_then_follows_its_shape():
+    """100 steps, 10 of warm-up to a peak of 0.1: cosine reaches half the peak half-way through the rest and 0 at the
+    end; step falls to a tenth after each third of the rest; constant keeps the peak."""
+    cfg = load_config(None, ["train.epochs=10", "train.warmup_epochs=1"])
+    rates = {}
+    for schedule in ("cosine", "step", "constant"):
+        plan = replace(plan_fold(cfg, records(160, list("ab")), replicas=1), peak_lr=0.1, schedule=schedule)
+        assert (plan.total_steps, plan.warmup_steps) == (100, 10)
+        rates[schedule] = [plan.learning_rate(step) for step in (0, 5, 10, 39, 55, 69, 71, 100)]
+    assert rates["cosine"] == pytest.approx([0, 0.05, 0.1, 0.0764, 0.05, 0.0265, 0.0235, 0], abs=1e-4)
+    assert rates["step"] == pytest.approx([0, 0.05, 0.1, 0.1, 0.01, 0.01, 0.001, 0.0001])
+    assert rates["constant"] == pytest.approx([0, 0.05, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1])
+
+
+def test_the_keras_routes_compute_the_same_schedule_in_their_graph():
+    """common.training.backends.base.learning_rate_schedule computes plan.learning_rate's formula (written once,
+    schedule_factor) from the optimiser's step: tf_keras' (tf ops) and Keras 3's (keras.ops), every step of each
+    schedule, with and without a warm-up."""
     from common.training.backends.base import learning_rate_schedule
 
     import keras
     import tensorflow as tf
 
-    for warmup in (0.0, 2.5):
-        cfg = load_config(None, ["train.epochs=4", f"train.warmup_epochs={warmup}"])
+    for warmup, schedule in (("0", "cosine"), ("2.5", "cosine"), ("1", "step"), ("0.5", "constant")):
+        cfg = load_config(None, ["train.epochs=4", f"train.warmup_epochs={warmup}", f"train.schedule={schedule}"])
         plan = plan_fold(cfg, records(320, list("ab")), replicas=2)
-        for schedules in (tf.keras.optimizers.schedules, keras.optimizers.schedules):
-            schedule = learning_rate_schedule(plan.peak_lr, plan.total_steps, plan.warmup_steps, schedules)
-            for step in range(0, plan.total_steps + 1):
-                assert plan.learning_rate(step) == pytest.approx(float(schedule(step)), rel=1e-5, abs=1e-9), (
-                    warmup,
-                    schedules,
-                    step,
-                )
+        for schedules, ops in ((tf.keras.optimizers.schedules, tf), (keras.optimizers.schedules, keras.ops)):
+            keras_schedule = learning_rate_schedule(plan, schedules, ops)
+            graph = [float(keras_schedule(tf.constant(step, tf.int64))) for step in range(plan.total_steps + 1)]
+            python = [plan.learning_rate(step) for step in range(plan.total_steps + 1)]
+            assert graph == pytest.approx(python, rel=1e-5, abs=1e-9), (warmup, schedule, ops.__name__)
+
+
+def test_each_optimizer_s_settings_are_the_same_on_every_route():
+    from common.training.plan import optimizer_settings
+
+    train = load_config(None, ["train.weight_decay=0.02", "train.momentum=0.8"]).train
+    assert optimizer_settings(replace(train, optimizer="adam")) == ("Adam", {})
+    assert optimizer_settings(replace(train, optimizer="adamw")) == ("AdamW", {"weight_decay": 0.02})
+    assert optimizer_settings(replace(train, optimizer="sgd")) == ("SGD", {"momentum": 0.8})
+    with pytest.raises(ConfigError, match="train.optimizer"):
+        load_config(None, ["train.optimizer=lamb"])
 
 
 def test_regression_scaling_and_balanced_class_weights_come_from_the_labels():

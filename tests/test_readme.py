@@ -85,7 +85,7 @@ def test_config_reference_in_the_docs_is_current():
     assert table == config_reference()
     rows = table.splitlines()[2:]
     keys = sum(len(dataclasses.fields(section.default_factory)) for section in dataclasses.fields(Config))
-    assert len(rows) == keys == 134  # one row per key, each with its comment
+    assert len(rows) == keys  # one row per key, each with its comment
     assert all(row.count(" | ") == 2 and row.rsplit(" | ", 1)[1].strip(" |") for row in rows)
 
 

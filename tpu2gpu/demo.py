@@ -113,14 +113,14 @@ def inference_command(root: Path, settings: list[str]) -> list[str]:
     return [sys.executable, "-c", code]
 
 
-def run(root: Path, framework: str = DEFAULT_FRAMEWORK, processes: int = 1) -> float:
+def run(root: Path, framework: str = DEFAULT_FRAMEWORK, processes: int = 1, overrides: tuple[str, ...] = ()) -> float:
     from common.data.conversion import convert_competition
 
     from tpu2gpu.build import build
     from tpu2gpu.demo_data import make_demo_competition
 
     backbone = DemoBackbone.of(root, framework)
-    paths = demo_paths(root, framework)
+    paths = [*demo_paths(root, framework), *overrides]
     cfg = load_config(CONFIG, paths)
     if processes > 1:  # the one-process demo's global batch, split over the processes: the same steps and rate
         paths.append(f"train.batch_size={cfg.train.batch_size_per_replica}")
@@ -219,6 +219,14 @@ def main(argv: list[str] | None = None) -> int:
         "(written to runs/demo-<framework>)",
     )
     parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config setting over the demo's (repeatable), e.g. --set train.optimizer=sgd",
+    )
+    parser.add_argument(
         "--processes",
         type=int,
         default=1,
@@ -240,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(args.root, ignore_errors=True)
     start = time.perf_counter()
     try:
-        macro_f1 = run(args.root, args.framework, args.processes)
+        macro_f1 = run(args.root, args.framework, args.processes, tuple(args.overrides))
     except (UserError, subprocess.CalledProcessError) as err:
         print(f"demo: error: {err}", file=sys.stderr)
         return 2

@@ -203,7 +203,15 @@ class TrainConfig:
     lr_reference_batch: int = within(256, "[1, inf)")
     """the global batch learning_rate is meant for"""
     warmup_epochs: float = within(1.0, "[0, inf)")
-    """linear warm-up, then cosine decay to zero"""
+    """linear warm-up from 0 to the rate, then train.schedule"""
+    schedule: Literal["cosine", "step", "constant"] = "cosine"
+    """after the warm-up: cosine decay to zero, step (a tenth after each third of the rest), or constant"""
+    optimizer: Literal["adam", "adamw", "sgd"] = "adam"
+    """Adam; AdamW (decoupled weight decay, train.weight_decay); SGD with train.momentum"""
+    weight_decay: float = within(0.05, "[0, inf)")
+    """AdamW's decoupled weight decay: each weight shrinks by rate x this a step (timm's default 0.05)"""
+    momentum: float = within(0.9, "[0, 1)")
+    """SGD's momentum"""
     steps_per_execution: int = within(32, "[1, inf)")
     """training steps per host round trip (tf.function call)"""
     framework: str = one_of("auto", supplied("train.framework"))

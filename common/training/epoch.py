@@ -23,6 +23,7 @@ from pathlib import Path
 
 from common.core.atomic import write_json
 from common.core.config import Config
+from common.core.errors import ConfigError
 from common.tasks.parts import is_better
 from common.training.backends.base import Backend, compiled_so_far
 from common.training.budget import cut_message, cuts_after
@@ -63,6 +64,20 @@ class FoldWork:
     checkpointed: Callable[[], None] = lambda: None
 
 
+def check_resumable(cfg: Config, work_dir: Path) -> None:
+    """A fold's checkpoint holds its optimiser's state: a run that names another train.optimizer cannot continue it,
+    and is told so before anything is restored or written (a checkpoint without the name is Adam's, the only one
+    there was)."""
+    progress = Path(work_dir) / CHECKPOINT_MARKER
+    saved = json.loads(progress.read_text()).get("optimizer", "adam") if progress.is_file() else cfg.train.optimizer
+    if saved != cfg.train.optimizer:
+        raise ConfigError(
+            f"the checkpoint in {progress.parent} holds the state of train.optimizer={saved}, and this run sets "
+            f"train.optimizer={cfg.train.optimizer}. Fix: --set train.optimizer={saved} to continue it, or another "
+            "runtime.output_dir to start the fold afresh"
+        )
+
+
 def epochs_checkpointed(work_dir: Path) -> int:
     """Epochs a fold's checkpoint already holds (its progress.json), so a resumed fold is planned for the rest."""
     progress = Path(work_dir) / CHECKPOINT_MARKER
@@ -86,6 +101,7 @@ class EpochMonitor:
         self.work_dir = Path(work.folder)
         self.checkpointed = work.checkpointed
         self.keep_best = cfg.train.keep == "best"
+        self.optimizer = cfg.train.optimizer  # named beside each checkpoint (check_resumable)
         self.patience = cfg.train.early_stopping
         labels = tf.constant(self.validation.labels)
         self.targets = plan.task.target(labels, len(plan.class_names), plan.scaling).numpy()
@@ -124,7 +140,8 @@ class EpochMonitor:
         scored = self.score(epoch, logs)
         self.history.append(epoch, logs)
         self.backend.save_checkpoint(epoch + 1)
-        write_json(self.work_dir / CHECKPOINT_MARKER, {"epochs_done": epoch + 1})  # after the checkpoint
+        progress = {"epochs_done": epoch + 1, "optimizer": self.optimizer}
+        write_json(self.work_dir / CHECKPOINT_MARKER, progress)  # after the checkpoint
         self.checkpointed()
         self.clock.lap("checkpoint")
         print(f"[train] epoch {epoch + 1}: {trained}; {scored}; {self.clock.describe()}", flush=True)

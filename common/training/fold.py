@@ -28,9 +28,9 @@ from common.launch.backbones import BACKBONES
 from common.training.backends.base import Backend, EpochLoop, compiled_so_far
 from common.training.batch import Batch, FoldBatch, train_at_fitting_batch
 from common.training.compile_cache import CompileCount
-from common.training.epoch import EpochMonitor, FoldWork, Scoring, Validation, restore_best
+from common.training.epoch import EpochMonitor, FoldWork, Scoring, Validation, check_resumable, restore_best
 from common.training.memory import FIRST_STEP, Phase
-from common.training.plan import FoldPlan
+from common.training.plan import FoldPlan, optimizer_settings
 
 import numpy as np
 
@@ -114,6 +114,9 @@ class FoldRun:
 
 def describe_plan(cfg: Config, plan: FoldPlan, records: RecordSet) -> None:
     print(plan.describe(records.train_count, records.val_count, cfg.train.keep), flush=True)
+    name, extra = optimizer_settings(cfg.train)
+    settings = "".join(f", {key} {value}" for key, value in extra.items())
+    print(f"[train] optimiser {name}{settings}; learning rate: {plan.warmup_steps} warm-up steps, then {plan.schedule}")
     if plan.class_weights:
         print(
             "[train] class weights (balanced): "
@@ -129,6 +132,7 @@ def _train_built_fold(run: FoldRun, batch: Batch, phase: Phase) -> FoldResult:
     backend.build(plan)
     monitor = None
     try:
+        check_resumable(cfg, work_dir)
         initial_epoch = backend.restore(work_dir / "checkpoints")
         print(describe_precision(backend, cfg), flush=True)
         if initial_epoch:

@@ -2,16 +2,21 @@
 
     plan = plan_fold(cfg, records, replicas=8, train_labels=labels)   # labels only where needs_train_labels(cfg)
     plan.global_batch, plan.steps_per_epoch, plan.peak_lr             # 128, 99, 5.0e-4 on a TPU v5e-8
-    plan.learning_rate(step)                                          # the schedule every backend builds
+    plan.learning_rate(step)                                          # the schedule every backend applies
+    optimizer_settings(cfg.train)                                     # ("AdamW", {"weight_decay": 0.05})
 
 Global batch = per-replica batch x replicas (or train.batch_size, which must divide over them); the learning rate is
-scaled linearly with the global batch (Goyal et al. 2017), warmed up linearly, then decays as a cosine to zero.
+scaled linearly with the global batch (Goyal et al. 2017), warmed up linearly, then follows train.schedule: a cosine
+to zero, a tenth after each third of the rest (step), or constant. schedule_factor is that formula, written once:
+Python computes it here (the PyTorch routes set each step's rate from it), and the Keras routes' schedule computes it
+in their graph from the optimiser's step (common/training/backends/base.py).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from common.core.config import Config
@@ -37,6 +42,39 @@ def global_batch_size(per_replica: int, replicas: int, global_batch: int = 0) ->
     return per_replica * replicas
 
 
+# The operations schedule_factor uses, as Python's math gives them (a framework passes its own: tf, keras.ops).
+PYTHON_MATH = SimpleNamespace(minimum=min, maximum=max, cos=math.cos, exp=math.exp, floor=math.floor)
+# train.optimizer -> the class tf_keras, Keras 3 and torch.optim each name it by.
+OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD"}
+EPSILON = 1e-7  # Adam's and AdamW's epsilon: Keras' default, which the PyTorch routes take too (theirs is 1e-8)
+
+
+def schedule_factor(step, warmup_steps: int, total_steps: int, schedule: str, ops=PYTHON_MATH):
+    """The learning rate's share of its peak at optimiser step `step`: a linear warm-up over warmup_steps, then over
+    the rest a cosine to zero (cosine), a tenth after each third (step), or the peak (constant). Without branches on
+    `step`, so one formula computes it in Python and in a framework's graph (ops: its minimum, maximum, cos, exp and
+    floor; step a float or the framework's float32 scalar)."""
+    warm = ops.minimum(step / warmup_steps, 1.0) if warmup_steps else 1.0
+    done = ops.minimum(ops.maximum((step - warmup_steps) / max(1, total_steps - warmup_steps), 0.0), 1.0)
+    if schedule == "cosine":
+        return warm * 0.5 * (1.0 + ops.cos(math.pi * done))
+    if schedule == "step":
+        return warm * ops.exp(ops.floor(3.0 * done) * math.log(0.1))
+    return warm * ops.minimum(done + 1.0, 1.0)  # constant: the peak after the warm-up
+
+
+def optimizer_settings(train_cfg) -> tuple[str, dict]:
+    """(class name, keyword arguments beyond the rate) of the optimiser train.optimizer names, the same on every
+    route: Adam; AdamW with train.weight_decay (decoupled: each weight shrinks by rate x decay a step); SGD with
+    train.momentum."""
+    extra = {
+        "adam": {},
+        "adamw": {"weight_decay": train_cfg.weight_decay},
+        "sgd": {"momentum": train_cfg.momentum},
+    }[train_cfg.optimizer]
+    return OPTIMIZERS[train_cfg.optimizer], extra
+
+
 def scaled_learning_rate(base_lr: float, global_batch: int, reference_batch: int = 256) -> float:
     """Linear scaling rule (Goyal et al. 2017): base_lr is right for reference_batch; scale with the global batch."""
     return base_lr * global_batch / reference_batch
@@ -55,6 +93,7 @@ class FoldPlan:
     warmup_steps: int
     scaling: dict | None  # regression: the targets' standardisation
     class_weights: list[float] | None  # train.class_weight=balanced
+    schedule: str = "cosine"  # train.schedule
 
     @property
     def outputs(self) -> int:
@@ -65,12 +104,8 @@ class FoldPlan:
         return self.steps_per_epoch * self.epochs
 
     def learning_rate(self, step: float) -> float:
-        """Linear warm-up to peak_lr, then cosine decay to zero at total_steps (Keras' CosineDecay with warmup)."""
-        if step < self.warmup_steps:
-            return self.peak_lr * step / self.warmup_steps
-        decay_steps = max(1, self.total_steps - self.warmup_steps)
-        done = min(step - self.warmup_steps, decay_steps) / decay_steps
-        return self.peak_lr * 0.5 * (1.0 + math.cos(math.pi * done))
+        """The rate at optimiser step `step`: peak_lr x schedule_factor."""
+        return self.peak_lr * schedule_factor(step, self.warmup_steps, self.total_steps, self.schedule)
 
     def learning_rate_points(self, points: int = 200) -> list[tuple[float, float]]:
         """(epoch, rate) along the schedule, for the history plot."""
@@ -158,4 +193,5 @@ def plan_fold(
         warmup_steps=max(0, min(int(cfg.train.warmup_epochs * steps_per_epoch), total_steps - 1)),
         scaling=task.target_scaling(train_labels) if task.scaling else None,
         class_weights=task.class_weights(cfg.train.class_weight, train_labels, num_classes),
+        schedule=cfg.train.schedule,
     )

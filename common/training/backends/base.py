@@ -2,7 +2,8 @@
 
     class MyBackend:                  # meets Backend; common/launch/routes.py names where it starts
         name = "my_route"; ...
-    schedule = learning_rate_schedule(plan.peak_lr, plan.total_steps, plan.warmup_steps, keras.optimizers.schedules)
+    schedule = learning_rate_schedule(plan, keras.optimizers.schedules, keras.ops)   # the plan's, in Keras' graph
+    optimizer = keras_optimizer(keras.optimizers, cfg.train, schedule)                # train.optimizer on it
     callbacks = [epoch_hooks(keras.callbacks.Callback, loop)]   # loop: the fold's EpochLoop
     precision_by_part(model)          # the dtype each part computes in: common/export/census.py
 
@@ -251,14 +252,32 @@ def average_swapped_in(optimizer, variables, read, swap_in):
             variable.assign(value)
 
 
-def learning_rate_schedule(peak_lr: float, total_steps: int, warmup_steps: int, schedules):
-    """Linear warm-up to peak_lr, then cosine decay to zero at total_steps (common.training.plan's
-    FoldPlan.learning_rate), as the CosineDecay of `schedules` (tf_keras' or Keras 3's optimizers.schedules)."""
-    warmup_steps = max(0, min(warmup_steps, total_steps - 1))
-    return schedules.CosineDecay(
-        initial_learning_rate=0.0 if warmup_steps else peak_lr,
-        decay_steps=max(1, total_steps - warmup_steps),
-        alpha=0.0,
-        warmup_target=peak_lr if warmup_steps else None,
-        warmup_steps=warmup_steps,
-    )
+def learning_rate_schedule(plan, schedules, ops):
+    """The plan's schedule (common.training.plan.schedule_factor, written once) as a LearningRateSchedule of
+    `schedules` (tf_keras' or Keras 3's optimizers.schedules), computed with the framework's `ops` (tf or
+    keras.ops) from the optimiser's step inside its own graph."""
+    from common.training.plan import schedule_factor
+
+    class PlanSchedule(schedules.LearningRateSchedule):
+        def __call__(self, step):
+            step = ops.cast(step, "float32")
+            return plan.peak_lr * schedule_factor(step, plan.warmup_steps, plan.total_steps, plan.schedule, ops)
+
+        def get_config(self):
+            return {"peak_lr": plan.peak_lr, "warmup_steps": plan.warmup_steps, "total_steps": plan.total_steps}
+
+    return PlanSchedule()
+
+
+def keras_optimizer(optimizers, train_cfg, schedule):
+    """The optimiser train.optimizer names (common.training.plan.optimizer_settings), from `optimizers` (tf_keras' or
+    Keras 3's), on `schedule`; with train.ema > 0 it also keeps the moving average of the weights (Keras' own
+    use_ema), which fit swaps into the model when training ends."""
+    from common.training.plan import EPSILON, optimizer_settings
+
+    name, extra = optimizer_settings(train_cfg)
+    if name != "SGD":
+        extra = {**extra, "epsilon": EPSILON}
+    if train_cfg.ema > 0:
+        extra = {**extra, "use_ema": True, "ema_momentum": train_cfg.ema}
+    return getattr(optimizers, name)(schedule, **extra)

@@ -41,6 +41,7 @@ from common.training.backends.base import (
     InputWait,
     average_swapped_in,
     epoch_hooks,
+    keras_optimizer,
     learning_rate_schedule,
 )
 from common.training.backends.keras_jax import compiles
@@ -120,22 +121,20 @@ class JaxBackend:
         )
 
     def build(self, plan) -> None:
-        """Model, optimiser (Adam on the plan's schedule; with train.ema its moving average), the task's loss and
-        running metric. The optimiser's variables exist before any restore."""
+        """Model, optimiser (train.optimizer on the plan's schedule; with train.ema its moving average), the task's
+        loss and running metric. The optimiser's variables exist before any restore."""
         self.plan = plan
         self.__dict__.pop("_forward", None)  # a new model: the gathered predict traces it afresh
         self.steps_per_execution = self._steps_per_execution(plan.steps_per_epoch)
         self.model = self._build(self.policy)
-        schedule = learning_rate_schedule(plan.peak_lr, plan.total_steps, plan.warmup_steps, keras.optimizers.schedules)
-        ema = self.cfg.train.ema
-        optimizer = keras.optimizers.Adam(schedule, **({"use_ema": True, "ema_momentum": ema} if ema > 0 else {}))
+        schedule = learning_rate_schedule(plan, keras.optimizers.schedules, keras.ops)
         self.model.compile(
-            optimizer=optimizer,
+            optimizer=keras_optimizer(keras.optimizers, self.cfg.train, schedule),
             loss=plan.task.loss(self.cfg.train.label_smoothing, plan.class_weights, ops=self.ops),
             metrics=[plan.task.running_metric(self.ops)],
             steps_per_execution=self.steps_per_execution,
         )
-        # compile's optimiser: under mixed_float16 the LossScaleOptimizer around Adam, whose scale and counter are
+        # compile's optimiser: under mixed_float16 the LossScaleOptimizer around it, whose scale and counter are
         # variables too; built now, every checkpoint holds them, the first written and the one a resume reads into
         self.model.optimizer.build(self.model.trainable_variables)
 

@@ -77,9 +77,7 @@ class TFBackend:
         tf.keras.utils.set_random_seed(self.cfg.train.seed)  # the head's initial weights, as on the keras_jax route
         with self.strategy.scope():
             self.model = self._build(tf.keras.mixed_precision.global_policy().name)
-            schedule = learning_rate_schedule(
-                plan.peak_lr, plan.total_steps, plan.warmup_steps, tf.keras.optimizers.schedules
-            )
+            schedule = learning_rate_schedule(plan, tf.keras.optimizers.schedules, tf)
             compile_model(self.model, self.cfg.train, plan.task, schedule, plan.class_weights)
             self.model.optimizer.build(self.model.trainable_variables)
             self.epochs_done = tf.Variable(0, dtype=tf.int64, trainable=False, name="epochs_done")

@@ -19,6 +19,7 @@ from types import SimpleNamespace
 
 from common.core.errors import ConfigError, StrategyError, root_cause
 from common.launch.backbones import BACKBONES, check_efficientnet, resolve
+from common.training.backends.base import keras_optimizer
 
 import tensorflow as tf
 
@@ -134,19 +135,11 @@ def build_model(
     return tf.keras.Model(images, predictions, name=f"{model_cfg.backbone}_{activation}")
 
 
-def make_optimizer(train_cfg, lr_schedule) -> tf.keras.optimizers.Optimizer:
-    """Adam; with train.ema > 0 it also keeps the moving average of the weights (tf_keras' own use_ema), which fit
-    swaps into the model when training ends."""
-    if train_cfg.ema > 0:
-        return tf.keras.optimizers.Adam(lr_schedule, use_ema=True, ema_momentum=train_cfg.ema)
-    return tf.keras.optimizers.Adam(lr_schedule)
-
-
 def compile_model(model: tf.keras.Model, train_cfg, task, lr_schedule, class_weights=None) -> None:
     """Optimiser, the task's loss (class-weighted if given) and running metric for Keras fit; call inside
     strategy.scope()."""
     model.compile(
-        optimizer=make_optimizer(train_cfg, lr_schedule),
+        optimizer=keras_optimizer(tf.keras.optimizers, train_cfg, lr_schedule),
         loss=task.loss(train_cfg.label_smoothing, class_weights),
         metrics=[task.running_metric()],
         # Several steps per host round trip: the TPU stays busy instead of waiting for Python.

@@ -32,6 +32,7 @@ from common.training.backends.torch.step import TrainingStep, autocast_dtype, dt
 from common.training.backends.torch_shared.augment import augment_batch
 from common.training.backends.torch_shared.export import export
 from common.training.backends.torch_shared.model import build_timm_model
+from common.training.backends.torch_shared.optimizer import make_optimizer
 from common.training.backends.torch_shared.tensors import HostBatches, average_swapped_in, copy_into, on_cpu
 from common.training.memory import torch_cuda_peak
 
@@ -85,8 +86,8 @@ class TorchBackend:
         return f"{dtype_name(self.autocast)} backbone (autocast), float32 head{scaled}"
 
     def build(self, plan) -> None:
-        """The model on this process's device (channels-last on a GPU, DDP across processes), Adam (the plan's rate
-        set before every step), the loss scale where the backbone computes in float16, the task's loss."""
+        """The model on this process's device (channels-last on a GPU, DDP across processes), train.optimizer (the
+        plan's rate set before every step), the loss scale where the backbone computes in float16, the task's loss."""
         self.plan = plan
         self.steps = 0
         if self.device.type == "cuda":  # a retry after an out of memory: the failed batch's blocks let go first
@@ -104,9 +105,7 @@ class TorchBackend:
             computes = DistributedDataParallel(
                 self.model, device_ids=[self.device] if self.device.type == "cuda" else None, static_graph=True
             )
-        self.optimizer = torch.optim.Adam(
-            [p for p in self.model.parameters() if p.requires_grad], lr=plan.peak_lr, eps=1e-7
-        )
+        self.optimizer = make_optimizer(self.model, self.cfg.train, plan.peak_lr)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.autocast == torch.float16)
         ema = self.cfg.train.ema
         self.average = [p.detach().clone() for p in self.model.parameters()] if ema > 0 else None

@@ -29,6 +29,7 @@ from common.tasks.parts import torch_ops
 from common.training.backends.base import ONE_PROCESS, EpochLoop
 from common.training.backends.torch_shared.export import export
 from common.training.backends.torch_shared.model import build_timm_model
+from common.training.backends.torch_shared.optimizer import first_slots, make_optimizer
 from common.training.backends.torch_shared.tensors import HostBatches, average_swapped_in, copy_into, on_cpu
 from common.training.backends.torch_xla.compiles import (
     cache_hits,
@@ -95,7 +96,7 @@ class TorchXlaBackend:
         )
 
     def build(self, plan) -> None:
-        """The model on the XLA device, Adam (the plan's rate set before every step), the task's loss."""
+        """The model on the XLA device, train.optimizer (the plan's rate set before every step), the task's loss."""
         self.plan = plan
         self.steps = 0
         torch.manual_seed(self.cfg.train.seed)
@@ -103,20 +104,11 @@ class TorchXlaBackend:
             self.cfg.model, plan.outputs, plan.task.activation, torch.bfloat16 if self.autocast else None
         )
         self.model.to(self.device)
-        self.optimizer = torch.optim.Adam(
-            [p for p in self.model.parameters() if p.requires_grad], lr=plan.peak_lr, eps=1e-7
-        )
+        self.optimizer = make_optimizer(self.model, self.cfg.train, plan.peak_lr)
         self.loss = plan.task.loss(self.cfg.train.label_smoothing, plan.class_weights, ops=self.ops)
         ema = self.cfg.train.ema
         self.average = [p.detach().clone() for p in self.model.parameters()] if ema > 0 else None
-        for group in self.optimizer.param_groups:  # Adam's slots now, as its first step would make them
-            for parameter in group["params"]:
-                zeros = torch.zeros_like(parameter, device="cpu")
-                self.optimizer.state[parameter] = {
-                    "step": torch.tensor(0.0),
-                    "exp_avg": zeros.to(self.device),
-                    "exp_avg_sq": zeros.to(self.device),
-                }
+        first_slots(self.optimizer, self.device)
         self._replicate()
         compiled = self.cfg.train.torch_step != "lazy"  # auto: compiled
         self.compiled_step = (
