@@ -192,8 +192,9 @@ def test_two_torchrun_nodes_train_the_planned_steps_resume_after_a_kill_and_expo
     demo_records, tiny_timm_backbone, demo_dir, tmp_path
 ):
     """`tpu2gpu train --processes 2` on the torch route: two torchrun nodes meeting at c10d's rendezvous, DDP over
-    gloo. SIGKILLed (every process of it) once epoch 1 is checkpointed, the same command resumes at epoch 2 and
-    finishes at exactly the planned 12 steps; the export is verified and the TF-only inference kernel scores it."""
+    gloo, SGD with momentum. SIGKILLed (every process of it) once epoch 1 is checkpointed, the same command resumes at
+    epoch 2 and finishes at exactly the planned 12 steps; the export is verified and the TF-only inference kernel
+    scores it."""
     records_dir, _ = demo_records
     out = tmp_path / "train"
     command = [
@@ -204,6 +205,7 @@ def test_two_torchrun_nodes_train_the_planned_steps_resume_after_a_kill_and_expo
         "--processes",
         "2",
         *settings(records_dir, tiny_timm_backbone, out),
+        *set_args("train.optimizer=sgd", "train.learning_rate=0.1"),  # SGD's momentum buffer resumed too
     ]
     progress = out / "work" / "fold0" / "checkpoints" / "progress.json"
     # the launcher, both torchrun agents and their workers (each in a session of its own) killed together
@@ -222,6 +224,7 @@ def test_two_torchrun_nodes_train_the_planned_steps_resume_after_a_kill_and_expo
     assert re.search(r"\[p1\] \[torch\] epoch 3: the step waited for input \d+% of \d+ ms a step", log)
     card = json.loads((out / "export" / "fold0" / "model_card.json").read_text())
     assert card["complete"] and card["metrics"]["optimizer_steps"] == 12
+    assert card["config"]["train"]["optimizer"] == "sgd"
     runtime = card["runtime"]
     assert (runtime["framework"], runtime["processes"], runtime["distribution"], runtime["collectives"]) == (
         "torch",

@@ -109,20 +109,49 @@ def test_every_epoch_ends_at_the_planned_optimiser_step_and_its_pace_leaves_out_
     assert backend.seen[0][1] > 0.1 * plan.peak_lr  # halfway through, the rate is still far from the schedule's end
 
 
-@pytest.mark.parametrize("framework", ["tf_keras", "keras_jax"])
-def test_a_resumed_fold_continues_at_the_planned_step(
-    framework, demo_records, tiny_backbone, tiny_keras_backbone, tmp_path
+def optimizer_state(backend) -> list[np.ndarray]:
+    """The Keras optimiser's variables (its step count, each slot, each weight's), as arrays."""
+    variables = backend.model.optimizer.variables
+    return [np.asarray(v) for v in (variables() if callable(variables) else variables)]
+
+
+@pytest.mark.parametrize(("framework", "optimizer"), [("tf_keras", "sgd"), ("keras_jax", "adamw")])
+def test_a_resumed_fold_continues_at_the_planned_step_with_its_optimisers_state(
+    framework, optimizer, demo_records, tiny_backbone, tiny_keras_backbone, tmp_path
 ):
-    """One epoch, then the same fold resumed for a second: the restored optimiser counts on from 9 to 18."""
-    records_dir, _ = demo_records
-    first, _ = train_counting(
-        fold_settings(framework, 4, tiny_backbone, tiny_keras_backbone, "train.epochs=1"),
-        records_dir,
-        tmp_path / "work",
+    """One epoch, then the same fold resumed for a second: the restored optimiser holds the state the first epoch
+    left (SGD's momentum, AdamW's moments) and counts on from 9 to 18. A run that names another optimiser is one line,
+    and the checkpoint is left as it was."""
+    from common.core.errors import ConfigError
+
+    records_dir, work = demo_records[0], tmp_path / "work"
+    chosen = f"train.optimizer={optimizer}"
+    first, result = train_counting(
+        fold_settings(framework, 4, tiny_backbone, tiny_keras_backbone, "train.epochs=1", chosen), records_dir, work
     )
     assert [steps for steps, _ in first.seen] == [STEPS]
+    left = optimizer_state(first.inner)
+    assert len(left) > 2 and any(np.abs(slot).sum() > 0 for slot in left[1:])  # slots that moved
+    again = start_backend(load_config(None, fold_settings(framework, 4, tiny_backbone, tiny_keras_backbone, chosen)))
+    again.build(result.plan)
+    assert again.restore(work / "checkpoints") == 1
+    restored = optimizer_state(again)
+    assert len(restored) == len(left) and all(np.array_equal(a, b) for a, b in zip(restored, left, strict=True))
+
+    checkpoint = sorted((p.name, p.stat().st_mtime_ns) for p in (work / "checkpoints").rglob("*") if p.is_file())
+    other = "train.optimizer=adam"
+    with pytest.raises(
+        ConfigError,
+        match=rf"holds the state of train.optimizer={optimizer}, and this run sets train.optimizer=adam\. Fix: "
+        rf"--set train.optimizer={optimizer}",
+    ):
+        train_counting(fold_settings(framework, 4, tiny_backbone, tiny_keras_backbone, other), records_dir, work)
+    assert (
+        sorted((p.name, p.stat().st_mtime_ns) for p in (work / "checkpoints").rglob("*") if p.is_file()) == checkpoint
+    )
+
     resumed, result = train_counting(
-        fold_settings(framework, 4, tiny_backbone, tiny_keras_backbone), records_dir, tmp_path / "work"
+        fold_settings(framework, 4, tiny_backbone, tiny_keras_backbone, chosen), records_dir, work
     )
     assert result.epochs_done == EPOCHS
     assert [steps for steps, _ in resumed.seen] == [2 * STEPS]

@@ -236,6 +236,7 @@ def test_a_timm_model_trains_resumes_after_a_kill_and_exports_the_same_contract_
         "train.batch_size_per_replica=16",
         "train.learning_rate=0.01",
         "train.ema=0.9",
+        "train.optimizer=adamw",  # the compiled step's AdamW, its moments checkpointed and resumed
         "train.export_float16=false",
         f"runtime.tfrecords={records_dir}",
         f"runtime.output_dir={out}",
@@ -270,6 +271,7 @@ def test_a_timm_model_trains_resumes_after_a_kill_and_exports_the_same_contract_
 
     card = json.loads((out / "export" / "fold0" / "model_card.json").read_text())
     assert card["complete"] and card["runtime"]["framework"] == "torch_xla"
+    assert (card["config"]["train"]["optimizer"], card["config"]["train"]["weight_decay"]) == ("adamw", 0.05)
     assert card["runtime"]["devices"] == "2 x cpu" and card["runtime"]["torch_xla"].startswith("2.")
     assert card["precision"]["trained"] == {"policy": "float32", "backbone": "float32", "head": "float32"}
     # Checked against a CPU copy of the trained model (plain torch, exact float32); the XLA devices' own float32

@@ -41,7 +41,8 @@ FRAMEWORK_ENV = "TPU2GPU_FRAMEWORK"  # set by the TPU negotiation when it falls 
 
 
 def accelerator_here() -> str:
-    """ "gpu" on a machine with NVIDIA GPUs, "tpu" on a TPU VM, else "cpu" (what train.framework=auto trains on)."""
+    """The accelerator train.framework=auto trains on here: gpu where there are NVIDIA GPUs, tpu on a TPU VM, else
+    cpu."""
     from common.core.platform import has_nvidia_gpu, tpu_hardware_signals
 
     return "gpu" if has_nvidia_gpu() else "tpu" if tpu_hardware_signals() else "cpu"

@@ -27,12 +27,12 @@ def first_slots(optimizer: torch.optim.Optimizer, device) -> None:
     momentum = isinstance(optimizer, torch.optim.SGD)
     for group in optimizer.param_groups:
         for parameter in group["params"]:
-            zeros = torch.zeros_like(parameter, device="cpu")
+            zeros = torch.zeros_like(parameter, device="cpu")  # copied to the device: uploaded, no graph traced
             if momentum:
-                optimizer.state[parameter] = {"momentum_buffer": zeros.to(device)}
+                optimizer.state[parameter] = {"momentum_buffer": zeros.to(device, copy=True)}
             else:
                 optimizer.state[parameter] = {
                     "step": torch.tensor(0.0),
-                    "exp_avg": zeros.to(device),
-                    "exp_avg_sq": zeros.to(device),
+                    "exp_avg": zeros.to(device, copy=True),  # each its own tensor, on the CPU too
+                    "exp_avg_sq": zeros.to(device, copy=True),
                 }
