@@ -295,7 +295,7 @@ def test_an_out_of_memory_in_validation_keeps_the_checkpoints_and_the_rerun_resu
     ), lines[0]
     assert not (tmp_path / "out" / "export" / "fold0").exists()
     progress = tmp_path / "out" / "work" / "fold0" / "checkpoints" / "progress.json"
-    assert json.loads(progress.read_text()) == {"epochs_done": 1}
+    assert json.loads(progress.read_text())["epochs_done"] == 1
     calls.clear()
     assert train_main([*argv, "--set", "train.batch_size_per_replica=16"]) == 0
     assert "[train] resuming from the checkpoint after epoch 1" in capsys.readouterr().out
@@ -372,9 +372,9 @@ def test_torch_xlas_out_of_memory_at_its_first_step_is_one_line_and_the_batch_it
     # The rerun trained its first epoch at the batch the line names, and checkpointed it.
     rerun = run.stdout.split("RERUN train.batch_size_per_replica=8\n", 1)[1]
     assert "global batch 8 (1 replicas), 2 steps/epoch" in rerun, report
-    assert rerun.rstrip().endswith("CHECKPOINTED {'epochs_done': 1}"), report
+    assert rerun.rstrip().endswith("CHECKPOINTED {'epochs_done': 1, 'optimizer': 'adam'}"), report
     progress = tmp_path / "out" / "work" / "fold0" / "checkpoints" / "progress.json"
-    assert json.loads(progress.read_text()) == {"epochs_done": 1}
+    assert json.loads(progress.read_text())["epochs_done"] == 1
 
 
 class Checkpointed(BaseException):
@@ -430,7 +430,7 @@ def test_keras_jax_weighs_its_compiled_step_against_the_device_and_auto_trains_a
     monkeypatch.undo()
     assert f"global batch {2 * fix} (2 replicas)" in capsys.readouterr().out
     progress = tmp_path / "out" / "work" / "fold0" / "checkpoints" / "progress.json"
-    assert json.loads(progress.read_text()) == {"epochs_done": 1}
+    assert json.loads(progress.read_text())["epochs_done"] == 1
 
     auto = settings(demo_records[0], tmp_path / "auto", *model, "train.batch_size_per_replica=auto", "train.epochs=1")
     assert train_main(auto) == 0
