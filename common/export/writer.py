@@ -179,7 +179,7 @@ def device_record(contents: ExportContents, expected: np.ndarray) -> dict:
     difference = scaled_difference(_values(contents.device_outputs, contents.output_scaling), expected)
     print(
         f"[train] the training device's float32 ({contents.device}) is {difference:.1e} from the exact float32 "
-        "the export is checked against: the device's arithmetic, recorded, not checked (docs/training.md, "
+        "the export is checked against: the device's arithmetic, recorded, not checked (docs/internals.md, "
         '"What float32 means where")',
         flush=True,
     )

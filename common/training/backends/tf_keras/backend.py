@@ -52,7 +52,7 @@ HOST = "/job:localhost"  # on a TPU, checkpoints and weights are written through
 class TFBackend:
     name = "tf_keras"
     # Nothing counted or weighed ahead: tf.function traces where it runs, and a TPU compiles inside TensorFlow's
-    # runtime, which has no persistent cache (docs/training.md, Compiling once).
+    # runtime, which has no persistent cache (docs/internals.md, Compiling once).
     abilities = frozenset()
     hosts = ONE_PROCESS  # one host: multi-host training is the keras_jax route's
 
