@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from functools import partial
 from pathlib import Path
 
 from common.launch.routes import ROUTES, Route, framework_choices
@@ -259,3 +260,38 @@ def test_the_input_wait_is_the_share_of_the_steps_time_spent_asking_for_batches(
         now[0] += 1.0
     assert wait.text(4) == "the step waited for input 75% of 4000 ms a step"
     assert wait.text(4) == ""  # the stretch is spent: the next epoch starts its own
+
+
+MISTYPED = {  # route: (settings, names the line must give)
+    "tf_keras": (["model.backbone=efficientnet", "model.efficientnet_variant=B9"], ["B0", "B7"]),
+    "keras_jax": (["model.backbone=efficientnet", "model.efficientnet_variant=V2X"], ["B0", "V2S", "V2L"]),
+    "torch_xla": (["model.backbone=timm", "model.timm_model=resnet5O"], ["resnet50", "efficientnet_b0"]),
+    "torch": (["model.backbone=timm", "model.timm_model=efficientnet-b0"], ["efficientnet_b0", "resnet18"]),
+}
+
+
+@pytest.mark.parametrize("route", sorted(MISTYPED))
+def test_an_unknown_family_or_model_name_is_one_line_naming_the_known_ones_from_build_and_the_training_kernel(
+    route, tmp_path, capsys
+):
+    """Checked where the config is read, before any framework is imported: `tpu2gpu build` and the training kernel
+    each end with exit 2 and one line, which names the mistyped value and the ones the route knows."""
+    from common.core.errors import guarded
+
+    from tpu2gpu.cli import main as cli_main
+    from train_tpu.train import main as train_main
+
+    mistyped, names = MISTYPED[route]
+    for settings, expected in (
+        (["model.backbone=effnet"], ["'effnet'", "'hub'", "'efficientnet'", "'keras'", "'timm'"]),
+        (mistyped, [mistyped[-1].split("=")[1], *names]),
+    ):
+        argv = set_args(f"train.framework={route}", *settings)
+        for entry in (
+            partial(guarded, "train_tpu", train_main, argv),
+            partial(cli_main, ["build", "--out", str(tmp_path / "build"), *argv]),
+        ):
+            assert entry() == 2
+            lines = capsys.readouterr().err.strip().splitlines()
+            assert len(lines) == 1 and all(name in lines[0] for name in expected), (route, lines)
+    assert not (tmp_path / "build").exists()
