@@ -183,21 +183,30 @@ def test_two_processes_train_as_one_process_with_two_devices(one_process, demo_r
         assert not (two / "process1").exists()
 
 
-def test_the_launcher_names_the_first_process_to_fail(demo_records, tiny_keras_backbone, tmp_path):
-    # The tf_keras route refuses a job of several processes, in each process: the launcher names the first to end.
+def test_the_launcher_names_the_first_process_to_fail(demo_records, tiny_keras_backbone, tmp_path, capfd):
+    """The tf_keras route refuses a job of several processes in each process; launched anyway, the launcher names the
+    first to end. `tpu2gpu train --processes 2` refuses it from the route table before any process starts."""
+    from tpu2gpu.launcher import launch
+
     tf_keras = ("train.framework=tf_keras", "model.backbone=efficientnet", "model.efficientnet_weights=none")
-    argv = settings(demo_records[0], tiny_keras_backbone, tmp_path, *tf_keras)
-    run = train(2, argv)
-    assert run.returncode == 2, run.stdout[-3000:]
+    argv = settings(demo_records[0], tiny_keras_backbone, tmp_path, *tf_keras, "runtime.cpu_devices=2")
+    assert launch(argv, 2, 2) == 2
+    out = capfd.readouterr().out
     assert re.search(
         r"\[p[01]\] train_tpu: error: the tf_keras route trains on one host; this job has several "
         r"processes .* Fix: train.framework=keras_jax",
-        run.stdout,
-    ), run.stdout[-3000:]
+        out,
+    ), out[-3000:]
     assert re.search(
-        r"^\[tpu2gpu train\] process [01] of 2 failed first \(exit 2\); the others were stopped", run.stdout, flags=re.M
-    ), run.stdout[-3000:]
+        r"^\[tpu2gpu train\] process [01] of 2 failed first \(exit 2\); the others were stopped", out, flags=re.M
+    ), out[-3000:]
     assert not (tmp_path / "export").exists()
+    run = train(2, argv)
+    assert run.returncode == 2 and "[tpu2gpu train]" not in run.stdout, run.stdout[-3000:]
+    assert run.stderr.strip().splitlines()[-1] == (
+        "tpu2gpu train: error: train.framework=tf_keras drives every device from one process; --processes 2 trains "
+        "across processes. Fix: train.framework=keras_jax or torch, or --processes 1"
+    )
 
 
 @pytest.mark.slow

@@ -43,16 +43,24 @@ def cmd_env(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from common.launch.routes import route_of
+    from common.core.errors import ConfigError
+    from common.launch.routes import ROUTES, route_of
 
     from tpu2gpu.launcher import launch
 
     cfg = config_from_args(args)  # checked here, before any process starts
+    route = route_of(cfg)
+    if args.processes > 1 and route.processes == "one":
+        several = [name for name, other in ROUTES.items() if other.processes != "one"]
+        raise ConfigError(
+            f"train.framework={route.name} drives every device from one process; --processes {args.processes} "
+            f"trains across processes. Fix: train.framework={' or '.join(several)}, or --processes 1"
+        )
     kernel_args = [
         *(["--config", args.config] if args.config else []),
         *[a for s in args.overrides for a in ("--set", s)],
     ]
-    return launch(kernel_args, args.processes, cfg.runtime.cpu_devices, torchrun=route_of(cfg).processes == "per_gpu")
+    return launch(kernel_args, args.processes, cfg.runtime.cpu_devices, torchrun=route.processes == "per_gpu")
 
 
 def cmd_demo_data(args) -> int:
