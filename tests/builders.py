@@ -265,3 +265,13 @@ def verify_batch_difference(python, export: Path) -> float:
 def set_args(*settings: str) -> list[str]:
     """The command line `--set key=value` for each setting, as the kernels' main and the tpu2gpu CLI take them."""
     return [arg for setting in settings for arg in ("--set", setting)]
+
+
+def says(text: str, *parts: str) -> None:
+    """A log line or error message says each of `parts` (the figures, the names, the fix), in this order, whatever
+    words join them: what it must say, not its wording."""
+    at = 0
+    for part in parts:
+        found = text.find(part, at)
+        assert found >= 0, f"{part!r} is not in (or not in order in) the message:\n{text}"
+        at = found + len(part)

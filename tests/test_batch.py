@@ -17,6 +17,8 @@ from common.training.memory import FIRST_STEP, DeviceMemoryError
 
 import pytest
 
+from builders import says
+
 MiB = 2**20
 RECORDS = SimpleNamespace(train_count=4096, val_count=1024, class_names=list("abc"))
 
@@ -108,13 +110,19 @@ def test_a_set_batch_whose_weighed_step_does_not_fit_ends_before_training(unbuil
     fold = fold_batch(WeighingBackend(40 * MiB), "train.batch_size_per_replica=64")
     with pytest.raises(DeviceMemoryError) as raised:
         train_at_fitting_batch(fold, lambda batch, phase: pytest.fail("trained"))
-    assert str(raised.value) == (
-        "fold0, checking the compiled training step's memory: the device ran out of memory: TF Hub "
-        "imagenet21k-b0-feature-vector at 32 px, batch 64 per replica x 2 replica(s) = 128, auto; it needed 74.00 MiB "
-        "where the chip has 40.00 MiB (the compiled training step needs 74.00 MiB, a stub device's own report). Fix: "
-        "--set train.batch_size_per_replica=16 (expected to fit), or train.batch_size_per_replica=auto, or a smaller "
-        "data.image_size or model; the fold's checkpoints are kept, and the same command with the fix resumes from "
-        "them"
+    says(
+        str(raised.value),
+        "fold0",
+        "compiled training step",
+        "out of memory",
+        "imagenet21k-b0-feature-vector at 32 px",
+        "batch 64 per replica x 2 replica(s) = 128",
+        "74.00 MiB",
+        "40.00 MiB",
+        "a stub device's own report",
+        "Fix: --set train.batch_size_per_replica=16",
+        "train.batch_size_per_replica=auto",
+        "checkpoints are kept",
     )
 
 

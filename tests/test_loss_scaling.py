@@ -11,6 +11,8 @@ from common.training.plan import plan_fold
 import numpy as np
 import pytest
 
+from builders import says
+
 pytestmark = pytest.mark.e2e  # each builds and trains a model (seconds), not a unit's decision
 
 
@@ -52,10 +54,16 @@ def test_tf_keras_under_mixed_float16_skips_the_step_whose_gradients_overflow(ti
     assert isinstance(optimizer, tf.keras.mixed_precision.LossScaleOptimizer)
     from common.training.fold import describe_precision
 
-    assert describe_precision(backend, cfg) == (
-        "[train] precision: backbone float32, head float16 (policy mixed_float16; a TF Hub backbone keeps its "
-        "SavedModel's dtypes: it computes at float32 speed on a GPU. For float16: model.backbone=efficientnet, or "
-        "train.framework=keras_jax (a KerasHub preset) or torch (a timm model))"
+    says(
+        describe_precision(backend, cfg),
+        "backbone float32",
+        "head float16",
+        "mixed_float16",
+        "TF Hub",
+        "float32 speed",
+        "model.backbone=efficientnet",
+        "train.framework=keras_jax",
+        "torch",
     )
     optimizer._loss_scale.current_loss_scale.assign(1e30)  # every float16 gradient of the head now overflows
     before = weights_of(model)

@@ -10,6 +10,8 @@ from common.training.plan import describe_executions, needs_train_labels, plan_f
 import numpy as np
 import pytest
 
+from builders import says
+
 
 def records(train: int, classes: list[str]):
     return SimpleNamespace(train_count=train, val_count=train // 4, class_names=classes)
@@ -109,11 +111,7 @@ def test_whole_executions_is_the_largest_divisor_of_the_epoch_not_above_the_sett
 def test_shorter_executions_are_reported_with_the_epoch_that_would_allow_the_setting():
     assert describe_executions(32, 64) is None  # the setting divides the epoch
     assert describe_executions(32, 17) is None  # one execution is the whole epoch
-    assert describe_executions(32, 140) == (
-        "[train] steps per execution: 28, the largest divisor of 140 steps per epoch not above "
-        "train.steps_per_execution=32, so that every epoch trains exactly 140 steps (Keras 3 on JAX finishes each "
-        "execution it starts)"
-    )
+    says(describe_executions(32, 140), "steps per execution: 28", "140 steps per epoch", "train.steps_per_execution=32")
     assert describe_executions(32, 97).endswith(  # a prime epoch: executions of one step
         "steps per execution: 1, the largest divisor of 97 steps per epoch not above train.steps_per_execution=32, "
         "so that every epoch trains exactly 97 steps (Keras 3 on JAX finishes each execution it starts); "

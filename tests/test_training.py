@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from train_tpu.train import main as train_main
 
-from builders import TENSORFLOW_ALONE, kill_after_epochs, set_args
+from builders import TENSORFLOW_ALONE, kill_after_epochs, says, set_args
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -198,10 +198,8 @@ def test_fold_estimates_come_from_the_last_fold_scaled_to_the_schedule():
     assert export_reserve_seconds(timing, 5) == 50 and export_reserve_seconds(None, 5) == 300
     assert should_start(1, 730.0, 729.5) == (True, "")
     start, why = should_start(2, 600.0, 729.5)
-    assert not start and why == (
-        "[train] time budget: 10.0 min left, fold 2 needs about 12.2 min (the last fold's "
-        "epochs and export, or train.fold_minutes): fold 2 not started"
-    )
+    assert not start
+    says(why, "time budget", "10.0 min left", "fold 2", "12.2 min", "train.fold_minutes", "fold 2 not started")
 
 
 def test_the_budget_cuts_only_an_epoch_that_has_a_next_one():
@@ -211,10 +209,7 @@ def test_the_budget_cuts_only_an_epoch_that_has_a_next_one():
     assert cuts_after(1, 2, now, 60.0, deadline=now + 59)  # one more epoch would end past the deadline
     assert not cuts_after(2, 2, now, 60.0, deadline=now + 59)  # after the last planned epoch nothing is cut
     assert not cuts_after(1, 2, now, 60.0, deadline=now + 60)  # it ends exactly at the deadline: it fits
-    assert cut_message(1, 59.4, 60.2) == (
-        "[train] time budget: 59 s left before the export, an epoch takes 60 s: "
-        "stopping after epoch 1 (the budget cuts this fold)"
-    )
+    says(cut_message(1, 59.4, 60.2), "time budget", "59 s left", "60 s", "stopping after epoch 1")
 
 
 @pytest.mark.e2e
