@@ -15,7 +15,16 @@ import pytest
 from tpu2gpu.cli import main as cli_main
 from train_tpu.train import main as train_main
 
-from builders import image_bytes, plant_competitions, read_csv, read_records, run_inference_kernels, set_args, write_csv
+from builders import (
+    image_bytes,
+    plant_competitions,
+    read_csv,
+    read_records,
+    run_inference_kernels,
+    says,
+    set_args,
+    write_csv,
+)
 
 PLANT_SETTINGS = ["data.id_column=file", "data.label_column=species"]
 
@@ -129,15 +138,16 @@ def test_every_bad_entry_of_the_class_folders_is_named_in_one_error_and_nothing_
     out = tmp_path / "out"
     with pytest.raises(DataError) as err:
         convert_competition(comp, out, load_config(None, PLANT_SETTINGS).data)
-    assert str(err.value) == (
-        "train/ (one folder per class) has 6 bad entries, found in one pass before any image was read:\n"
-        "  1 x folder inside a class folder: train/Charlock/nested/\n"
-        "  1 x class folder without an image: train/Fat Hen/\n"
-        "  1 x the same file name in two class folders: a.png in 'Loose Silky-bent' and 'Maize'\n"
-        "  1 x not a .jpg/.jpeg/.png image: train/Maize/readme.txt\n"
-        "  2 x file beside the class folders: train/notes.txt, train/stray.png\n"
-        "Fix: put every image in the folder of its class under train/, remove the other files and the empty folders, "
-        "and rename one of two images of one name"
+    says(
+        str(err.value),
+        "train/",
+        "6 bad entries",
+        "1 x folder inside a class folder: train/Charlock/nested/",
+        "1 x class folder without an image: train/Fat Hen/",
+        "a.png in 'Loose Silky-bent' and 'Maize'",
+        "train/Maize/readme.txt",
+        "2 x file beside the class folders: train/notes.txt, train/stray.png",
+        "Fix:",
     )
     assert not out.exists() and not list(tmp_path.glob(".out*"))
 
