@@ -15,6 +15,8 @@ from common.core.errors import ConfigError, root_cause
 
 import pytest
 
+from builders import says
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -112,11 +114,14 @@ def test_import_keras_hub_failing_with_recursion_oserror_or_a_missing_companion_
         "keras_hub` failed"
     )
     recursion = one_line(product_line(tmp_path, "sys.modules['tf_keras'] = None  # not installed"))
-    assert recursion == (
-        f"train: error: {preset} in keras_hub -> tensorflow_text -> tensorflow (RecursionError): "
-        "TF_USE_LEGACY_KERAS=1 makes tf.keras mean tf_keras, which is not installed, and "
-        "tensorflow_text imports tf.keras. Fix: pip install 'tf-keras~=2.21.0'"
-    ), recursion
+    says(
+        recursion,
+        "train: error: ",
+        preset,
+        "keras_hub -> tensorflow_text -> tensorflow (RecursionError)",
+        "TF_USE_LEGACY_KERAS=1",
+        "Fix: pip install 'tf-keras~=2.21.0'",
+    )
 
     site = tmp_path / "broken" / "site-packages"
     broken_text = fake_package(
@@ -125,18 +130,17 @@ def test_import_keras_hub_failing_with_recursion_oserror_or_a_missing_companion_
         "raise OSError('/usr/lib/tensorflow_text/_ops.so: undefined symbol: _ZN10tensorflow8OpKernel')\n",
     )
     mismatched = one_line(product_line(tmp_path, broken_text))
-    assert mismatched == (
-        f"train: error: {preset} in keras_hub -> tensorflow_text (OSError: "
-        "/usr/lib/tensorflow_text/_ops.so: undefined symbol: _ZN10tensorflow8OpKernel): a broken or "
-        "mismatched install. Fix: pip install --force-reinstall tensorflow-text at the version the "
-        "others need (`pip check` names the mismatch), or pip uninstall tensorflow-text if keras_hub "
-        "works without it"
-    ), mismatched
+    says(
+        mismatched,
+        "train: error: ",
+        preset,
+        "keras_hub -> tensorflow_text (OSError: /usr/lib/tensorflow_text/_ops.so: undefined symbol",
+        "Fix: pip install --force-reinstall tensorflow-text",
+        "pip uninstall tensorflow-text",
+    )
 
     missing = one_line(product_line(tmp_path, "sys.modules['regex'] = None  # not installed"))
-    assert missing == (
-        f"train: error: {preset}: keras_hub imports regex, which is not installed. Fix: pip install regex"
-    ), missing
+    says(missing, "train: error: ", preset, "regex", "not installed", "Fix: pip install regex")
 
 
 def test_a_package_that_is_not_installed_is_named_with_its_pip_name():
