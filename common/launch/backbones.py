@@ -49,6 +49,7 @@ def check_nothing(model_cfg, route: str) -> None:
 
 
 def check_efficientnet(model_cfg, route: str) -> None:
+    """An EfficientNet variant and named weights the route's builder has (a weights file is checked when loaded)."""
     variants, weights = EFFICIENTNET_VARIANTS[route], model_cfg.efficientnet_weights
     if model_cfg.efficientnet_variant.upper() not in variants:
         raise ConfigError(
