@@ -34,6 +34,7 @@ trains the same timm model with plain PyTorch, the route Kaggle's GPU T4 x2 take
 trains with 2 processes on 127.0.0.1, one CPU device each, as the hosts of a pod slice would (`tpu2gpu train
 --processes 2`, docs/beyond-kaggle.md), on the one-process demo's global batch; the card records the processes.
 `--framework torch --processes 2` does the same with two torchrun nodes and DistributedDataParallel over gloo.
+`--set KEY=VALUE` (repeatable) sets a config key over the demo's own, e.g. `--set train.optimizer=adamw`.
 Every step writes through a hidden temporary name, so an interrupted run leaves nothing that looks complete.
 """
 
