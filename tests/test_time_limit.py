@@ -320,7 +320,9 @@ def test_a_code_competition_rerun_sheds_views_to_end_within_the_limit_and_a_limi
     report = "\n".join(time_lines(run)) + "\n" + json.dumps(record, indent=1)[:3000]
     assert record["within_limit"] and record["finished_at_seconds"] <= 2 * planned, report
     assert wall < 2 * planned * 1.05, (wall, report)
-    assert record["projection"]["ends_at_seconds"] > planned, report  # the whole ensemble would not end in time
+    # The whole ensemble would not end in time: each shedding followed a projection past the plan (the first one's, or
+    # a later one's where the host's pace fell during the run; this host's pace moves from run to run).
+    assert record["shed"] and all(step["projected_seconds"] > planned for step in record["shed"]), report
     shed = [what for step in record["shed"] for what in step["what"]]
     assert shed[:6] == SHED_VIEWS[: len(shed)] and shed, report  # views first, the last configured first
     ran = {(u["member"], u["view"]): u for u in record["units"]}
