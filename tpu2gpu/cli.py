@@ -44,14 +44,14 @@ def cmd_env(args) -> int:
 
 def cmd_train(args) -> int:
     from common.core.errors import ConfigError
-    from common.launch.routes import ROUTES, route_of
+    from common.launch.routes import route_names, route_of
 
     from tpu2gpu.launcher import launch
 
     cfg = config_from_args(args)  # checked here, before any process starts
     route = route_of(cfg)
     if args.processes > 1 and route.processes == "one":
-        several = [name for name, other in ROUTES.items() if other.processes != "one"]
+        several = route_names(lambda other: other.processes != "one")
         raise ConfigError(
             f"train.framework={route.name} drives every device from one process; --processes {args.processes} "
             f"trains across processes. Fix: train.framework={' or '.join(several)}, or --processes 1"

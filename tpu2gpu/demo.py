@@ -55,7 +55,7 @@ from common.core.children import BLOCKED_IN_CHECK
 from common.core.config import load_config
 from common.core.errors import UserError, run_entry
 from common.launch.backbones import BACKBONES, resolve
-from common.launch.routes import ROUTES
+from common.launch.routes import ROUTES, route_names
 
 CONFIG = Path("configs/demo.yaml")
 DEMO_ROOT = Path("runs/demo")
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         "on 127.0.0.1, as the hosts of a pod slice or GPU nodes would (runs/demo-<framework>-<N>proc)",
     )
     args = parser.parse_args(argv)
-    several = [name for name, route in ROUTES.items() if route.processes != "one"]
+    several = route_names(lambda route: route.processes != "one")
     if args.processes > 1 and args.framework not in several:
         parser.error(
             f"--processes trains across processes on the {' and '.join(several)} routes: add --framework "

@@ -10,7 +10,7 @@ from pathlib import Path
 from common.core.config import Config
 from common.launch.backbones import BACKBONES, resolve
 from common.launch.negotiation import parse_candidates
-from common.launch.routes import ROUTES, route_of
+from common.launch.routes import ROUTES, route_names, route_of
 from common.launch.tpu_stack import TpuStackError
 
 TPU_SHAPES = ("TpuV38", "Tpu1VmV38", "TpuV5E8", "TpuV6E8")
@@ -166,11 +166,7 @@ def _accelerator_problems(cfg: Config) -> list[str]:
     accelerator = "tpu" if shape in TPU_SHAPES else "gpu"
     if cfg.train.framework == "auto" or accelerator in route.accelerators:
         return []
-    takers = [
-        name
-        for name, other in ROUTES.items()
-        if accelerator in other.accelerators and cfg.model.backbone in other.backbones
-    ]
+    takers = route_names(lambda other: accelerator in other.accelerators and cfg.model.backbone in other.backbones)
     return [
         f"train.framework={route.name} on kaggle.train_accelerator={shape}: it trains on "
         f"{' and '.join(a.upper() for a in route.accelerators)}, not this {accelerator.upper()}. Fix: "

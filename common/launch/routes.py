@@ -288,6 +288,11 @@ def framework_choices() -> tuple[str, ...]:
     return ("auto", *ROUTES)
 
 
+def route_names(wanted: Callable[[Route], bool]) -> list[str]:
+    """The names of the routes that `wanted` accepts, in the table's order (what an error names as the fix)."""
+    return [name for name, route in ROUTES.items() if wanted(route)]
+
+
 def route_of(cfg: Config, environ=None) -> Route:
     """The route this run takes (chosen_framework's)."""
     return ROUTES[chosen_framework(cfg, environ)]
@@ -298,7 +303,7 @@ def check_backbone(cfg: Config) -> None:
     kernel nor `tpu2gpu build` goes on."""
     model, route = cfg.model, route_of(cfg)
     if model.backbone not in route.backbones:
-        takers = [name for name, other in ROUTES.items() if model.backbone in other.backbones]
+        takers = route_names(lambda other: model.backbone in other.backbones)
         raise ConfigError(
             f"model.backbone={model.backbone} is not trained by train.framework={route.name} (it trains "
             f"{list(route.backbones)}). Fix: train.framework={' or '.join(takers)}, or another model.backbone"
@@ -310,7 +315,7 @@ def check_device_augmentation(cfg: Config) -> None:
     """data.augment_on=device is for the routes whose step augments the batch on the accelerator."""
     route = route_of(cfg)
     if cfg.data.augment_on == "device" and not route.device_augment:
-        able = [name for name, other in ROUTES.items() if other.device_augment]
+        able = route_names(lambda other: other.device_augment)
         raise ConfigError(
             f"data.augment_on=device augments the batch inside the training step on the accelerator, which "
             f"train.framework={route.name} does not; it augments on the host. Fix: data.augment_on=host, or "
