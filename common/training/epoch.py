@@ -34,7 +34,7 @@ from common.training.plan import FoldPlan
 
 import numpy as np
 
-PROGRESS_NAME = "progress.json"  # {"epochs_done": n}, written after each checkpoint
+PROGRESS_NAME = "progress.json"  # {"epochs_done": n, "optimizer": name}, written after each checkpoint
 CHECKPOINT_MARKER = f"checkpoints/{PROGRESS_NAME}"  # in a fold's work folder: its checkpoint is complete
 BEST_NAME = "best.json"  # {"epoch", "value"} of the best epoch so far
 
@@ -64,24 +64,30 @@ class FoldWork:
     checkpointed: Callable[[], None] = lambda: None
 
 
+def checkpoint_progress(work_dir: Path) -> dict | None:
+    """A fold's checkpoint's progress.json ({"epochs_done", "optimizer"}), None where it has no complete checkpoint."""
+    progress = Path(work_dir) / CHECKPOINT_MARKER
+    return json.loads(progress.read_text()) if progress.is_file() else None
+
+
 def check_resumable(cfg: Config, work_dir: Path) -> None:
     """A fold's checkpoint holds its optimiser's state: a run that names another train.optimizer cannot continue it,
-    and is told so before anything is restored or written (a checkpoint without the name is Adam's, the only one
-    there was)."""
-    progress = Path(work_dir) / CHECKPOINT_MARKER
-    saved = json.loads(progress.read_text()).get("optimizer", "adam") if progress.is_file() else cfg.train.optimizer
+    and is told so before anything is built, restored or written (a checkpoint without the name is Adam's, the only
+    one there was)."""
+    progress = checkpoint_progress(work_dir)
+    saved = progress.get("optimizer", "adam") if progress else cfg.train.optimizer
     if saved != cfg.train.optimizer:
         raise ConfigError(
-            f"the checkpoint in {progress.parent} holds the state of train.optimizer={saved}, and this run sets "
-            f"train.optimizer={cfg.train.optimizer}. Fix: --set train.optimizer={saved} to continue it, or another "
-            "runtime.output_dir to start the fold afresh"
+            f"the checkpoint in {(Path(work_dir) / CHECKPOINT_MARKER).parent} holds the state of "
+            f"train.optimizer={saved}, and this run sets train.optimizer={cfg.train.optimizer}. Fix: --set "
+            f"train.optimizer={saved} to continue it, or another runtime.output_dir to start the fold afresh"
         )
 
 
 def epochs_checkpointed(work_dir: Path) -> int:
     """Epochs a fold's checkpoint already holds (its progress.json), so a resumed fold is planned for the rest."""
-    progress = Path(work_dir) / CHECKPOINT_MARKER
-    return int(json.loads(progress.read_text())["epochs_done"]) if progress.is_file() else 0
+    progress = checkpoint_progress(work_dir)
+    return int(progress["epochs_done"]) if progress else 0
 
 
 class EpochMonitor:

@@ -93,6 +93,7 @@ def train_fold(
     """Plan, build (and resume), fit and finish one fold at the batch batch.py decides. Checkpoints live in work_dir;
     `checkpointed` follows each."""
     work_dir = Path(work_dir)
+    check_resumable(cfg, work_dir)
     (work_dir / "best").mkdir(parents=True, exist_ok=True)
     run = FoldRun(cfg, backend, records, work_dir, deadline, checkpointed, compiled_so_far(backend))
     fold = FoldBatch.of(cfg, backend, records, work_dir.name)
@@ -132,7 +133,6 @@ def _train_built_fold(run: FoldRun, batch: Batch, phase: Phase) -> FoldResult:
     backend.build(plan)
     monitor = None
     try:
-        check_resumable(cfg, work_dir)
         initial_epoch = backend.restore(work_dir / "checkpoints")
         print(describe_precision(backend, cfg), flush=True)
         if initial_epoch:
