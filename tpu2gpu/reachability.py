@@ -35,14 +35,6 @@ def keras_problems(cfg: Config) -> list[str]:
     ]
 
 
-def efficientnet_problems(cfg: Config) -> list[str]:
-    return _weights_problems(cfg.model.efficientnet_weights, cfg.kaggle.train_internet)
-
-
-def timm_problems(cfg: Config) -> list[str]:
-    return _timm_problems(cfg.model, cfg.kaggle.train_internet)
-
-
 def hub_problems(cfg: Config) -> list[str]:
     """model.hub_handle: a TF Hub / Kaggle Models handle the kernel must reach offline or download."""
     k = cfg.kaggle
@@ -75,8 +67,9 @@ def hub_problems(cfg: Config) -> list[str]:
     ]
 
 
-def _timm_problems(model, internet: bool) -> list[str]:
+def timm_problems(cfg: Config) -> list[str]:
     """model.timm_model: a folder in an attached input, or a name whose pretrained weights timm downloads."""
+    model, internet = cfg.model, cfg.kaggle.train_internet
     name = model.timm_model
     if "/" in name:
         if name.startswith("/kaggle/input/"):
@@ -96,8 +89,9 @@ def _timm_problems(model, internet: bool) -> list[str]:
     return []
 
 
-def _weights_problems(weights: str, internet: bool) -> list[str]:
+def efficientnet_problems(cfg: Config) -> list[str]:
     """model.efficientnet_weights: downloaded (needs the internet), none, or a file in an attached input."""
+    weights, internet = cfg.model.efficientnet_weights, cfg.kaggle.train_internet
     if weights in ("imagenet", "noisy-student"):
         if not internet:
             return [
