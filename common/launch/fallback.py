@@ -43,9 +43,10 @@ def fallback_blocked(cfg: Config) -> str:
 
     if cfg.train.framework != "auto":
         return f"train.framework={cfg.train.framework} asks for TensorFlow"
-    fallback = ROUTES.get(route_of(cfg).fallback)
+    route = route_of(cfg)
+    fallback = ROUTES.get(route.fallback)
     if fallback is None:
-        return f"train.framework={route_of(cfg).name} has no other route on a TPU"
+        return f"train.framework={route.name} has no other route on a TPU"
     if cfg.model.backbone not in fallback.backbones:
         return f"model.backbone={cfg.model.backbone} has no Keras 3 form"
     missing = fallback.missing()
