@@ -49,12 +49,16 @@ def check_nothing(model_cfg, route: str) -> None:
 
 
 def check_efficientnet(model_cfg, route: str) -> None:
+    check_efficientnet_names(model_cfg.efficientnet_variant, model_cfg.efficientnet_weights, route)
+
+
+def check_efficientnet_names(variant: str, weights: str, route: str) -> None:
     """An EfficientNet variant and named weights the route's builder has (a weights file is checked when loaded)."""
-    variants, weights = EFFICIENTNET_VARIANTS[route], model_cfg.efficientnet_weights
-    if model_cfg.efficientnet_variant.upper() not in variants:
+    variants = EFFICIENTNET_VARIANTS[route]
+    if variant.upper() not in variants:
         raise ConfigError(
-            f"model.efficientnet_variant={model_cfg.efficientnet_variant!r} is not an EfficientNet that "
-            f"train.framework={route} builds: {', '.join(variants)}"
+            f"model.efficientnet_variant={variant!r} is not an EfficientNet that train.framework={route} builds: "
+            f"{', '.join(variants)}"
         )
     known = EFFICIENTNET_WEIGHTS[route]
     named = weights.lower() in {w for names in EFFICIENTNET_WEIGHTS.values() for w in names} or not weights

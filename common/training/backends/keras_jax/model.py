@@ -22,11 +22,10 @@ import io
 import json
 import math
 from pathlib import Path
-from types import SimpleNamespace
 
 from common.core.errors import ConfigError, root_cause
 from common.core.packages import optional_import
-from common.launch.backbones import BACKBONES, check_efficientnet, resolve
+from common.launch.backbones import BACKBONES, check_efficientnet_names, resolve
 
 
 @contextlib.contextmanager
@@ -89,7 +88,7 @@ def efficientnet_backbone(variant: str, weights: str, image_size: int):
     """keras.applications' EfficientNet, global-average-pooled: 0..255 float pixels in, features out."""
     import keras
 
-    check_efficientnet(SimpleNamespace(efficientnet_variant=variant, efficientnet_weights=weights), "keras_jax")
+    check_efficientnet_names(variant, weights, "keras_jax")
     name = f"EfficientNet{variant.upper()}"  # keras.applications' names: EfficientNetB0, EfficientNetV2S
     weights_arg = _weights(weights)
     try:

@@ -15,10 +15,9 @@ and the loss stay numerically safe.
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 from common.core.errors import ConfigError, StrategyError, root_cause
-from common.launch.backbones import BACKBONES, check_efficientnet, resolve
+from common.launch.backbones import BACKBONES, check_efficientnet_names, resolve
 from common.training.backends.base import keras_optimizer
 
 import tensorflow as tf
@@ -78,7 +77,7 @@ def efficientnet_backbone(variant: str, weights: str, image_size: int, trainable
     """EfficientNet B0-B7 from the `efficientnet` package (tf_keras), global-average-pooled features."""
     import efficientnet.tfkeras as efn
 
-    check_efficientnet(SimpleNamespace(efficientnet_variant=variant, efficientnet_weights=weights), "tf_keras")
+    check_efficientnet_names(variant, weights, "tf_keras")
     weights_arg = None if weights.lower() in ("", "none") else weights
     if weights_arg not in (None, "imagenet", "noisy-student") and not Path(weights_arg).is_file():
         raise ConfigError(
