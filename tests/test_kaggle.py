@@ -13,7 +13,7 @@ import pytest
 from tpu2gpu import workflow
 from tpu2gpu.build import MetadataError, build
 
-from builders import read_csv, set_args
+from builders import read_csv, says, set_args
 from fake_kaggle import MODEL_HANDLE, PROJECT, KaggleRecorder, offline
 from fake_tpu import FAKE_TPU_PINS, tpu_wheels
 
@@ -292,40 +292,46 @@ def test_publish_wheels_creates_then_versions_the_wheels_dataset(tmp_path, recor
 
 @pytest.mark.e2e
 @pytest.mark.parametrize(
-    ("override", "message"),
+    ("override", "parts"),
     [
-        ("kaggle.train_title=abc", "title: 'abc' is under 5 characters"),
-        ("kaggle.train_title=My Training Run", "title: 'My Training Run' slugifies to 'my-training-run', not the slug"),
-        ("kaggle.dataset_sources=[just-a-slug]", "dataset_sources: 'just-a-slug' is malformed"),
+        ("kaggle.train_title=abc", ("title: 'abc'", "5 characters")),
+        ("kaggle.train_title=My Training Run", ("title: 'My Training Run'", "'my-training-run'", "'tpu2gpu-train'")),
+        ("kaggle.dataset_sources=[just-a-slug]", ("dataset_sources: 'just-a-slug'", "malformed")),
         (
             f"kaggle.model_sources=[google/efficientnet/tensorflow2,{MODEL_HANDLE}]",
-            "model_sources: "
-            "'google/efficientnet/tensorflow2' is malformed; it must be 'owner/model/framework/variation/version'",
+            ("model_sources: ", "'google/efficientnet/tensorflow2'", "'owner/model/framework/variation/version'"),
         ),
-        (f"kaggle.model_sources=[google/efficientnet/tensorflow2/b0/latest,{MODEL_HANDLE}]", "with an integer version"),
-        ("kaggle.infer_internet=true", "enable_internet: true on the inference kernel of a code competition"),
-        ("kaggle.owner=", "id: '/tpu2gpu-train' must be 'owner/slug'"),
-        ("kaggle.train_accelerator=TPU", "machine_shape: 'TPU' is not one of"),
+        (
+            f"kaggle.model_sources=[google/efficientnet/tensorflow2/b0/latest,{MODEL_HANDLE}]",
+            ("model_sources: ", "'google/efficientnet/tensorflow2/b0/latest'", "integer version"),
+        ),
+        ("kaggle.infer_internet=true", ("enable_internet: true", "inference kernel", "code competition")),
+        ("kaggle.owner=", ("id: '/tpu2gpu-train'", "'owner/slug'")),
+        ("kaggle.train_accelerator=TPU", ("machine_shape: 'TPU'", "not one of")),
         (
             "kaggle.train_accelerator=NvidiaTeslaP100",
-            "kaggle.train_accelerator=NvidiaTeslaP100: Kaggle's image no longer "
-            "runs on a P100 (its PyTorch is built without sm_60: the first CUDA op fails with "
-            "cudaErrorNoKernelImageForDevice, kaggle-cli #1151), and P100s are being phased out. Fix: "
-            "kaggle.train_accelerator=NvidiaTeslaT4 (GPU T4 x2)",
+            (
+                "kaggle.train_accelerator=NvidiaTeslaP100",
+                "P100",
+                "sm_60",
+                "cudaErrorNoKernelImageForDevice",
+                "kaggle-cli #1151",
+                "Fix: kaggle.train_accelerator=NvidiaTeslaT4",
+            ),
         ),
         (
             "kaggle.infer_accelerator=NvidiaTeslaP100",
-            "kaggle.infer_accelerator=NvidiaTeslaP100: Kaggle's image no longer runs on a P100",
+            ("kaggle.infer_accelerator=NvidiaTeslaP100", "P100", "Fix: kaggle.infer_accelerator=NvidiaTeslaT4"),
         ),
-        ("kaggle.dataset_title=model", "dataset title: 'model' must be 6-50 characters"),
+        ("kaggle.dataset_title=model", ("dataset title: 'model'", "6-50 characters")),
     ],
 )
-def test_metadata_errors_at_build_time(tmp_path, override, message):
+def test_metadata_errors_at_build_time(tmp_path, override, parts):
     good = build(load_config(None, PROJECT), tmp_path / "build")
     before = {p: p.read_bytes() for p in good["train"].parent.rglob("*") if p.is_file()}
     with pytest.raises(MetadataError) as err:
         build(load_config(None, [*PROJECT, override]), tmp_path / "build")
-    assert message in str(err.value)
+    says(str(err.value), *parts)
     after = {p: p.read_bytes() for p in good["train"].parent.rglob("*") if p.is_file()}
     assert after == before  # the previous build is untouched
     assert not list(tmp_path.glob(".build.*"))
@@ -337,18 +343,28 @@ DEFAULT_HANDLE = "https://www.kaggle.com/models/google/efficientnet-v2/TensorFlo
 def test_the_default_config_does_not_buildoffline(tmp_path):
     with pytest.raises(MetadataError) as err:
         build(load_config(None, ["kaggle.owner=tester"]), tmp_path / "build")
-    problems = str(err.value).split("\n- ")[1:]
-    assert problems == [
-        f"model.hub_handle='{DEFAULT_HANDLE}' is not in kaggle.model_sources [] and kaggle.train_internet is false, so "
-        "the kernel could not load it. Fix: add 'google/efficientnet-v2/TensorFlow2/imagenet21k-b0-feature-vector/1' "
-        "to kaggle.model_sources (or set kaggle.train_internet=true)",
-        "no training data: set kaggle.competition (the competition's data), runtime.tfrecords or "
-        "runtime.competition_dir to an input attached to the training kernel",
-        "the training kernel runs on a TPU (kaggle.train_accelerator=TpuV5E8), whose Kaggle image has no TPU build of "
-        "TensorFlow, and has no way to install one. Fix: attach the TPU stack's wheels (`tpu2gpu wheels`, `tpu2gpu "
-        "publish-wheels`, then kaggle.tpu_wheels=<its slug>) or set kaggle.train_internet=true; if the image already "
-        "has a TPU build, kaggle.tpu_runtime=image",
-    ]
+    handle, data, tpu = str(err.value).split("\n- ")[1:]
+    says(
+        handle,
+        f"model.hub_handle='{DEFAULT_HANDLE}'",
+        "kaggle.model_sources []",
+        "kaggle.train_internet",
+        "Fix: add 'google/efficientnet-v2/TensorFlow2/imagenet21k-b0-feature-vector/1' to kaggle.model_sources",
+        "kaggle.train_internet=true",
+    )
+    says(data, "no training data", "kaggle.competition", "runtime.tfrecords", "runtime.competition_dir")
+    says(
+        tpu,
+        "TPU",
+        "kaggle.train_accelerator=TpuV5E8",
+        "no TPU build of TensorFlow",
+        "Fix:",
+        "`tpu2gpu wheels`",
+        "`tpu2gpu publish-wheels`",
+        "kaggle.tpu_wheels=<its slug>",
+        "kaggle.train_internet=true",
+        "kaggle.tpu_runtime=image",
+    )
     assert not (tmp_path / "build").exists()
 
 
@@ -357,38 +373,60 @@ def test_the_default_config_does_not_buildoffline(tmp_path):
     [
         (
             ["model.hub_handle=runs/demo/backbone"],
-            "model.hub_handle='runs/demo/backbone' is a local path, which does not exist on Kaggle",
+            ("model.hub_handle='runs/demo/backbone'", "local path", "Fix:", "kaggle.model_sources"),
         ),
         (
             ["model.hub_handle=https://tfhub.dev/google/efficientnet/b0/feature-vector/1"],
-            "is downloaded at run time, but kaggle.train_internet is false. Fix: use the model's Kaggle Models handle",
+            (
+                "model.hub_handle='https://tfhub.dev/google/efficientnet/b0/feature-vector/1'",
+                "downloaded at run time",
+                "kaggle.train_internet",
+                "Fix:",
+                "Kaggle Models handle",
+                "kaggle.model_sources",
+            ),
         ),
-        (["model.backbone=efficientnet"], "model.efficientnet_weights='imagenet' is downloaded at run time"),
+        (
+            ["model.backbone=efficientnet"],
+            ("model.efficientnet_weights='imagenet'", "downloaded at run time", "Fix: set kaggle.train_internet=true"),
+        ),
         (
             ["model.backbone=efficientnet", "model.efficientnet_weights=weights/b0.h5"],
-            "model.efficientnet_weights='weights/b0.h5' is a local file",
+            ("model.efficientnet_weights='weights/b0.h5'", "local file", "Fix:", "/kaggle/input/"),
         ),
         (
             ["runtime.tfrecords=runs/demo/tfrecords"],
-            "runtime.tfrecords='runs/demo/tfrecords' is not attached to the training kernel",
+            ("runtime.tfrecords='runs/demo/tfrecords'", "not attached", "Fix:", "kaggle.competition"),
         ),
-        (["kaggle.tpu_wheels="], "has no way to install one"),
+        (
+            ["kaggle.tpu_wheels="],
+            ("kaggle.train_accelerator=TpuV5E8", "no way to install", "Fix:", "kaggle.tpu_wheels"),
+        ),
         (
             ["kaggle.train_accelerator=NvidiaTeslaT4", *TIMM, "train.framework=torch_xla"],
-            "train.framework=torch_xla on kaggle.train_accelerator=NvidiaTeslaT4: it trains on TPU and CPU, not "
-            "this GPU. Fix: train.framework=torch or auto",
+            (
+                "train.framework=torch_xla",
+                "kaggle.train_accelerator=NvidiaTeslaT4",
+                "TPU and CPU",
+                "Fix: train.framework=torch or auto",
+            ),
         ),
         (
             [*TIMM, "train.framework=torch"],
-            "train.framework=torch on kaggle.train_accelerator=TpuV5E8: it trains on GPU and CPU, not this TPU. "
-            "Fix: train.framework=torch_xla or auto",
+            (
+                "train.framework=torch",
+                "kaggle.train_accelerator=TpuV5E8",
+                "GPU and CPU",
+                "Fix: train.framework=torch_xla or auto",
+            ),
         ),
     ],
 )
 def test_build_refuses_what_the_training_kernel_could_not_reach(tmp_path, overrides, problem):
     with pytest.raises(MetadataError, match="the training kernel could not run on Kaggle") as err:
         build(load_config(None, [*PROJECT, *overrides]), tmp_path / "build")
-    assert problem in str(err.value) and str(err.value).count("\n- ") == 1
+    says(str(err.value), *problem)
+    assert str(err.value).count("\n- ") == 1
 
 
 @pytest.mark.e2e
@@ -461,7 +499,7 @@ def test_flowers_config_builds_and_the_demo_build_says_what_it_is(tmp_path, caps
     ]
     build(load_config("configs/demo.yaml"), tmp_path / "demo", demo=True)
     out = capsys.readouterr().out
-    assert f"[build] demo build in {tmp_path / 'demo'}: for reading, not for pushing" in out
+    says(out, "[build] demo build", str(tmp_path / "demo"), "not for pushing")
     assert "model.hub_handle='runs/demo/backbone' is a local path" in out
     with pytest.raises(MetadataError, match="is a local path"):
         build(load_config("configs/demo.yaml"), tmp_path / "demo2")
@@ -582,7 +620,7 @@ def test_verify_export_before_publishing(trained_export, tmp_path, capsys):
     from tpu2gpu.cli import main
 
     assert main(["verify-export", "--export", str(trained_export)]) == 0
-    assert "fold0: complete, multiclass, 10 classes, 16 px, macro_f1 " in capsys.readouterr().out
+    says(capsys.readouterr().out, "fold0", "complete", "multiclass", "10 classes", "16 px", "macro_f1")
     broken = tmp_path / "export"
     shutil.copytree(trained_export, broken)
     card = json.loads((broken / "fold0" / "model_card.json").read_text())

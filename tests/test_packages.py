@@ -178,7 +178,10 @@ def test_a_preset_keras_cannot_rebuild_names_the_innermost_cause(real_weights, t
     with pytest.raises(ConfigError) as raised:
         build_keras_model(cfg.model, 4, 32)
     line = str(raised.value)
-    assert (
-        f"model.keras_backbone='{folder}' could not be loaded as a KerasHub image preset (TypeError: 'NoneType' "
-        "object is not iterable). Fix: attach the whole preset folder" in line
-    ), line
+    says(
+        line,
+        f"model.keras_backbone='{folder}'",
+        "KerasHub image preset",
+        "TypeError: 'NoneType' object is not iterable",
+        "Fix: attach the whole preset folder",
+    )

@@ -19,7 +19,7 @@ import pytest
 from tpu2gpu.cli import main
 from tpu2gpu.demo_data import CLASS_NAMES
 
-from builders import image_bytes, read_csv, read_records, set_args, write_competition
+from builders import image_bytes, read_csv, read_records, says, set_args, write_competition
 
 
 def test_demo_round_trip(demo_dir, demo_records):
@@ -115,12 +115,12 @@ def test_every_bad_image_is_named_in_one_pass(tmp_path):
     comp = write_competition(tmp_path / "comp", ["a", "b"] * 6)
     _break_three_images(comp)
     message = _convert_fails(comp, tmp_path / "out", "data.folds=2")
-    assert message.startswith("4 bad image(s) (3 train, 1 test), found in one pass; nothing was written:")
-    assert "train.csv line 4 (id 'img002'): no image img002[.jpg|.jpeg|.png] in train/" in message
-    assert (
-        f"train.csv line 6 (id 'img004'): {comp / 'train' / 'img004.jpg'} is not a readable image (OSError: " in message
+    says(message, "4 bad image(s)", "3 train, 1 test", "nothing was written")
+    says(message, "train.csv line 4 (id 'img002')", "img002[.jpg|.jpeg|.png]", "train/")
+    says(
+        message, "train.csv line 6 (id 'img004')", str(comp / "train" / "img004.jpg"), "not a readable image", "OSError"
     )
-    assert f"train.csv line 9 (id 'img007'): {comp / 'train' / 'img007.jpg'} is empty (0 bytes)" in message
+    says(message, "train.csv line 9 (id 'img007')", str(comp / "train" / "img007.jpg"), "empty (0 bytes)")
     assert "sample_submission.csv line 5 (id 't001')" in message  # written in reverse order
     assert "--set data.on_bad_image=skip" in message
     assert _no_output_left(tmp_path / "out")
@@ -143,7 +143,7 @@ def test_skip_converts_the_rest_and_lists_the_bad_images(tmp_path, capsys):
     )
     assert code == 0
     captured = capsys.readouterr()
-    assert f"skipped 4 bad image(s) (data.on_bad_image=skip): listed in {out / 'bad_images.csv'}" in captured.out
+    says(captured.out, "4 bad image(s)", "data.on_bad_image=skip", str(out / "bad_images.csv"))
     assert "[tfrecords] skipping 4 bad image(s)" in captured.err
     assert all(f"(id '{i}')" in captured.err for i in ("img002", "img004", "img007", "t001"))
     manifest = json.loads((out / "manifest.json").read_text())
@@ -191,8 +191,7 @@ def test_an_image_of_another_format_is_stored_only_when_reencoded(tmp_path):
 def test_missing_label_column_names_the_columns(tmp_path):
     comp = write_competition(tmp_path / "comp", ["a", "b"] * 6)
     message = _convert_fails(comp, tmp_path / "out", "data.label_column=species")
-    assert "train.csv has no column 'species' (columns: id, label)" in message
-    assert "--set data.label_column=" in message
+    says(message, "train.csv", "'species'", "id, label", "--set data.label_column=")
     assert _no_output_left(tmp_path / "out")
 
 
@@ -201,7 +200,7 @@ def test_empty_images_folder(tmp_path):
     for image in (comp / "train").iterdir():
         image.unlink()
     message = _convert_fails(comp, tmp_path / "out")
-    assert f"image folder {comp / 'train'} holds no .jpg/.jpeg/.png images" in message
+    says(message, str(comp / "train"), "no .jpg/.jpeg/.png images")
     assert _no_output_left(tmp_path / "out")
 
 
@@ -223,7 +222,7 @@ def test_a_failed_rerun_keeps_the_previous_complete_output(tmp_path):
 def test_too_few_samples_for_the_folds(tmp_path):
     comp = write_competition(tmp_path / "comp", ["a"] * 8 + ["b"] * 2)
     message = _convert_fails(comp, tmp_path / "out", "data.folds=5")
-    assert "data.folds=5 but the rarest class has 2 samples" in message
+    says(message, "data.folds=5", "rarest class", "2 samples")
 
 
 @pytest.mark.e2e
@@ -232,7 +231,7 @@ def test_cli_errors_are_one_line_and_exit_2(tmp_path, capsys):
     code = main(["tfrecords", "--competition", str(comp), "--out", str(tmp_path / "o"), "--set", "data.fold=2"])
     assert code == 2
     err = capsys.readouterr().err
-    assert "tpu2gpu tfrecords: error: unknown config key 'data.fold' (did you mean 'folds'?)" in err
+    says(err, "tpu2gpu tfrecords: error: ", "'data.fold'", "'folds'")
     assert "Traceback" not in err
 
     assert main(["tfrecords", "--competition", str(comp), "--out", str(tmp_path / "o"), "--set", "data.folds=2"]) == 0
@@ -244,23 +243,22 @@ def test_a_test_id_listed_twice_is_refused(tmp_path):
     with (comp / "sample_submission.csv").open("a") as f:
         f.write("t002,a\n")  # t002 is also on line 4
     message = _convert_fails(comp, tmp_path / "out", "data.folds=2")
-    assert message.startswith(
-        "sample_submission.csv line 7: test id 't002' already comes from sample_submission.csv line 4"
-    )
+    says(message, "sample_submission.csv line 7", "'t002'", "sample_submission.csv line 4")
     assert _no_output_left(tmp_path / "out")
 
 
 def test_label_columns_and_empty_labels_are_for_tasks_whose_label_is_a_set(tmp_path):
     comp = write_competition(tmp_path / "comp", ["a", "", "b"] * 4)  # line 3: no label on
     message = _convert_fails(comp, tmp_path / "out", "data.label_columns=[a, b]")
-    assert message.startswith(
-        "data.label_columns is for data.task=multilabel (one 0/1 column per class), not "
-        "multiclass. Fix: data.label_column"
-    )
-    assert _convert_fails(comp, tmp_path / "out", "data.folds=2") == (
-        "train.csv has 4 bad row(s), found in one pass before any image was read:\n  4 x empty label in column "
-        "'label': line 3 (id 'img001'), line 6 (id 'img004'), line 9 (id 'img007'), line 12 (id 'img010')\nFix: "
-        "correct or remove those rows of train.csv"
+    says(message, "data.label_columns", "data.task=multilabel", "multiclass", "Fix: data.label_column")
+    says(
+        _convert_fails(comp, tmp_path / "out", "data.folds=2"),
+        "train.csv",
+        "4 bad row(s)",
+        "4 x empty label in column 'label': line 3 (id 'img001'), line 6 (id 'img004'), line 9 (id 'img007'), "
+        "line 12 (id 'img010')",
+        "Fix:",
+        "train.csv",
     )
     from common.data.conversion import convert_competition
 
@@ -273,7 +271,7 @@ def test_label_columns_and_empty_labels_are_for_tasks_whose_label_is_a_set(tmp_p
 def test_too_few_samples_per_target_bin_for_the_folds(tmp_path):
     comp = write_competition(tmp_path / "comp", [0.5, 1.5, 2.5, 3.5])
     message = _convert_fails(comp, tmp_path / "out", "data.task=regression", "data.folds=5")
-    assert "data.folds=5 but the rarest bin has 4 samples; every fold needs one. Fix: --set data.folds=4" in message
+    says(message, "data.folds=5", "rarest bin", "4 samples", "Fix: --set data.folds=4")
 
 
 @pytest.mark.parametrize(
