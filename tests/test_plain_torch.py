@@ -241,7 +241,8 @@ def test_the_built_gpu_training_kernel_starts_a_process_per_gpu_in_a_simulated_k
 ):
     """The training kernel built for the T4 x2 on the torch route, its script alone in a simulated /kaggle with no
     network but loopback: two GPUs visible (CUDA_VISIBLE_DEVICES=0,1), it starts torchrun with one process each,
-    which train here on the CPU over gloo (this machine has no CUDA), and exports."""
+    which train here on the CPU over gloo (this machine has no CUDA) with the augmentations on the device (a GPU
+    session's two cores cannot feed two GPUs), and exports."""
     from tpu2gpu.build import build
 
     from fake_kaggle import offline
@@ -258,6 +259,10 @@ def test_the_built_gpu_training_kernel_starts_a_process_per_gpu_in_a_simulated_k
                 "model.backbone=timm",
                 "model.timm_model=/kaggle/input/tiny-timm/tiny_timm",
                 "data.image_size=16",
+                "data.augment_on=device",
+                "data.rotation=15",
+                "data.brightness=0.1",
+                "data.cutout=1",
                 "train.fold=0",
                 "train.epochs=1",
                 "train.steps_per_epoch=4",
@@ -303,4 +308,6 @@ def test_the_built_gpu_training_kernel_starts_a_process_per_gpu_in_a_simulated_k
     assert "processes     2 (this is process 1, on cpu); collectives: gloo" in log
     card = json.loads((kaggle / "working" / "export" / "fold0" / "model_card.json").read_text())
     assert card["complete"] and card["runtime"]["processes"] == 2 and card["metrics"]["optimizer_steps"] == 4
+    assert card["config"]["data"]["augment_on"] == "device"
+    assert re.search(r"\[torch\] epoch 1: the step waited for input \d+% of \d+ ms a step", log), log[-3000:]
     assert sorted(p.name for p in (kaggle / "working").iterdir()) == ["__script__.py", "export"]
