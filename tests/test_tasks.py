@@ -45,8 +45,6 @@ def run_task(tmp_path: Path, demo_dir: Path, tiny_backbone: Path, task: str, *ex
         "data.flip_left_right=false",
         f"model.hub_handle={tiny_backbone}",
         "train.fold=0",
-        *LONG_EPOCHS,
-        "train.epochs=3",
         "train.batch_size_per_replica=32",
         "train.learning_rate=0.2",
         "train.steps_per_execution=8",
@@ -115,8 +113,6 @@ def test_binary_submission_is_a_probability_per_row_with_patients_kept_whole(tmp
         # Twelve epochs of the data's own length: the run the figure above was measured on (the long epochs' run ends
         # more confident, and its rounding moved the outputs 7e-6 to 2e-5, by the host's threads).
         "train.epochs=12",
-        "train.steps_per_epoch=0",
-        "train.warmup_epochs=1",
         device_above=1e-5,
     )
     probabilities = np.array([float(v) for v in values])
@@ -150,7 +146,7 @@ def test_multilabel_submission_is_known_labels_over_fold_thresholds(tmp_path, de
     from sklearn.metrics import f1_score
     from sklearn.preprocessing import MultiLabelBinarizer
 
-    values, answers, card = run_task(tmp_path, demo_dir, tiny_backbone, "multilabel")
+    values, answers, card = run_task(tmp_path, demo_dir, tiny_backbone, "multilabel", *LONG_EPOCHS, "train.epochs=3")
     names = ["big", "even", "loop", "odd"]
     assert card["class_names"] == names and len(card["thresholds"]) == 4
     assert all(v and set(v.split()) <= set(names) for v in values)
@@ -164,7 +160,7 @@ def test_multilabel_submission_is_known_labels_over_fold_thresholds(tmp_path, de
 
 @pytest.mark.e2e
 def test_regression_submission_is_the_value_with_the_scaling_in_the_export(tmp_path, demo_dir, tiny_backbone):
-    values, answers, card = run_task(tmp_path, demo_dir, tiny_backbone, "regression", "train.epochs=5")
+    values, answers, card = run_task(tmp_path, demo_dir, tiny_backbone, "regression", *LONG_EPOCHS, "train.epochs=5")
     predicted = np.array([float(v) for v in values])
     truth = np.array([float(a["target"]) for a in answers])
     rmse = float(np.sqrt(np.mean((predicted - truth) ** 2)))
