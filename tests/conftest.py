@@ -181,6 +181,22 @@ def real_weights():
 
 
 @pytest.fixture
+def recorder(monkeypatch, tmp_path):
+    """The loopback Kaggle (tests/fake_kaggle.py) that the real kaggle CLI talks to, with a user and no real
+    credentials."""
+    from fake_kaggle import KaggleRecorder
+
+    monkeypatch.setenv("KAGGLE_API_ENVIRONMENT", "LOCALHOST")
+    monkeypatch.setenv("KAGGLE_USERNAME", "tester")
+    monkeypatch.setenv("KAGGLE_KEY", "not-a-real-key-0123456789")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no real ~/.kaggle/kaggle.json
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the CLI keeps upload records in $TMPDIR/.kaggle
+    server = KaggleRecorder()
+    yield server
+    server.close()
+
+
+@pytest.fixture
 def train_argv(demo_records, tiny_backbone, tmp_path):
     """argv for train_tpu.train on the demo records: 16 px, tiny backbone, a few short epochs, output in tmp_path."""
     records_dir, _ = demo_records

@@ -333,7 +333,7 @@ there = checkpoint("there", 3)                          # another machine went o
 Mirror(run, pathlib.Path("there")).push(there, marker)
 Mirror(run, pathlib.Path("here")).settle(here, marker, epochs)
 print("BEHIND", (here / "checkpoints" / "weights.npz").read_text())
-job = FoldJob(0, "records", here, pathlib.Path("here/export/fold0"), Mirror(run, pathlib.Path("here")))
+job = FoldJob(0, "records", here, pathlib.Path("here/export/fold0"), Mirror(run, pathlib.Path("here")), here)
 job.start_over()
 left = [f for _, _, files in tf.io.gfile.walk(f"{run}/work/fold0") for f in files]
 print("START_OVER", here.exists(), left)

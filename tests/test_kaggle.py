@@ -14,7 +14,7 @@ from tpu2gpu import workflow
 from tpu2gpu.build import MetadataError, build
 
 from builders import read_csv, says, set_args
-from fake_kaggle import MODEL_HANDLE, PROJECT, KaggleRecorder, offline
+from fake_kaggle import MODEL_HANDLE, PROJECT, offline
 from fake_tpu import FAKE_TPU_PINS, tpu_wheels
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,18 +33,6 @@ def body_of(recorder, method: str) -> dict:
     bodies = [body for path, body in recorder.requests if path.endswith("/" + method)]
     assert len(bodies) == 1, methods(recorder)
     return bodies[0]
-
-
-@pytest.fixture
-def recorder(monkeypatch, tmp_path):
-    monkeypatch.setenv("KAGGLE_API_ENVIRONMENT", "LOCALHOST")
-    monkeypatch.setenv("KAGGLE_USERNAME", "tester")
-    monkeypatch.setenv("KAGGLE_KEY", "not-a-real-key-0123456789")
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no real ~/.kaggle/kaggle.json
-    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the CLI keeps upload records in $TMPDIR/.kaggle
-    server = KaggleRecorder()
-    yield server
-    server.close()
 
 
 @pytest.mark.e2e

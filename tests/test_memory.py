@@ -379,7 +379,8 @@ def test_torch_xlas_out_of_memory_at_its_first_step_is_one_line_and_the_batch_it
     # The rerun trained its first epoch at the batch the line names, and checkpointed it.
     rerun = run.stdout.split("RERUN train.batch_size_per_replica=8\n", 1)[1]
     assert "global batch 8 (1 replicas), 2 steps/epoch" in rerun, report
-    assert rerun.rstrip().endswith("CHECKPOINTED {'epochs_done': 1, 'optimizer': 'adam'}"), report
+    checkpointed = "{'epochs_done': 1, 'optimizer': 'adam', 'trained_in': [{'run': 'local', 'epochs': [1, 1]}]}"
+    assert rerun.rstrip().endswith(f"CHECKPOINTED {checkpointed}"), report
     progress = tmp_path / "out" / "work" / "fold0" / "checkpoints" / "progress.json"
     assert json.loads(progress.read_text())["epochs_done"] == 1
 

@@ -309,5 +309,8 @@ def test_the_built_gpu_training_kernel_starts_a_process_per_gpu_in_a_simulated_k
     card = json.loads((kaggle / "working" / "export" / "fold0" / "model_card.json").read_text())
     assert card["complete"] and card["runtime"]["processes"] == 2 and card["metrics"]["optimizer_steps"] == 4
     assert card["config"]["data"]["augment_on"] == "device"
+    # The T4 x2 session's budget: 12 h less the export's margin, not the TPU session's 8.25 h.
+    says(log, "[train] time budget: 11.25 h", "train.time_budget_hours=0", "NvidiaTeslaT4")
+    assert card["time_budget"]["budget_hours"] == 11.25
     assert re.search(r"\[torch\] epoch 1: the step waited for input \d+% of \d+ ms a step", log), log[-3000:]
     assert sorted(p.name for p in (kaggle / "working").iterdir()) == ["__script__.py", "export"]

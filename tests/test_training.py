@@ -197,6 +197,14 @@ def test_fold_estimates_come_from_the_last_fold_scaled_to_the_schedule():
     says(why, "time budget", "10.0 min left", "fold 2", "12.2 min", "train.fold_minutes", "fold 2 not started")
 
 
+def test_the_default_budget_is_the_training_accelerators_session_less_the_exports_margin():
+    from common.training.budget import budget_hours
+
+    assert budget_hours(0, "TpuV5E8") == 8.25  # a TPU session ends at 9 h
+    assert budget_hours(0, "NvidiaTeslaT4") == 11.25  # a GPU session at 12 h
+    assert budget_hours(2.5, "NvidiaTeslaT4") == 2.5  # a budget that is set stands
+
+
 def test_the_budget_cuts_only_an_epoch_that_has_a_next_one():
     from common.training.budget import cut_message, cuts_after
 

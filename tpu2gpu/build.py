@@ -103,6 +103,13 @@ def validate_kernel_metadata(meta: dict, folder: Path, inference: bool, code_com
     ):
         for source in meta.get(key, []):
             _check_source(key, source, kind)
+    own = [source for source in meta.get("kernel_sources", []) if source.split("/")[:2] == meta["id"].split("/")]
+    if own:
+        raise MetadataError(
+            f"kernel_sources: {own[0]!r} is this kernel itself, and a kernel cannot attach its own output (the push "
+            "says 'not valid kernel sources' and still succeeds). Fix: a chain of slugs, each link attaching the one "
+            "before (`tpu2gpu continue` builds it)"
+        )
     shape = meta.get("machine_shape")
     if shape not in MACHINE_SHAPES:
         raise MetadataError(f"machine_shape: {shape!r} is not one of {list(MACHINE_SHAPES)}")
@@ -173,6 +180,8 @@ def template_values(cfg: Config) -> dict:
         "train_dataset_sources": list(dict.fromkeys([*k.dataset_sources, *filter(None, [wheels])])),
         "infer_dataset_sources": [dataset],
         "competition_sources": [k.competition] if k.competition else [],
+        # A chain's next link attaches the link before (runtime.continue_from, common/training/chain.py).
+        "train_kernel_sources": [cfg.runtime.continue_from] if cfg.runtime.continue_from else [],
         "model_sources": list(k.model_sources),
     }
 

@@ -152,14 +152,42 @@ def cmd_push(args) -> int:
 def cmd_wait(args) -> int:
     from tpu2gpu import workflow
 
-    workflow.wait(workflow.kernel_ref(config_from_args(args), args.kernel), args.interval, dry_run=args.dry_run)
+    ref = workflow.kernel_ref(config_from_args(args), args.kernel, Path(args.build))
+    workflow.wait(ref, args.interval, dry_run=args.dry_run)
     return 0
 
 
 def cmd_fetch(args) -> int:
     from tpu2gpu import workflow
 
-    workflow.fetch(workflow.kernel_ref(config_from_args(args), args.kernel), Path(args.out), args.dry_run)
+    workflow.fetch(
+        workflow.kernel_ref(config_from_args(args), args.kernel, Path(args.build)), Path(args.out), args.dry_run
+    )
+    return 0
+
+
+def cmd_continue(args) -> int:
+    """The chain's next link: built from the same config and pushed, attaching the fetched link's kernel."""
+    from tpu2gpu import workflow
+    from tpu2gpu.build import build
+
+    link, report = workflow.next_link(config_from_args(args), Path(args.out))
+    if link is None:
+        print(
+            f"[continue] the run in {args.out} left no fold: {len(report['folds'])} exported. Next: `tpu2gpu publish "
+            f"--export {Path(args.out) / 'export'}`"
+        )
+        return 0
+    left = [f"fold {f} (cut)" for f in report.get("cut", [])] + [f"fold {f}" for f in report.get("not_started", [])]
+    build(link, args.build)
+    ref = f"{link.kaggle.owner}/{link.kaggle.train_kernel}"
+    print(f"[continue] {ref} continues {link.runtime.continue_from}: {', '.join(left)} left", flush=True)
+    workflow.push(Path(args.build), "train", args.dry_run)
+    print(
+        f"[continue] next: `tpu2gpu wait --build {args.build}`, then `tpu2gpu fetch --build {args.build} --out "
+        "<a folder of its own>`, and `tpu2gpu continue` again while folds are left",
+        flush=True,
+    )
     return 0
 
 
@@ -324,6 +352,13 @@ def _kernel_steps(steps) -> None:
         steps, "fetch", "kaggle kernels output: download a kernel's outputs and log", cmd_fetch, kernel=True
     )
     p.add_argument("--out", default="runs/kaggle/train", help="download folder (default: %(default)s)")
+    p = _kaggle_step(
+        steps,
+        "continue",
+        "build and push the next link of a training chain: the folds a fetched run left (cut, not started)",
+        cmd_continue,
+    )
+    p.add_argument("--out", default="runs/kaggle/train", help="the fetched run to continue (default: %(default)s)")
     p = _step(
         steps,
         "verify-export",

@@ -12,6 +12,7 @@ next build): a code-competition submission names it. Credentials stay where the 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shlex
@@ -47,6 +48,10 @@ _SILENT_FAILURES = re.compile(
 PUSHED_NAME = "pushed.json"
 
 
+# Kaggle's limit on an account's batch sessions at once (1 TPU, 2 GPU), in the push's answer on stdout.
+_SESSION_LIMIT = re.compile(r"Maximum batch (\w+) session count of (\d+) reached")
+
+
 def run_kaggle(args: list[str], dry_run: bool = False) -> str:
     command = [kaggle_executable(), *args]
     print("$ " + shlex.join(["kaggle", *args]), flush=True)
@@ -54,6 +59,13 @@ def run_kaggle(args: list[str], dry_run: bool = False) -> str:
         return ""
     result = subprocess.run(command, capture_output=True, text=True)
     output = (result.stdout + result.stderr).strip()
+    limit = _SESSION_LIMIT.search(output)
+    if limit:
+        raise WorkflowError(
+            f"`kaggle {shlex.join(args)}`: Kaggle runs at most {limit.group(2)} {limit.group(1)} batch session(s) of "
+            f'an account at once, and that many run now ("{limit.group(0)}"). Fix: `tpu2gpu wait` for one of '
+            "them to end, then push again"
+        )
     if result.returncode != 0 or _SILENT_FAILURES.search(result.stdout):
         raise WorkflowError(f"`kaggle {shlex.join(args)}` failed (exit {result.returncode}): {output[-1500:]}")
     if output:
@@ -61,7 +73,12 @@ def run_kaggle(args: list[str], dry_run: bool = False) -> str:
     return result.stdout
 
 
-def kernel_ref(cfg: Config, kernel: str) -> str:
+def kernel_ref(cfg: Config, kernel: str, build_dir: Path | None = None) -> str:
+    """owner/slug of the kernel: the one built in build_dir where there is one (a chain's link has a slug of its
+    own), else the config's."""
+    built = Path(build_dir) / kernel / "kernel-metadata.json" if build_dir is not None else None
+    if built is not None and built.is_file():
+        return json.loads(built.read_text())["id"]
     slug = cfg.kaggle.train_kernel if kernel == "train" else cfg.kaggle.infer_kernel
     return f"{cfg.kaggle.owner}/{slug}"
 
@@ -127,6 +144,41 @@ def wait(ref: str, interval: float = 60.0, timeout_hours: float = 12.0, dry_run:
 def fetch(ref: str, out_dir: Path, dry_run: bool = False) -> Path:
     run_kaggle(["kernels", "output", ref, "-p", str(out_dir), "-o"], dry_run)
     return Path(out_dir)
+
+
+def chain_link(base: str, slug: str) -> int | None:
+    """Which link of the chain of kernel `base` the kernel `slug` is: 1 for base itself, n for <base>-n; None for a
+    kernel of another chain."""
+    if slug == base:
+        return 1
+    found = re.fullmatch(re.escape(base) + r"-(\d+)", slug)
+    return int(found.group(1)) if found and int(found.group(1)) >= 2 else None
+
+
+def next_link(cfg: Config, fetched: Path) -> tuple[Config | None, dict]:
+    """The config of the chain's next link after the run fetched into `fetched` (its export/training_report.json):
+    the same run as the next slug (<kaggle.train_kernel>-2, -3, ...; its title to match), attaching the fetched link's
+    kernel and continuing from it (runtime.continue_from). (None, report) where the report leaves no fold."""
+    path = Path(fetched) / "export" / "training_report.json"
+    if not path.is_file():
+        raise WorkflowError(
+            f"{fetched} holds no export/training_report.json: no ended run was fetched there. Fix: `tpu2gpu fetch "
+            f"--out {fetched}` once the training kernel's version ended COMPLETE (`tpu2gpu wait`)"
+        )
+    report = json.loads(path.read_text())
+    if not report.get("cut") and not report.get("not_started"):
+        return None, report
+    base, previous = cfg.kaggle.train_kernel, report["config"]["kaggle"]["train_kernel"]
+    link = chain_link(base, previous)
+    if link is None:
+        raise WorkflowError(
+            f"the run in {fetched} was trained by the kernel {previous!r}, which is no link of {base!r}'s chain "
+            f"(kaggle.train_kernel, then {base}-2, {base}-3, ...). Fix: the config that run was built from"
+        )
+    title = f"{cfg.kaggle.train_title or base.replace('-', ' ')} {link + 1}"
+    kaggle = dataclasses.replace(cfg.kaggle, train_kernel=f"{base}-{link + 1}", train_title=title)
+    runtime = dataclasses.replace(cfg.runtime, continue_from=f"{cfg.kaggle.owner}/{previous}")
+    return dataclasses.replace(cfg, kaggle=kaggle, runtime=runtime), report
 
 
 def verify_export(export_root: Path) -> list:

@@ -33,6 +33,7 @@ from common.core.paths import training_folders
 from common.data.records import has_manifest, read_manifest
 from common.data.sources import open_source
 from common.launch.torchrun import processes_to_start, start_on_this_machine
+from common.training.chain import previous_run
 
 
 def skipped_images(tfrecord_dir: str, export_root: Path) -> dict | None:
@@ -61,12 +62,16 @@ def main(argv: list[str] | None = None) -> int:
     # ---- config, framework and hardware (common/launch/routes.py: tf_keras, Keras 3 on JAX, torch_xla or torch)
     cfg = parse_kernel_args(__doc__, argv)
     print(format_config(cfg), flush=True)
+    # a chain's next link: the previous link's output found first, so a missing one stops before anything starts
+    previous = previous_run(cfg.runtime.continue_from) if cfg.runtime.continue_from else None
     processes = processes_to_start(cfg)  # the torch route on several GPUs: one process each, torchrun starts them
     if processes > 1:
         return start_on_this_machine(processes, sys.argv[1:] if argv is None else argv)
     from common.training.backends.registry import start_backend
 
     backend = start_backend(cfg)
+    from common.training.budget import budget_hours
+    from common.training.chain import take_previous_run
     from common.training.run import train_folds, write_report
 
     # ---- data
@@ -75,9 +80,20 @@ def main(argv: list[str] | None = None) -> int:
     require_access(reads=[cfg.runtime.tfrecords], writes=[cfg.runtime.output_dir] if hosts.writer else [])
     tfrecord_dir = open_source(cfg).training_records(folders.scratch)
 
+    # ---- a chain's next link: the previous link's exports and cut fold's checkpoint first (common/training/chain.py)
+    if previous and hosts.writer:
+        take_previous_run(previous, cfg, folders.out, folders.work)
+    hosts.wait("the previous run taken")
+
     # ---- train and export each fold, as far as the time budget goes (common/training/budget.py)
     skipped = skipped_images(tfrecord_dir, folders.out / "export") if hosts.writer else None
-    report = train_folds(cfg, backend, tfrecord_dir, folders, start + cfg.train.time_budget_hours * 3600)
+    hours = budget_hours(cfg.train.time_budget_hours, cfg.kaggle.train_accelerator)
+    print(
+        f"[train] time budget: {hours:g} h (train.time_budget_hours={cfg.train.time_budget_hours:g}, "
+        f"kaggle.train_accelerator={cfg.kaggle.train_accelerator})",
+        flush=True,
+    )
+    report = train_folds(cfg, backend, tfrecord_dir, folders, start + hours * 3600)
     if hosts.writer:
         path = write_report(
             folders.out / "export",
@@ -86,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                 "config": config_to_dict(cfg),
                 "runtime": backend.runtime(),
                 "not_started": report["not_started"],
+                "cut": report["cut"],
                 "skipped_images": skipped,
             },
         )

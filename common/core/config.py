@@ -240,8 +240,9 @@ class TrainConfig:
     """fold to train; -1 = every fold in turn"""
     precision: Literal["auto", "float32", "mixed_bfloat16", "mixed_float16"] = "auto"
     """auto: bf16 TPU, fp16 GPU"""
-    time_budget_hours: float = within(8.25, "(0, inf)")
-    """training and exports end within this (a 9 h Kaggle session minus a margin)"""
+    time_budget_hours: float = within(0.0, "[0, inf)")
+    """training and exports end within this; 0 = the training accelerator's Kaggle session (kaggle.train_accelerator:
+    9 h on a TPU, 12 h on a GPU) less 45 min"""
     fold_minutes: float = within(0.0, "[0, inf)")
     """a fold's time before one is measured: the first fold starts only if it fits"""
     export_minutes: float = within(5.0, "[0, inf)")
@@ -363,6 +364,10 @@ class RuntimeConfig:
     start_over: bool = False
     """true: the folds to train start from nothing, their exports and checkpoints removed first (a gs:// output's too);
     false: exported folds are skipped, checkpointed ones resume"""
+    continue_from: str = ""
+    """the output of a run this one continues (a kernel chain's previous link): its kernel's owner/slug attached as an
+    input (`tpu2gpu continue` builds it so), or a local folder. Its exported folds are carried, a fold its time budget
+    cut resumes from its checkpoint, the folds it did not start train"""
     scratch_dir: str = ""
     """records converted in-kernel, checkpoints (a gs:// output keeps those); "" = /kaggle/temp on Kaggle, else
     output_dir"""

@@ -20,7 +20,7 @@ from common.core.errors import ConfigError, DataPathError
 from common.core.gcs import Mirror, is_gcs
 
 KAGGLE_ROOT_ENV = "TPU2GPU_KAGGLE_ROOT"
-_MOUNT_KINDS = ("datasets", "competitions", "models")
+_MOUNT_KINDS = ("datasets", "competitions", "models", "notebooks")  # notebooks: a kernel's output (kernel_sources)
 _MAX_MOUNT_DEPTH = 6  # models/<owner>/<model>/<framework>/<variation>/<version>
 
 
@@ -122,7 +122,7 @@ def training_folders(runtime, hosts) -> TrainingFolders:
     return TrainingFolders(out, scratch, work, Mirror(runtime.output_dir if bucket and hosts.writer else "", out))
 
 
-def _mounted(input_dir: Path) -> list[str]:
+def mounted(input_dir: Path) -> list[str]:
     """What is attached, for error messages: 'slug' (old layout) or 'datasets/owner/slug' (new layout)."""
     if not input_dir.is_dir():
         return []
@@ -136,12 +136,12 @@ def _mounted(input_dir: Path) -> list[str]:
     return found
 
 
-def find_kaggle_mount(name: str) -> Path | None:
+def find_kaggle_mount(name: str, kinds: tuple[str, ...] = _MOUNT_KINDS) -> Path | None:
     """Find an attached input by 'slug', 'owner/slug' or a model handle 'owner/model/framework/variation/version'.
 
     Both mount layouts are searched: /kaggle/input/<slug> (models: <model>/<framework>/<variation>/<version>) and
-    /kaggle/input/{datasets,competitions,models}/<owner>/... Names compare case-insensitively (TensorFlow2 is
-    mounted as tensorflow2)."""
+    /kaggle/input/{datasets,competitions,models,notebooks}/<owner>/..., the newer one among `kinds` only (a kernel's
+    output: ("notebooks",)). Names compare case-insensitively (TensorFlow2 is mounted as tensorflow2)."""
     input_dir = kaggle_input_dir()
     parts = tuple(p.lower() for p in name.strip("/").split("/") if p)
     if not parts or not input_dir.is_dir():
@@ -152,7 +152,7 @@ def find_kaggle_mount(name: str) -> Path | None:
         if legacy.is_dir() and parts[len(parts) - k] not in _MOUNT_KINDS:
             matches.append(legacy)
             break
-    for kind in _MOUNT_KINDS:
+    for kind in kinds:
         base = input_dir / kind
         if not base.is_dir():
             continue
@@ -247,7 +247,7 @@ def resolve_data_path(name_or_path: str, *, needs_gcs: bool = False, private: bo
     mount = find_kaggle_mount(name_or_path)
     if mount is not None:
         return str(mount)
-    attached = _mounted(kaggle_input_dir())
+    attached = mounted(kaggle_input_dir())
     raise DataPathError(
         f"'{name_or_path}' is neither a local path nor an attached Kaggle input; {kaggle_input_dir()} holds "
         f"{attached or 'nothing'}. Fix: attach it (dataset_sources / competition_sources in kernel-metadata.json, "

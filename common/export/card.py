@@ -59,6 +59,7 @@ class ModelCard:
     class_weights: list[float] | None = None
     precision: dict = field(default_factory=dict)  # what each part computed in, training and serving
     time_budget: dict = field(default_factory=dict)  # common.training.budget.cut_record: did the budget cut this fold
+    trained_in: list = field(default_factory=list)  # [{"run", "epochs": [first, last]}]: which run trained which epochs
     metrics: dict = field(default_factory=dict)  # every metric of the task, epochs, the per-class report
     config: dict = field(default_factory=dict)  # the whole training config
     format: str = EXPORT_FORMAT

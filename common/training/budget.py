@@ -17,6 +17,19 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
+# A Kaggle session's limit by the kind of machine (kaggle.com/docs/notebooks): the platform stops a run at it, and a
+# run it stops (CANCEL_ACKNOWLEDGED) can be no next link's source, so a run ends itself SESSION_MARGIN_HOURS before.
+SESSION_HOURS = {"tpu": 9.0, "gpu": 12.0}
+SESSION_MARGIN_HOURS = 0.75  # the last fold's export, its fresh-process check and the report
+
+
+def budget_hours(configured: float, accelerator: str) -> float:
+    """train.time_budget_hours, or where it is 0 the session of kaggle.train_accelerator (TpuV5E8: 9 h, a GPU: 12 h)
+    less the margin: 8.25 h on the TPU, 11.25 h on the T4 x2."""
+    if configured > 0:
+        return configured
+    return SESSION_HOURS["tpu" if accelerator.startswith("Tpu") else "gpu"] - SESSION_MARGIN_HOURS
+
 
 @dataclass
 class FoldTiming:

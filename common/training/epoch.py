@@ -24,6 +24,7 @@ from pathlib import Path
 from common.core.atomic import write_json
 from common.core.config import Config
 from common.core.errors import ConfigError
+from common.core.platform import detect_platform
 from common.tasks.parts import is_better
 from common.training.backends.base import Backend, compiled_so_far
 from common.training.budget import cut_message, cuts_after
@@ -34,7 +35,7 @@ from common.training.plan import FoldPlan
 
 import numpy as np
 
-PROGRESS_NAME = "progress.json"  # {"epochs_done": n, "optimizer": name}, written after each checkpoint
+PROGRESS_NAME = "progress.json"  # {"epochs_done", "optimizer", "trained_in"}, written after each checkpoint
 CHECKPOINT_MARKER = f"checkpoints/{PROGRESS_NAME}"  # in a fold's work folder: its checkpoint is complete
 BEST_NAME = "best.json"  # {"epoch", "value"} of the best epoch so far
 
@@ -84,6 +85,21 @@ def check_resumable(cfg: Config, work_dir: Path) -> None:
         )
 
 
+def run_label(cfg: Config) -> str:
+    """Who trains now, as each fold's card names it: the kernel's owner/slug on Kaggle, else 'local'."""
+    if detect_platform().on_kaggle:
+        return f"{cfg.kaggle.owner}/{cfg.kaggle.train_kernel}"
+    return "local"
+
+
+def trained_in(sessions: list[dict], run: str, epochs_done: int) -> list[dict]:
+    """The runs that trained a fold's epochs once epoch `epochs_done` (1-based) has ended in `run`: the last entry
+    extended where `run` trained the epoch before, else a new one."""
+    if sessions and sessions[-1]["run"] == run and sessions[-1]["epochs"][1] == epochs_done - 1:
+        return [*sessions[:-1], {"run": run, "epochs": [sessions[-1]["epochs"][0], epochs_done]}]
+    return [*sessions, {"run": run, "epochs": [epochs_done, epochs_done]}]
+
+
 def epochs_checkpointed(work_dir: Path) -> int:
     """Epochs a fold's checkpoint already holds (its progress.json), so a resumed fold is planned for the rest."""
     progress = checkpoint_progress(work_dir)
@@ -115,6 +131,9 @@ class EpochMonitor:
         state = self.work_dir / BEST_NAME
         self.best = json.loads(state.read_text()) if state.is_file() else {"epoch": 0, "value": None}
         self.history = History(self.work_dir / "history.csv", work.initial_epoch)
+        resumed = checkpoint_progress(self.work_dir) if work.initial_epoch else None
+        self.trained_in = (resumed or {}).get("trained_in", [])  # the runs that trained the epochs before
+        self.run = run_label(cfg)
         self.seconds: list[float] = []
         self.cut = False
         self.steps = backend.optimizer_steps()  # restored with the checkpoint
@@ -146,7 +165,8 @@ class EpochMonitor:
         scored = self.score(epoch, logs)
         self.history.append(epoch, logs)
         self.backend.save_checkpoint(epoch + 1)
-        progress = {"epochs_done": epoch + 1, "optimizer": self.optimizer}
+        self.trained_in = trained_in(self.trained_in, self.run, epoch + 1)
+        progress = {"epochs_done": epoch + 1, "optimizer": self.optimizer, "trained_in": self.trained_in}
         write_json(self.work_dir / CHECKPOINT_MARKER, progress)  # after the checkpoint
         self.checkpointed()
         self.clock.lap("checkpoint")

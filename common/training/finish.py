@@ -21,7 +21,7 @@ from common.export.card import ModelCard, read_card
 from common.export.writer import ExportContents
 from common.tasks.reports import plot_confusion, plot_history
 from common.tasks.types import Task, get_task
-from common.training.budget import cut_record
+from common.training.budget import budget_hours, cut_record
 from common.training.fold import FoldResult
 from common.training.memory import describe_peak
 
@@ -126,8 +126,13 @@ def export_fold(cfg: Config, result: FoldResult, records: RecordSet, fold: int, 
         },
         # A fold the budget cut exports its best epoch (train.keep=best); inference weighs it by infer.cut_folds.
         time_budget=cut_record(
-            result.cut, result.epochs_done, plan.epochs, result.best_epoch, cfg.train.time_budget_hours
+            result.cut,
+            result.epochs_done,
+            plan.epochs,
+            result.best_epoch,
+            budget_hours(cfg.train.time_budget_hours, cfg.kaggle.train_accelerator),
         ),
+        trained_in=result.trained_in,
         metrics={
             **report,
             "count": int(len(labels)),

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.core.config import Config
@@ -47,6 +47,7 @@ class FoldResult:
     validation: Validation
     compiles: CompileCount | None = None  # what the fold compiled (None: the route does not count it)
     batch_memory: dict | None = None  # what was weighed to choose or check the batch (batch.py), for the card
+    trained_in: list = field(default_factory=list)  # the runs that trained its epochs (progress.json's trained_in)
 
 
 def read_validation(records: RecordSet) -> Validation:
@@ -200,4 +201,5 @@ def _train_built_fold(run: FoldRun, batch: Batch, phase: Phase) -> FoldResult:
         validation,
         compiles,
         batch.memory,
+        monitor.trained_in,
     )

@@ -35,8 +35,9 @@ from common.data.records import (
     read_manifest,
     record_set,
 )
-from common.export.card import CARD_NAME, read_card
-from common.training.budget import FoldTiming, estimate_fold_seconds, export_reserve_seconds, should_start
+from common.export.card import CARD_NAME, ModelCard, read_card
+from common.training.budget import FoldTiming, budget_hours, estimate_fold_seconds, export_reserve_seconds, should_start
+from common.training.chain import keep_cut_fold
 from common.training.epoch import CHECKPOINT_MARKER, epochs_checkpointed
 from common.training.finish import export_fold, out_of_fold_scores
 from common.training.fold import train_fold
@@ -53,6 +54,7 @@ class FoldJob:
     work: Path  # checkpoints, history and the best epoch, until the export
     export_dir: Path
     mirror: Mirror  # what pushes both to a gs:// output (nothing for a local one)
+    kept: Path  # where a fold the budget cut keeps its work folder in the output: <out>/work/fold<k>
 
     @classmethod
     def of(cls, fold: int, tfrecord_dir: str, folders: TrainingFolders) -> FoldJob:
@@ -63,6 +65,7 @@ class FoldJob:
             folders.work / "work" / f"fold{fold}",
             folders.out / "export" / f"fold{fold}",
             folders.mirror,
+            folders.out / "work" / f"fold{fold}",
         )
 
     def settle(self) -> None:
@@ -73,7 +76,7 @@ class FoldJob:
 
     def start_over(self) -> None:
         """runtime.start_over: this fold's export and checkpoints removed, here and in a gs:// output."""
-        for folder in (self.export_dir, self.work):
+        for folder in dict.fromkeys((self.export_dir, self.work, self.kept)):  # kept: a cut fold's, in the output
             shutil.rmtree(folder, ignore_errors=True)
             self.mirror.remove(folder)
         print(
@@ -90,12 +93,24 @@ def folds_to_train(cfg: Config, tfrecord_dir: str) -> list[int]:
     return list(range(split["folds"])) if split["kind"] == "kfold" else [0]
 
 
-def exported_metrics(export_dir: Path) -> dict | None:
-    """The metrics of a fold that is already exported (a complete card), else None."""
+def exported_card(export_dir: Path) -> ModelCard | None:
+    """The card of a fold that is already exported (complete), else None."""
     try:
-        return read_card(export_dir).metrics
+        return read_card(export_dir)
     except UserError:
         return None
+
+
+def resumes_cut_fold(card: ModelCard, job: FoldJob, epochs: int) -> str:
+    """The line that says a fold whose export the budget cut resumes from its kept checkpoint; "" where it does not
+    (not cut, no checkpoint here, or the checkpoint already at the last epoch)."""
+    done = epochs_checkpointed(job.work)
+    if not card.time_budget.get("cut") or not 0 < done < epochs:
+        return ""
+    return (
+        f"[train] fold {job.fold}: the time budget cut it after epoch {card.time_budget['epochs_trained']}, and its "
+        f"checkpoint after epoch {done} is here: resuming it (its export is replaced when it ends)"
+    )
 
 
 def train_and_export(cfg: Config, backend, job: FoldJob, deadline: float) -> tuple[dict, FoldTiming | None]:
@@ -123,7 +138,11 @@ def train_and_export(cfg: Config, backend, job: FoldJob, deadline: float) -> tup
             ) from None
         raise
     backend.hosts.wait(f"fold{job.fold} exported")  # process 0 alone exports; the others wait for it
-    shutil.rmtree(job.work / "checkpoints", ignore_errors=True)  # exported: the checkpoints have served
+    if result.cut and backend.hosts.writer:  # its checkpoint goes on in the next run (common/training/chain.py)
+        print(f"[train] fold {job.fold}: " + keep_cut_fold(job.work, job.kept), flush=True)
+    elif not result.cut:  # exported at its last epoch: the checkpoints have served
+        for folder in {job.work, job.kept}:
+            shutil.rmtree(folder / "checkpoints", ignore_errors=True)
     job.mirror.push(job.work, CHECKPOINT_MARKER)
     if not result.epoch_seconds:  # resumed after its last epoch: nothing measured, the last estimate stands
         return metrics, None
@@ -155,39 +174,67 @@ def damaged_records(records: RecordSet, job: FoldJob, err: Exception) -> DataErr
 
 
 def train_folds(cfg: Config, backend, tfrecord_dir: str, folders: TrainingFolders, deadline: float) -> dict:
-    """Every fold to train, in turn: {"folds": {name: metrics}, "not_started": [fold, ...]}."""
+    """Every fold to train, in turn: {"folds": {name: metrics}, "not_started": [fold, ...], "cut": [fold, ...]} (cut:
+    exported at the budget's cut, its checkpoint kept in the output for a later run)."""
     report, last, why = {"folds": {}, "not_started": []}, None, ""
     for fold in folds_to_train(cfg, tfrecord_dir):
         job = FoldJob.of(fold, tfrecord_dir, folders)
         if cfg.runtime.start_over:
             job.start_over()
         job.settle()
-        metrics = exported_metrics(job.export_dir)
-        if backend.hosts.agree(metrics is not None):  # process 0 sees the exports (it alone writes them)
-            report["folds"][f"fold{fold}"] = metrics or {}
+        card = exported_card(job.export_dir)
+        resumed = resumes_cut_fold(card, job, cfg.train.epochs) if card else ""
+        if backend.hosts.agree(card is not None and not resumed):  # process 0 sees the exports (it alone writes them)
+            report["folds"][f"fold{fold}"] = card.metrics if card else {}
             print(
                 f"[train] fold {fold}: already exported in {job.export_dir}, skipped (to train it again: "
                 "runtime.start_over=true)",
                 flush=True,
             )
             continue
+        if resumed:
+            print(resumed, flush=True)
         estimate = estimate_fold_seconds(last, cfg.train.epochs - epochs_checkpointed(job.work), cfg.train.fold_minutes)
         start, why = should_start(fold, deadline - time.monotonic(), estimate)
         if not backend.hosts.agree(start):  # later folds are still looked at (exported ones reported)
             print(why, flush=True)
-            report["not_started"].append(fold)
+            if card is not None:  # a cut fold's export stands until a later run resumes it
+                report["folds"][f"fold{fold}"] = card.metrics
+            else:
+                report["not_started"].append(fold)
             continue
         print(f"\n=== fold {fold} ===", flush=True)
         fold_deadline = deadline - export_reserve_seconds(last, cfg.train.export_minutes)
         report["folds"][f"fold{fold}"], timing = train_and_export(cfg, backend, job, fold_deadline)
         last = timing or last
+    report["cut"] = [fold for fold in folds_to_train(cfg, tfrecord_dir) if _left_cut(folders, fold, cfg.train.epochs)]
+    epochs = cfg.train.epochs
+    left = [
+        f"fold {f} (cut after epoch {epochs_checkpointed(FoldJob.of(f, '', folders).kept)} of {epochs})"
+        for f in report["cut"]
+    ] + [f"fold {fold} (not started)" for fold in report["not_started"]]
+    if left and backend.hosts.writer:
+        print(
+            f"[train] left for a later run: {', '.join(left)}. Next: the same "
+            "command with this output, or on Kaggle `tpu2gpu fetch train` and then `tpu2gpu continue` (the next "
+            "link of the chain)",
+            flush=True,
+        )
     if not report["folds"]:
         raise UserError(
-            f"the time budget (train.time_budget_hours={cfg.train.time_budget_hours}) ran out before any "
+            f"the time budget ({budget_hours(cfg.train.time_budget_hours, cfg.kaggle.train_accelerator)} h, "
+            f"train.time_budget_hours={cfg.train.time_budget_hours}) ran out before any "
             f"fold could start ({why.removeprefix('[train] time budget: ')}). Fix: raise "
             "train.time_budget_hours, or lower train.fold_minutes"
         )
     return report
+
+
+def _left_cut(folders: TrainingFolders, fold: int, epochs: int) -> bool:
+    """A fold whose export the budget cut and whose checkpoint the output keeps for a later run."""
+    job = FoldJob.of(fold, "", folders)
+    card = exported_card(job.export_dir)
+    return bool(card and card.time_budget.get("cut") and 0 < epochs_checkpointed(job.kept) < epochs)
 
 
 def write_report(export_root: Path, report: dict) -> Path:

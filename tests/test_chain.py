@@ -1,0 +1,266 @@
+"""Training that outlives a session: a chain of training kernels, each link continuing the one before
+(common/training/chain.py, `tpu2gpu continue`), on a simulated /kaggle with the real kaggle CLI against the loopback
+Kaggle."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from common.core.config import load_config
+
+import pytest
+
+from builders import says, set_args
+from fake_kaggle import MODEL_HANDLE, PROJECT, offline
+
+FOLDS = 3
+CHAIN = [
+    *PROJECT,
+    "kaggle.dataset_sources=[tester/digits-tfrec]",
+    "runtime.tfrecords=tester/digits-tfrec",
+    "train.fold=-1",
+    "train.epochs=3",
+]
+
+
+def simulated_kaggle(root: Path, records: Path, demo_dir: Path, tiny_backbone: Path) -> Path:
+    """A fresh /kaggle: the records, the competition and the backbone attached in the newer layout, /kaggle/working
+    empty."""
+    shutil.copytree(records, root / "input" / "datasets" / "tester" / "digits-tfrec")
+    shutil.copytree(demo_dir, root / "input" / "competitions" / "digit-comp")
+    shutil.copytree(tiny_backbone, root / "input" / "models" / MODEL_HANDLE.replace("tensorflow2", "TensorFlow2"))
+    (root / "working").mkdir()
+    return root
+
+
+def kaggle_env(root: Path, tmp: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TF_USE_LEGACY_KERAS")}
+    tmp.mkdir(exist_ok=True)
+    return {
+        **env,
+        "TPU2GPU_KAGGLE_ROOT": str(root),
+        "KAGGLE_KERNEL_RUN_TYPE": "Batch",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "TMPDIR": str(tmp),
+    }
+
+
+def run_script(script: Path, root: Path, tmp: Path) -> subprocess.CompletedProcess:
+    """A built kernel as Kaggle runs it: its script alone in /kaggle/working, no network."""
+    shutil.copyfile(script, root / "working" / "__script__.py")
+    return subprocess.run(
+        offline([sys.executable, "__script__.py"]),
+        cwd=root / "working",
+        env=kaggle_env(root, tmp),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+
+
+def fold_section(log: str, fold: int) -> str:
+    return log.split(f"=== fold {fold} ===", 1)[1].split("=== fold", 1)[0]
+
+
+@pytest.mark.e2e
+def test_a_chain_link_resumes_the_cut_fold_trains_the_rest_carries_the_done_and_one_dataset_scores_them(
+    tmp_path, recorder, demo_dir, tiny_backbone, monkeypatch, capsys
+):
+    """Link 1 (the training kernel's code on a simulated TPU session) trains fold 0 whole, is cut by its budget after
+    fold 1's first epoch and does not start fold 2; `tpu2gpu continue` pushes link 2 attaching link 1; link 2, its
+    built script run as Kaggle runs it with link 1's output mounted at /kaggle/input/notebooks/<owner>/<slug>/,
+    resumes fold 1 at epoch 2, trains fold 2 and carries fold 0; the three folds are published as one model dataset
+    and the inference kernel scores them. Link 1's budget decisions are forced here (their arithmetic is
+    test_training's subject): fold 1 is cut after its first epoch, and fold 2 is refused."""
+    from common.data.conversion import convert_competition
+    from common.training import epoch as epoch_module
+    from common.training import run as run_module
+
+    from infer_gpu.infer import main as infer_main
+    from tpu2gpu.build import build, kernel_config
+    from tpu2gpu.cli import main as cli
+    from train_tpu.train import main as train_main
+
+    cfg = load_config(None, CHAIN)
+    convert_competition(demo_dir, tmp_path / "records", load_config(None, [f"data.folds={FOLDS}"]).data)
+    build_dir, fetched = tmp_path / "build", tmp_path / "fetched"
+    build(cfg, build_dir)
+
+    # ---- link 1: the training kernel's code in this process, on a simulated Kaggle session
+    first = simulated_kaggle(tmp_path / "kaggle1", tmp_path / "records", demo_dir, tiny_backbone)
+    config_file = tmp_path / "link1.json"
+    config_file.write_text(json.dumps(kernel_config(cfg, "train")))
+    cuts = iter([False, False, False, True])  # fold 0's three epochs, then fold 1's first
+    real_should_start = run_module.should_start
+    with monkeypatch.context() as session:
+        for name, value in kaggle_env(first, tmp_path / "tmp1").items():
+            session.setenv(name, value)
+        session.setattr(epoch_module, "cuts_after", lambda *args: next(cuts))
+        session.setattr(
+            run_module,
+            "should_start",
+            lambda fold, left, estimate: real_should_start(fold, left if fold < 2 else -1.0, estimate),
+        )
+        assert train_main(["--config", str(config_file)]) == 0
+    log = capsys.readouterr().out
+    assert "stopping after epoch 1 (the budget cuts this fold)" in fold_section(log, 1)
+    assert "fold 2 not started" in log and "=== fold 2 ===" not in log
+    says(log, "left for a later run: fold 1 (cut after epoch 1 of 3), fold 2 (not started)", "continue")
+    working = first / "working"
+    assert sorted(p.name for p in working.iterdir()) == ["export", "work"]  # the cut fold's work kept in the output
+    assert sorted(p.name for p in (working / "work").iterdir()) == ["fold1"]
+    progress = json.loads((working / "work" / "fold1" / "checkpoints" / "progress.json").read_text())
+    assert progress["epochs_done"] == 1
+    assert progress["trained_in"] == [{"run": "tester/tpu2gpu-train", "epochs": [1, 1]}]
+    report = json.loads((working / "export" / "training_report.json").read_text())
+    assert (report["cut"], report["not_started"], sorted(report["folds"])) == ([1], [2], ["fold0", "fold1"])
+
+    # ---- fetch link 1's output, and `tpu2gpu continue`: link 2 built and pushed, attaching link 1
+    recorder.kernel_outputs = {str(p.relative_to(working)): p.read_bytes() for p in working.rglob("*") if p.is_file()}
+    flags = set_args(*CHAIN)
+    assert cli(["fetch", "--build", str(build_dir), "--out", str(fetched), *flags]) == 0
+    recorder.requests.clear()
+    assert cli(["continue", "--build", str(build_dir), "--out", str(fetched), *flags]) == 0
+    out = capsys.readouterr().out
+    says(out, "tester/tpu2gpu-train-2 continues tester/tpu2gpu-train", "fold 1 (cut), fold 2 left")
+    pushed = [body for path, body in recorder.requests if path.endswith("SaveKernel")]
+    assert len(pushed) == 1, recorder.requests
+    assert (pushed[0]["slug"], pushed[0]["newTitle"]) == ("tester/tpu2gpu-train-2", "tpu2gpu train 2")
+    assert pushed[0]["kernelDataSources"] == ["tester/tpu2gpu-train"]  # link 1's output, attached
+    metadata = json.loads((build_dir / "train" / "kernel-metadata.json").read_text())
+    assert (metadata["id"], metadata["title"]) == ("tester/tpu2gpu-train-2", "tpu2gpu train 2")
+    assert metadata["kernel_sources"] == ["tester/tpu2gpu-train"]
+
+    # ---- link 2, as Kaggle runs it: link 1's output mounted in the newer layout
+    second = simulated_kaggle(tmp_path / "kaggle2", tmp_path / "records", demo_dir, tiny_backbone)
+    shutil.copytree(fetched, second / "input" / "notebooks" / "tester" / "tpu2gpu-train")
+    run = run_script(build_dir / "train" / "train.py", second, tmp_path / "tmp2")
+    log = run.stdout
+    assert run.returncode == 0, log[-3000:] + run.stderr[-3000:]
+    says(log, "fold0: carried from", "notebooks/tester/tpu2gpu-train")
+    says(log, "fold1: its checkpoint after epoch 1 taken from")
+    says(log, "fold 1: the time budget cut it after epoch 1", "resuming it")
+    resumed = fold_section(log, 1)
+    assert "resuming from the checkpoint after epoch 1" in resumed and "[train] epoch 1:" not in resumed
+    assert re.search(r"\[train\] epoch 2: step 8,", resumed) and re.search(r"\[train\] epoch 3: step 12,", resumed)
+    assert "=== fold 0 ===" not in log and "fold 0: already exported" in log
+    export = second / "working" / "export"
+    cards = {k: json.loads((export / f"fold{k}" / "model_card.json").read_text()) for k in range(FOLDS)}
+    link1_card = json.loads((working / "export" / "fold0" / "model_card.json").read_text())
+    assert cards[0] == link1_card  # carried as it was
+    assert cards[1]["trained_in"] == [
+        {"run": "tester/tpu2gpu-train", "epochs": [1, 1]},
+        {"run": "tester/tpu2gpu-train-2", "epochs": [2, 3]},
+    ]
+    assert cards[1]["metrics"]["epochs"] == 3 and not cards[1]["time_budget"]["cut"]  # its steps: the log's above
+    assert cards[2]["trained_in"] == [{"run": "tester/tpu2gpu-train-2", "epochs": [1, 3]}]
+    report = json.loads((export / "training_report.json").read_text())
+    assert (report["cut"], report["not_started"], sorted(report["folds"])) == ([], [], ["fold0", "fold1", "fold2"])
+    splits = json.loads((tmp_path / "records" / "manifest.json").read_text())["splits"]
+    assert report["out_of_fold"]["unique_ids"] == sum(splits[f"fold{k}"]["count"] for k in range(FOLDS)) == 1437
+    assert sorted(p.name for p in (second / "working").iterdir()) == ["__script__.py", "export"]  # nothing left
+
+    # ---- one model dataset of the three folds, and the inference kernel scores them
+    recorder.requests.clear()
+    assert cli(["publish", "--build", str(build_dir), "--export", str(export), *flags]) == 0
+    assert {"fold0.zip", "fold1.zip", "fold2.zip"} <= {name for name, _ in recorder.uploads}
+    infer_out = tmp_path / "infer"
+    inference = set_args(f"infer.exports=[{export}]", f"runtime.competition_dir={demo_dir}")
+    assert infer_main([*inference, *set_args(f"runtime.output_dir={infer_out}")]) == 0
+    log = capsys.readouterr().out
+    assert all(f"{export / f'fold{k}'}" in log for k in range(FOLDS))
+    assert len((infer_out / "submission.csv").read_text().splitlines()) == 361
+
+    # ---- the older mount layout (/kaggle/input/<slug>): link 2 takes the same
+    from common.training.chain import previous_run, take_previous_run
+
+    third = tmp_path / "kaggle3"
+    shutil.copytree(fetched, third / "input" / "tpu2gpu-train")
+    monkeypatch.setenv("TPU2GPU_KAGGLE_ROOT", str(third))
+    previous = previous_run("tester/tpu2gpu-train")
+    assert previous == third / "input" / "tpu2gpu-train"
+    link = load_config(None, [*CHAIN, "kaggle.train_kernel=tpu2gpu-train-2"])
+    take_previous_run(previous, link, third / "working", third / "temp")
+    assert sorted(p.name for p in (third / "working" / "export").iterdir()) == ["fold0", "fold1"]
+    assert json.loads((third / "temp" / "work" / "fold1" / "checkpoints" / "progress.json").read_text()) == progress
+
+
+def test_a_link_whose_source_is_missing_stops_before_training_in_one_line(tmp_path, demo_dir, tiny_backbone):
+    """The link's kernel with nothing of the previous link attached (a wrong slug, a source Kaggle dropped): one
+    line naming both layouts it looked in, exit 2, nothing written."""
+    from tpu2gpu.build import build
+
+    link = ["kaggle.train_kernel=tpu2gpu-train-2", "runtime.continue_from=tester/tpu2gpu-train"]
+    cfg = load_config(None, [*CHAIN, *link])
+    build(cfg, tmp_path / "build")
+    root = tmp_path / "kaggle"
+    (root / "input" / "datasets").mkdir(parents=True)
+    (root / "working").mkdir()
+    run = run_script(tmp_path / "build" / "train" / "train.py", root, tmp_path / "tmp")
+    assert run.returncode == 2, run.stdout[-2000:] + run.stderr[-2000:]
+    assert len(run.stderr.splitlines()) == 1, run.stderr
+    says(
+        run.stderr,
+        "runtime.continue_from='tester/tpu2gpu-train': no such input",
+        f"{root / 'input' / 'notebooks' / 'tester' / 'tpu2gpu-train'}",
+        f"{root / 'input' / 'tpu2gpu-train'}",
+        "Nothing was trained",
+        "kernel_sources",
+        "COMPLETE",
+    )
+    assert "=== fold" not in run.stdout
+    assert sorted(p.name for p in (root / "working").iterdir()) == ["__script__.py"]
+
+
+def fetched_run(folder: Path, train_kernel: str, cut: list[int], not_started: list[int]) -> Path:
+    """What `tpu2gpu fetch` leaves of a link: its training report (the rest is not read by `continue`)."""
+    (folder / "export").mkdir(parents=True)
+    config = {"kaggle": {"train_kernel": train_kernel}}
+    report = {"folds": {"fold0": {}}, "cut": cut, "not_started": not_started, "config": config}
+    (folder / "export" / "training_report.json").write_text(json.dumps(report))
+    return folder
+
+
+def test_continue_numbers_the_links_of_one_chain_and_stops_where_nothing_is_left(tmp_path):
+    from tpu2gpu.workflow import WorkflowError, next_link
+
+    cfg = load_config(None, CHAIN)
+    link, _ = next_link(cfg, fetched_run(tmp_path / "one", "tpu2gpu-train", [1], [2]))
+    assert (link.kaggle.train_kernel, link.kaggle.train_title) == ("tpu2gpu-train-2", "tpu2gpu train 2")
+    assert link.runtime.continue_from == "tester/tpu2gpu-train"
+    link, _ = next_link(cfg, fetched_run(tmp_path / "two", "tpu2gpu-train-2", [], [2]))
+    assert (link.kaggle.train_kernel, link.runtime.continue_from) == ("tpu2gpu-train-3", "tester/tpu2gpu-train-2")
+    assert next_link(cfg, fetched_run(tmp_path / "done", "tpu2gpu-train-3", [], []))[0] is None
+    with pytest.raises(WorkflowError) as refused:
+        next_link(cfg, fetched_run(tmp_path / "other", "someone-elses-train", [1], []))
+    says(str(refused.value), "'someone-elses-train'", "no link of 'tpu2gpu-train'", "Fix")
+    with pytest.raises(WorkflowError) as refused:
+        next_link(cfg, tmp_path / "nothing")
+    says(str(refused.value), "no export/training_report.json", "tpu2gpu fetch", "COMPLETE")
+
+
+def test_a_kernel_that_attaches_its_own_output_is_refused_at_build(tmp_path):
+    from tpu2gpu.build import MetadataError, build
+
+    with pytest.raises(MetadataError) as refused:
+        build(load_config(None, [*CHAIN, "runtime.continue_from=tester/tpu2gpu-train"]), tmp_path / "build")
+    says(str(refused.value), "'tester/tpu2gpu-train' is this kernel itself", "own output", "tpu2gpu continue")
+
+
+def test_a_push_over_kaggles_concurrent_session_limit_is_one_line_naming_it(tmp_path, recorder):
+    """Two GPU sessions run; Kaggle answers a third push with its limit, which the CLI prints and exits 0 on."""
+    from tpu2gpu.build import build
+    from tpu2gpu.workflow import WorkflowError, push
+
+    build(load_config(None, [*CHAIN, "kaggle.train_accelerator=NvidiaTeslaT4"]), tmp_path / "build")
+    recorder.save_kernel_extra = {"error": "Maximum batch GPU session count of 2 reached"}
+    with pytest.raises(WorkflowError) as refused:
+        push(tmp_path / "build", "train")
+    message = str(refused.value)
+    assert len(message.splitlines()) == 1, message
+    says(message, "at most 2 GPU batch session(s)", "Maximum batch GPU session count of 2 reached", "tpu2gpu wait")
+    assert not (tmp_path / "build" / "train" / "pushed.json").exists()
