@@ -45,7 +45,8 @@ class KaggleRecorder:
       kernels.KernelsApiService/GetKernelSessionStatus   the next (status, failure message) queued in `statuses`,
                                                          COMPLETE when none is left
       kernels.KernelsApiService/ListKernelSessionOutput  `kernel_outputs` ({relative path: bytes}, 20 a page) as
-                                                         download URLs (GET /files/<path> here) and `kernel_log`
+                                                         download URLs (GET /files/<path> here) and `kernel_log`;
+                                                         `outputs_of["owner/slug"]`, where set, that kernel's own
       datasets.DatasetApiService/GetDatasetStatus        `datasets[owner/slug]` (e.g. "READY"), a plain 404 if absent
       datasets.DatasetApiService/CreateDataset           status Ok; the dataset then exists (READY)
       datasets.DatasetApiService/CreateDatasetVersion    status Ok
@@ -67,6 +68,7 @@ class KaggleRecorder:
         self.version_number = 1
         self.save_kernel_extra: dict = {}
         self.kernel_outputs: dict[str, bytes] = {}
+        self.outputs_of: dict[str, dict[str, bytes]] = {}  # "owner/slug" -> its own outputs (else kernel_outputs)
         self.kernel_log = '[{"stream_name":"stdout","time":1.0,"data":"done\\n"}]'
         self.datasets: dict[str, str] = {}
         self.submissions_left = 4
@@ -104,6 +106,13 @@ class KaggleRecorder:
         self.uploads.append((self._upload_names.get(token, token), data))
         return 200, {}
 
+    def served(self, path: str) -> bytes | None:
+        """A kernel output file's bytes by its download path: '<owner>/<slug>/<file>' for outputs_of's kernels."""
+        for ref, files in self.outputs_of.items():
+            if path.startswith(ref + "/") and path[len(ref) + 1 :] in files:
+                return files[path[len(ref) + 1 :]]
+        return self.kernel_outputs.get(path)
+
     # ---------------------------------------------------------------------------------------- the API's answers
     def _start_upload(self, name: str) -> dict:
         token = f"blob-{len(self._upload_names) + 1}"
@@ -111,10 +120,15 @@ class KaggleRecorder:
         return {"token": token, "createUrl": f"{self.BASE}/upload/{token}"}
 
     def _kernel_output(self, body: dict) -> dict:
-        names, size = sorted(self.kernel_outputs), body.get("pageSize") or 20
+        ref = f"{body.get('userName')}/{body.get('kernelSlug')}"
+        files = self.outputs_of.get(ref, self.kernel_outputs)
+        prefix = f"{ref}/" if ref in self.outputs_of else ""
+        names, size = sorted(files), body.get("pageSize") or 20
         start = int(body.get("pageToken") or 0)
         answer = {
-            "files": [{"fileName": n, "url": f"{self.BASE}/files/{quote(n)}"} for n in names[start : start + size]],
+            "files": [
+                {"fileName": n, "url": f"{self.BASE}/files/{quote(prefix + n)}"} for n in names[start : start + size]
+            ],
             "log": self.kernel_log,
         }
         if start + size < len(names):
@@ -174,7 +188,7 @@ class _KaggleHandler(BaseHTTPRequestHandler):
         self.answer(*self.server.recorder.upload(self.path.rsplit("/", 1)[-1], self.read_body()))
 
     def do_GET(self):  # a kernel output file's download URL
-        data = self.server.recorder.kernel_outputs.get(unquote(self.path.removeprefix("/files/")))
+        data = self.server.recorder.served(unquote(self.path.removeprefix("/files/")))
         self.answer(404 if data is None else 200, data)
 
     def read_body(self) -> bytes:

@@ -175,6 +175,40 @@ def test_a_chain_link_resumes_the_cut_fold_trains_the_rest_carries_the_done_and_
     assert all(f"{export / f'fold{k}'}" in log for k in range(FOLDS))
     assert len((infer_out / "submission.csv").read_text().splitlines()) == 361
 
+    # ---- `tpu2gpu workflow` runs the same chain: link 1 pushed, waited for and fetched, link 2 continued, pushed,
+    # waited for and fetched, then the three folds published and the inference kernel pushed
+    link2_files = {str(p.relative_to(second / "working")): p.read_bytes() for p in export.rglob("*") if p.is_file()}
+    recorder.outputs_of = {"tester/tpu2gpu-train": recorder.kernel_outputs, "tester/tpu2gpu-train-2": link2_files}
+    recorder.requests.clear()
+    loop = ["workflow", "--interval", "0", "--build", str(tmp_path / "build-loop"), "--out", str(tmp_path / "loop")]
+    assert cli([*loop, *flags]) == 0
+    calls = [
+        (path.rsplit("/", 1)[-1], body.get("slug") or body.get("kernelSlug"))
+        for path, body in recorder.requests
+        if "Kernel" in path
+    ]
+    calls = [call for i, call in enumerate(calls) if not i or call != calls[i - 1]]  # an output's pages as one
+    assert calls == [
+        ("SaveKernel", "tester/tpu2gpu-train"),
+        ("GetKernelSessionStatus", "tpu2gpu-train"),
+        ("ListKernelSessionOutput", "tpu2gpu-train"),
+        ("SaveKernel", "tester/tpu2gpu-train-2"),
+        ("GetKernelSessionStatus", "tpu2gpu-train-2"),
+        ("ListKernelSessionOutput", "tpu2gpu-train-2"),
+        ("SaveKernel", "tester/tpu2gpu-infer"),
+        ("GetKernelSessionStatus", "tpu2gpu-infer"),
+    ], calls
+    assert sorted(p.name for p in (tmp_path / "loop" / "export").iterdir()) == [
+        "dataset-metadata.json",
+        "fold0",
+        "fold1",
+        "fold2",
+        "training_report.json",
+    ]
+    short = ["workflow", "--interval", "0", "--build", str(tmp_path / "build-short"), "--out", str(tmp_path / "short")]
+    assert cli([*short, *flags, *set_args("kaggle.max_links=1")]) == 2
+    says(capsys.readouterr().err, "folds are still left after kaggle.max_links=1 links (train)", "tpu2gpu continue")
+
     # ---- the older mount layout (/kaggle/input/<slug>): link 2 takes the same
     from common.training.chain import previous_run, take_previous_run
 
@@ -264,3 +298,108 @@ def test_a_push_over_kaggles_concurrent_session_limit_is_one_line_naming_it(tmp_
     assert len(message.splitlines()) == 1, message
     says(message, "at most 2 GPU batch session(s)", "Maximum batch GPU session count of 2 reached", "tpu2gpu wait")
     assert not (tmp_path / "build" / "train" / "pushed.json").exists()
+
+
+TIMM_PART = (
+    "2@NvidiaTeslaT4 train.framework=torch model.backbone=timm model.timm_model=/kaggle/input/tiny-timm/tiny_timm "
+    "kaggle.dataset_sources=[tester/digits-tfrec,tester/tiny-timm/1]"
+)
+
+
+@pytest.mark.e2e
+def test_folds_split_over_a_tpu_kernel_and_a_gpu_kernel_gather_into_one_dataset_the_inference_kernel_scores(
+    tmp_path, recorder, demo_dir, tiny_backbone, tiny_timm_backbone, capsys
+):
+    """kaggle.train_parts: folds 0 and 1 on the TPU kernel (tf_keras, a TF Hub backbone), fold 2 on a T4 x2 kernel
+    (torch, a timm model), each built script run as Kaggle runs it; `fetch` downloads each kernel's output into a
+    folder of its own, `publish` gathers the three folds into one model dataset, and the inference kernel scores the
+    mixed ensemble. Two exports of one fold, and an export of other class names, are refused in one message."""
+    from common.data.conversion import convert_competition
+
+    from infer_gpu.infer import main as infer_main
+    from tpu2gpu import workflow
+    from tpu2gpu.build import build
+    from tpu2gpu.cli import main as cli
+
+    settings = [*CHAIN, f"data.folds={FOLDS}", f"kaggle.train_parts=['0,1@TpuV5E8', '{TIMM_PART}']", "train.epochs=1"]
+    cfg = load_config(None, settings)
+    convert_competition(demo_dir, tmp_path / "records", cfg.data)
+    build_dir, fetched = tmp_path / "build", tmp_path / "fetched"
+    folders = build(cfg, build_dir)
+    assert sorted(folders) == ["dataset", "infer", "train-p1", "train-p2"]
+    metadata = {k: json.loads((folders[k] / "kernel-metadata.json").read_text()) for k in ("train-p1", "train-p2")}
+    assert [(m["id"], m["machine_shape"], m["enable_gpu"]) for m in metadata.values()] == [
+        ("tester/tpu2gpu-train-p1", "TpuV5E8", False),
+        ("tester/tpu2gpu-train-p2", "NvidiaTeslaT4", True),
+    ]
+
+    outputs = {}
+    for part, folder in (("p1", "train-p1"), ("p2", "train-p2")):
+        root = simulated_kaggle(tmp_path / f"kaggle-{part}", tmp_path / "records", demo_dir, tiny_backbone)
+        shutil.copytree(tiny_timm_backbone, root / "input" / "tiny-timm" / "tiny_timm")
+        run = run_script(build_dir / folder / "train.py", root, tmp_path / f"tmp-{part}")
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        working = root / "working" / "export"
+        outputs[f"tester/tpu2gpu-train-{part}"] = {
+            f"export/{p.relative_to(working)}": p.read_bytes() for p in working.rglob("*") if p.is_file()
+        }
+    recorder.outputs_of = outputs
+    flags = set_args(*settings)
+    assert cli(["fetch", "--build", str(build_dir), "--out", str(fetched), *flags]) == 0
+    frameworks = {
+        fold: json.loads((fetched / part / "export" / fold / "model_card.json").read_text())["runtime"]["framework"]
+        for part, fold in (("train-p1", "fold0"), ("train-p1", "fold1"), ("train-p2", "fold2"))
+    }
+    assert frameworks == {"fold0": "tf_keras", "fold1": "tf_keras", "fold2": "torch"}
+
+    recorder.requests.clear()
+    assert cli(["publish", "--build", str(build_dir), "--out", str(fetched), *flags]) == 0
+    dataset = fetched / "model-dataset"
+    assert sorted(p.name for p in dataset.iterdir()) == [
+        "dataset-metadata.json",
+        "fold0",
+        "fold1",
+        "fold2",
+        "gathered.json",
+    ]
+    assert {"fold0.zip", "fold1.zip", "fold2.zip"} <= {name for name, _ in recorder.uploads}
+    capsys.readouterr()
+    inference = set_args(f"infer.exports=[{dataset}]", f"runtime.competition_dir={demo_dir}")
+    assert infer_main([*inference, *set_args(f"runtime.output_dir={tmp_path / 'infer'}")]) == 0
+    log = capsys.readouterr().out
+    assert all(f"{dataset / f'fold{k}'}" in log for k in range(FOLDS)), log
+    assert len((tmp_path / "infer" / "submission.csv").read_text().splitlines()) == 361
+
+    # Two exports of one fold, and other class names: one message naming each.
+    other = tmp_path / "other" / "export"
+    shutil.copytree(fetched / "train-p2" / "export", other)
+    card = json.loads((other / "fold2" / "model_card.json").read_text())
+    card["class_names"] = [f"c{k}" for k in range(len(card["class_names"]))]
+    (other / "fold2" / "model_card.json").write_text(json.dumps(card))
+    with pytest.raises(workflow.WorkflowError) as refused:
+        workflow.one_ensemble([fetched / "train-p1" / "export", fetched / "train-p2" / "export", other])
+    message = str(refused.value)
+    assert len(message.splitlines()) == 1
+    says(message, "do not make one ensemble", f"{other / 'fold2'} has other class names than", "fold 2 is exported")
+    says(message, f"fold 2 is exported twice ({fetched / 'train-p2' / 'export' / 'fold2'} and {other / 'fold2'})")
+
+
+def test_a_split_that_trains_a_fold_twice_or_never_or_overfills_kaggles_sessions_is_one_error():
+    from common.core.errors import ConfigError
+
+    from tpu2gpu.parts import training_kernels
+
+    base = [*CHAIN, f"data.folds={FOLDS}"]
+    parts = training_kernels(load_config(None, [*base, f"kaggle.train_parts=['0,1@TpuV5E8', '{TIMM_PART}']"]))
+    assert [(p.folder, p.cfg.kaggle.train_kernel, p.cfg.train.folds) for p in parts] == [
+        ("train-p1", "tpu2gpu-train-p1", (0, 1)),
+        ("train-p2", "tpu2gpu-train-p2", (2,)),
+    ]
+    assert (parts[1].cfg.train.framework, parts[1].cfg.kaggle.train_accelerator) == ("torch", "NvidiaTeslaT4")
+    wrong = "kaggle.train_parts=['0,1@TpuV5E8', '1@TpuV5E8']"
+    with pytest.raises(ConfigError) as refused:
+        training_kernels(load_config(None, [*base, wrong]))
+    says(str(refused.value), "fold 1 in tpu2gpu-train-p1 and tpu2gpu-train-p2", "fold 2 in none", "2 parts on a TPU")
+    with pytest.raises(ConfigError) as refused:
+        training_kernels(load_config(None, [*base, "kaggle.train_parts=['TpuV5E8']"]))
+    says(str(refused.value), "kaggle.train_parts[0]='TpuV5E8'", "FOLDS@ACCELERATOR")

@@ -247,7 +247,7 @@ def test_a_failed_upload_stops_the_publish_and_the_submission(tmp_path, recorder
     metadata = build(load_config(None, PROJECT), tmp_path / "build")["dataset"] / "dataset-metadata.json"
     recorder.fail_uploads = True
     with pytest.raises(workflow.WorkflowError, match="Upload unsuccessful"):
-        workflow.publish_export(export, metadata, "tester/tpu2gpu-model", "m")
+        workflow.publish_export([export], metadata, "tester/tpu2gpu-model", "m")
     (tmp_path / "submission.csv").write_text("id,label\nt000,3\n")
     cfg = load_config(None, [*PROJECT, "kaggle.code_competition=false"])
     with pytest.raises(workflow.WorkflowError, match="Could not submit to competition"):
@@ -618,7 +618,7 @@ def test_verify_export_before_publishing(trained_export, tmp_path, capsys):
     from common.export.card import ExportError
 
     with pytest.raises(ExportError, match="not marked complete"):  # publish checks before it uploads anything
-        workflow.publish_export(broken, tmp_path / "unused.json", "tester/tpu2gpu-model", "m")
+        workflow.publish_export([broken], tmp_path / "unused.json", "tester/tpu2gpu-model", "m")
 
 
 def test_the_export_check_runs_on_the_cpu_alone():

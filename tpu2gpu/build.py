@@ -1,7 +1,8 @@
 """`tpu2gpu build`: one self-contained script per kernel, its kernel-metadata.json, and the model dataset's
 dataset-metadata.json, filled from the templates in kernel-metadata/ and checked against the kaggle CLI's rules.
 
-    build/train/train.py + kernel-metadata.json      (common + train_tpu, TPU v5e-8 or GPU T4 x2)
+    build/train/train.py + kernel-metadata.json      (common + train_tpu, TPU v5e-8 or GPU T4 x2; with
+                                                      kaggle.train_parts, build/train-p1/, -p2/, ...: tpu2gpu/parts.py)
     build/infer/infer.py + kernel-metadata.json      (common + infer_gpu, GPU T4 x2, internet off)
     build/dataset/dataset-metadata.json              (copied into the export before it is published)
 
@@ -30,6 +31,7 @@ from common.launch.tpu_stack import wheels_ref
 
 from slugify import slugify
 
+from tpu2gpu.parts import training_kernels
 from tpu2gpu.reachability import TPU_SHAPES, unreachable
 
 REPO = Path(__file__).resolve().parents[1]
@@ -308,11 +310,15 @@ def build_script(cfg: Config, kernel: str) -> str:
     )
 
 
-def build(cfg: Config, out_dir: str | Path, demo: bool = False) -> dict[str, Path]:
-    """Write and check both kernel folders and the dataset metadata; returns {'train', 'infer', 'dataset'}.
-    Built in a hidden folder and swapped in whole: a failed check leaves the previous build as it was.
-    demo=True (the offline demo) builds what cannot run on Kaggle, saying so, instead of refusing it."""
-    out = Path(out_dir)
+def write_kernel(cfg: Config, kernel: str, folder: Path) -> None:
+    """Kernel `kernel` ('train' or 'infer') of cfg, script and checked kernel-metadata.json, into the empty folder."""
+    meta = _fill(json.loads((TEMPLATES / f"{kernel}.json").read_text()), template_values(cfg))
+    (folder / meta["code_file"]).write_text(build_script(cfg, kernel))
+    validate_kernel_metadata(meta, folder, inference=kernel == "infer", code_competition=cfg.kaggle.code_competition)
+    (folder / "kernel-metadata.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def _refuse_unreachable(cfg: Config, out: Path, demo: bool) -> None:
     problems = unreachable(cfg)
     if problems and not demo:
         raise MetadataError("the training kernel could not run on Kaggle:\n- " + "\n- ".join(problems))
@@ -322,19 +328,33 @@ def build(cfg: Config, out_dir: str | Path, demo: bool = False) -> dict[str, Pat
             + "\n- ".join(problems),
             flush=True,
         )
-    values = template_values(cfg)
+
+
+def build(cfg: Config, out_dir: str | Path, demo: bool = False) -> dict[str, Path]:
+    """Write and check every kernel folder and the dataset metadata; returns {'train' (or 'train-p1', ... for
+    kaggle.train_parts), 'infer', 'dataset'}. Built in a hidden folder and swapped in whole: a failed check leaves
+    the previous build as it was. demo=True (the offline demo) builds what cannot run on Kaggle, saying so, instead of
+    refusing it."""
+    out = Path(out_dir)
+    trainers = training_kernels(cfg)
+    for trainer in trainers:
+        _refuse_unreachable(trainer.cfg, out, demo)
     with staged_dir(out, overwrite=True) as tmp:
-        for kernel in KERNELS:
-            folder = tmp / kernel
-            folder.mkdir()
-            meta = _fill(json.loads((TEMPLATES / f"{kernel}.json").read_text()), values)
-            (folder / meta["code_file"]).write_text(build_script(cfg, kernel))
-            validate_kernel_metadata(
-                meta, folder, inference=kernel == "infer", code_competition=cfg.kaggle.code_competition
-            )
-            (folder / "kernel-metadata.json").write_text(json.dumps(meta, indent=2) + "\n")
-        dataset = _fill(json.loads((TEMPLATES / "dataset.json").read_text()), values)
+        for trainer in trainers:
+            (tmp / trainer.folder).mkdir()
+            write_kernel(trainer.cfg, "train", tmp / trainer.folder)
+        (tmp / "infer").mkdir()
+        write_kernel(cfg, "infer", tmp / "infer")
+        dataset = _fill(json.loads((TEMPLATES / "dataset.json").read_text()), template_values(cfg))
         validate_dataset_metadata(dataset)
         (tmp / "dataset").mkdir()
         (tmp / "dataset" / "dataset-metadata.json").write_text(json.dumps(dataset, indent=2) + "\n")
-    return {name: out / name for name in (*KERNELS, "dataset")}
+    return {name: out / name for name in (*(t.folder for t in trainers), "infer", "dataset")}
+
+
+def rebuild_training_kernel(cfg: Config, folder: Path) -> Path:
+    """One training kernel's folder written again (a chain's next link), the rest of the build left as it is."""
+    _refuse_unreachable(cfg, folder, demo=False)
+    with staged_dir(folder, overwrite=True) as tmp:
+        write_kernel(cfg, "train", tmp)
+    return folder

@@ -143,51 +143,45 @@ def cmd_build(args) -> int:
 def cmd_push(args) -> int:
     from tpu2gpu import workflow
 
-    version = workflow.push(Path(args.build), args.kernel, args.dry_run)
-    if version is not None:
-        print(f"[push] {args.kernel} kernel version {version} (recorded in {Path(args.build) / args.kernel})")
+    for folder in workflow.kernel_folders(Path(args.build), args.kernel):
+        version = workflow.push(Path(args.build), folder, args.dry_run)
+        if version is not None:
+            print(f"[push] {folder} kernel version {version} (recorded in {Path(args.build) / folder})")
     return 0
 
 
 def cmd_wait(args) -> int:
     from tpu2gpu import workflow
 
-    ref = workflow.kernel_ref(config_from_args(args), args.kernel, Path(args.build))
-    workflow.wait(ref, args.interval, dry_run=args.dry_run)
+    cfg = config_from_args(args)
+    for folder in workflow.kernel_folders(Path(args.build), args.kernel):  # several run at once: each in turn
+        workflow.wait(workflow.kernel_ref(cfg, folder, Path(args.build)), args.interval, dry_run=args.dry_run)
     return 0
 
 
 def cmd_fetch(args) -> int:
     from tpu2gpu import workflow
 
-    workflow.fetch(
-        workflow.kernel_ref(config_from_args(args), args.kernel, Path(args.build)), Path(args.out), args.dry_run
-    )
+    cfg, folders = config_from_args(args), workflow.kernel_folders(Path(args.build), args.kernel)
+    for folder in folders:
+        ref = workflow.kernel_ref(cfg, folder, Path(args.build))
+        workflow.fetch(ref, workflow.fetched_folder(Path(args.out), folders, folder), args.dry_run)
     return 0
 
 
 def cmd_continue(args) -> int:
-    """The chain's next link: built from the same config and pushed, attaching the fetched link's kernel."""
+    """Each chain's next link, where a fetched run left folds: built from the same config and pushed, attaching the
+    fetched link's kernel."""
     from tpu2gpu import workflow
-    from tpu2gpu.build import build
 
-    link, report = workflow.next_link(config_from_args(args), Path(args.out))
-    if link is None:
+    if workflow.continue_chains(config_from_args(args), Path(args.build), Path(args.out), args.dry_run):
         print(
-            f"[continue] the run in {args.out} left no fold: {len(report['folds'])} exported. Next: `tpu2gpu publish "
-            f"--export {Path(args.out) / 'export'}`"
+            f"[continue] next: `tpu2gpu wait --build {args.build}`, then `tpu2gpu fetch --build {args.build} --out "
+            f"{args.out}`, and `tpu2gpu continue` again while folds are left",
+            flush=True,
         )
-        return 0
-    left = [f"fold {f} (cut)" for f in report.get("cut", [])] + [f"fold {f}" for f in report.get("not_started", [])]
-    build(link, args.build)
-    ref = f"{link.kaggle.owner}/{link.kaggle.train_kernel}"
-    print(f"[continue] {ref} continues {link.runtime.continue_from}: {', '.join(left)} left", flush=True)
-    workflow.push(Path(args.build), "train", args.dry_run)
-    print(
-        f"[continue] next: `tpu2gpu wait --build {args.build}`, then `tpu2gpu fetch --build {args.build} --out "
-        "<a folder of its own>`, and `tpu2gpu continue` again while folds are left",
-        flush=True,
-    )
+    else:
+        print(f"[continue] every fold is exported. Next: `tpu2gpu publish --build {args.build} --out {args.out}`")
     return 0
 
 
@@ -210,7 +204,7 @@ def cmd_publish(args) -> int:
 
     cfg = config_from_args(args)
     workflow.publish_export(
-        Path(args.export),
+        [Path(e) for e in args.export] or workflow.fetched_exports(Path(args.build), Path(args.out)),
         Path(args.build) / "dataset" / "dataset-metadata.json",
         f"{cfg.kaggle.owner}/{cfg.kaggle.model_dataset}",
         args.message,
@@ -235,23 +229,42 @@ def cmd_workflow(args) -> int:
     cfg = config_from_args(args)
     build_dir, fetched = Path(args.build), Path(args.out)
     build(cfg, build_dir)
-    workflow.push(build_dir, "train", args.dry_run)
-    workflow.wait(workflow.kernel_ref(cfg, "train"), args.interval, dry_run=args.dry_run)
-    workflow.fetch(workflow.kernel_ref(cfg, "train"), fetched, args.dry_run)
+    running = workflow.kernel_folders(build_dir, "train")
+    for folder in running:
+        workflow.push(build_dir, folder, args.dry_run)
+    for links in range(1, cfg.kaggle.max_links + 1):  # each kernel's chain: the next links pushed by continue
+        every = workflow.kernel_folders(build_dir, "train")
+        for folder in running:  # they run at once on Kaggle: waited for in turn
+            workflow.wait(workflow.kernel_ref(cfg, folder, build_dir), args.interval, dry_run=args.dry_run)
+        for folder in running:
+            ref = workflow.kernel_ref(cfg, folder, build_dir)
+            workflow.fetch(ref, workflow.fetched_folder(fetched, every, folder), args.dry_run)
+        if args.dry_run:
+            print("# then, while a fetched run leaves folds: tpu2gpu continue (each chain's next link)", flush=True)
+            break
+        left = workflow.chains_left(cfg, build_dir, fetched)
+        if left and links == cfg.kaggle.max_links:
+            raise workflow.WorkflowError(
+                f"folds are still left after kaggle.max_links={links} links ({', '.join(left)}). Fix: `tpu2gpu "
+                f"continue --build {build_dir} --out {fetched}` goes on, or a larger kaggle.max_links"
+            )
+        running = workflow.continue_chains(cfg, build_dir, fetched) if left else []
+        if not running:
+            break
     workflow.publish_export(
-        fetched / "export",
+        workflow.fetched_exports(build_dir, fetched),
         build_dir / "dataset" / "dataset-metadata.json",
         f"{cfg.kaggle.owner}/{cfg.kaggle.model_dataset}",
         args.message,
         args.dry_run,
     )
     version = workflow.push(build_dir, "infer", args.dry_run)
-    workflow.wait(workflow.kernel_ref(cfg, "infer"), args.interval, dry_run=args.dry_run)
+    workflow.wait(workflow.kernel_ref(cfg, "infer", build_dir), args.interval, dry_run=args.dry_run)
     if not args.submit:
         return 0
     infer_out = Path(args.infer_out)
     if not cfg.kaggle.code_competition:  # a file competition: upload what the kernel wrote
-        workflow.fetch(workflow.kernel_ref(cfg, "infer"), infer_out, args.dry_run)
+        workflow.fetch(workflow.kernel_ref(cfg, "infer", build_dir), infer_out, args.dry_run)
     elif args.dry_run:  # no push ran, so no version is known: say where it comes from instead of inventing one
         print(
             f"# then: kaggle competitions submit {cfg.kaggle.competition} -k {workflow.kernel_ref(cfg, 'infer')} "
@@ -370,7 +383,14 @@ def _kernel_steps(steps) -> None:
     p = _kaggle_step(
         steps, "publish", "verify the export and create / version the model dataset (--dir-mode zip)", cmd_publish
     )
-    p.add_argument("--export", default="runs/kaggle/train/export", help="export folder (default: %(default)s)")
+    p.add_argument(
+        "--export",
+        action="append",
+        default=[],
+        help="an export folder to publish (repeatable: several runs' folds gathered into one dataset; default: "
+        "each training kernel's fetched run under --out)",
+    )
+    p.add_argument("--out", default="runs/kaggle/train", help="where `fetch` put the runs (default: %(default)s)")
     p.add_argument("-m", "--message", default="tpu2gpu export")
 
 

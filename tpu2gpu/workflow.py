@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+from common.core.atomic import staged_dir
 from common.core.config import Config
 from common.core.errors import UserError
 from common.export.card import read_card
@@ -141,8 +142,27 @@ def wait(ref: str, interval: float = 60.0, timeout_hours: float = 12.0, dry_run:
         time.sleep(interval)
 
 
+def kernel_folders(build_dir: Path, kernel: str) -> list[str]:
+    """The built folders a step acts on: ['infer'], or every training kernel of the build (['train'], or
+    ['train-p1', 'train-p2', ...] for kaggle.train_parts)."""
+    if kernel == "infer":
+        return ["infer"]
+    built = sorted(p.name for p in Path(build_dir).glob("train*") if (p / "kernel-metadata.json").is_file())
+    return built or ["train"]
+
+
+def fetched_folder(out_dir: Path, folders: list[str], folder: str) -> Path:
+    """Where a training kernel's output is fetched: out_dir itself, or out_dir/<folder> where there are several."""
+    return Path(out_dir) if len(folders) == 1 else Path(out_dir) / folder
+
+
 def fetch(ref: str, out_dir: Path, dry_run: bool = False) -> Path:
-    run_kaggle(["kernels", "output", ref, "-p", str(out_dir), "-o"], dry_run)
+    """The kernel's latest output, replacing what out_dir held (a later link's output is a whole run of its own)."""
+    if dry_run:
+        run_kaggle(["kernels", "output", ref, "-p", str(out_dir), "-o"], dry_run)
+        return Path(out_dir)
+    with staged_dir(out_dir, overwrite=True) as tmp:
+        run_kaggle(["kernels", "output", ref, "-p", str(tmp), "-o"])
     return Path(out_dir)
 
 
@@ -179,6 +199,46 @@ def next_link(cfg: Config, fetched: Path) -> tuple[Config | None, dict]:
     kaggle = dataclasses.replace(cfg.kaggle, train_kernel=f"{base}-{link + 1}", train_title=title)
     runtime = dataclasses.replace(cfg.runtime, continue_from=f"{cfg.kaggle.owner}/{previous}")
     return dataclasses.replace(cfg, kaggle=kaggle, runtime=runtime), report
+
+
+def continue_chains(cfg: Config, build_dir: Path, out_dir: Path, dry_run: bool = False) -> list[str]:
+    """`tpu2gpu continue`: for each training kernel of the build whose fetched run left folds, the next link built
+    from the same config (tpu2gpu/parts.py: its part) and pushed. Returns the build folders pushed."""
+    from tpu2gpu.build import rebuild_training_kernel
+    from tpu2gpu.parts import training_kernels
+
+    folders, pushed = kernel_folders(build_dir, "train"), []
+    for trainer in training_kernels(cfg):
+        fetched = fetched_folder(out_dir, folders, trainer.folder)
+        link, report = next_link(trainer.cfg, fetched)
+        if link is None:
+            print(f"[continue] {fetched}: no fold left ({len(report['folds'])} exported)", flush=True)
+            continue
+        left = [f"fold {f} (cut)" for f in report.get("cut", [])] + [f"fold {f}" for f in report["not_started"]]
+        rebuild_training_kernel(link, Path(build_dir) / trainer.folder)
+        ref = f"{link.kaggle.owner}/{link.kaggle.train_kernel}"
+        print(f"[continue] {ref} continues {link.runtime.continue_from}: {', '.join(left)} left", flush=True)
+        push(build_dir, trainer.folder, dry_run)
+        pushed.append(trainer.folder)
+    return pushed
+
+
+def chains_left(cfg: Config, build_dir: Path, out_dir: Path) -> list[str]:
+    """The training kernels (their build folders) whose fetched run left folds for a next link."""
+    from tpu2gpu.parts import training_kernels
+
+    folders = kernel_folders(build_dir, "train")
+    return [
+        t.folder
+        for t in training_kernels(cfg)
+        if next_link(t.cfg, fetched_folder(out_dir, folders, t.folder))[0] is not None
+    ]
+
+
+def fetched_exports(build_dir: Path, out_dir: Path) -> list[Path]:
+    """The export folder of each training kernel's fetched run, as `fetch` lays them out."""
+    folders = kernel_folders(build_dir, "train")
+    return [fetched_folder(out_dir, folders, folder) / "export" for folder in folders]
 
 
 def verify_export(export_root: Path) -> list:
@@ -220,13 +280,75 @@ def publish(
     return run_kaggle(["datasets", "create", "-p", str(folder), *zipped], dry_run)
 
 
+def _planned_folds(export_root: Path) -> set[int]:
+    """The folds the run in export_root set out to train, by its training report (those it trained, cut or did not
+    start); none where it has no report."""
+    path = Path(export_root) / "training_report.json"
+    if not path.is_file():
+        return set()
+    report = json.loads(path.read_text())
+    return {int(name.removeprefix("fold")) for name in report["folds"]} | set(report.get("not_started", []))
+
+
+def one_ensemble(export_roots: list[Path]) -> list[Path]:
+    """Every fold export under export_roots (each complete), checked to make one ensemble: one task, one class list
+    and label schema, each fold once, and every fold the runs set out to train. Several problems are one message."""
+    exports = [fold for root in export_roots for fold in sorted(p for p in Path(root).glob("fold*") if p.is_dir())]
+    if not exports:
+        raise WorkflowError(
+            f"no fold export in {', '.join(str(r) for r in export_roots)}: the training run produced none (see its log)"
+        )
+    cards = {export: read_card(export) for export in exports}
+    first, card = exports[0], cards[exports[0]]
+    problems, owners, planned = [], {}, set()
+    for root in export_roots:
+        planned.update(_planned_folds(root))
+    for export, other in cards.items():
+        owners.setdefault(other.fold, []).append(export)
+        for what, mine, theirs in (
+            ("task", other.task, card.task),
+            ("class names", other.class_names, card.class_names),
+            ("label schema", (other.label_type, other.record_schema), (card.label_type, card.record_schema)),
+        ):
+            if mine != theirs:
+                problems.append(f"{export} has other {what} than {first} ({str(mine)[:80]} against {str(theirs)[:80]})")
+    problems += [f"fold {f} is exported twice ({' and '.join(map(str, e))})" for f, e in owners.items() if len(e) > 1]
+    problems += [f"fold {f} is missing (planned, not exported)" for f in sorted(planned - set(owners))]
+    if problems:
+        raise WorkflowError(
+            "the exports do not make one ensemble: "
+            + "; ".join(problems)
+            + ". Fix: publish the folds of one competition's runs, each fold once (`tpu2gpu continue` trains the "
+            "folds a run left)"
+        )
+    return exports
+
+
+def gather(export_roots: list[Path], into: Path) -> Path:
+    """One model dataset folder of the folds under several export roots (several kernels' runs), checked as one
+    ensemble first; a single root is published as it is."""
+    exports = one_ensemble(export_roots)
+    if len(export_roots) == 1:
+        return Path(export_roots[0])
+    with staged_dir(into, overwrite=True) as tmp:
+        for export in exports:
+            shutil.copytree(export, tmp / export.name)
+        sources = {export.name: str(export) for export in exports}
+        (tmp / "gathered.json").write_text(json.dumps({"folds": sources}, indent=2) + "\n")
+    print(f"[publish] {len(exports)} fold(s) of {len(export_roots)} runs gathered in {into}", flush=True)
+    return Path(into)
+
+
 def publish_export(
-    export_root: Path, dataset_metadata: Path, dataset_ref: str, message: str, dry_run: bool = False
+    export_roots: list[Path], dataset_metadata: Path, dataset_ref: str, message: str, dry_run: bool = False
 ) -> str:
-    """The model dataset: every fold export checked complete before anything is uploaded."""
+    """The model dataset: the fold exports of every run given, checked complete and one ensemble, gathered into one
+    folder where there are several, before anything is uploaded."""
+    roots = [Path(r) for r in export_roots]
+    folder = roots[0] if len(roots) == 1 else roots[0].parent.parent / "model-dataset"
     if not dry_run:
-        verify_export(export_root)
-    return publish(export_root, dataset_metadata, dataset_ref, message, dir_mode=True, dry_run=dry_run)
+        gather(roots, folder)
+    return publish(folder, dataset_metadata, dataset_ref, message, dir_mode=True, dry_run=dry_run)
 
 
 def submit(

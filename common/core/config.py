@@ -238,6 +238,8 @@ class TrainConfig:
     """> 0: stop a fold after this many epochs without a better train.metric"""
     fold: int = within(0, "[-1, inf)")
     """fold to train; -1 = every fold in turn"""
+    folds: tuple[int, ...] = ()
+    """the folds to train, in turn (e.g. [0, 1, 2]: a part of kaggle.train_parts); empty = train.fold"""
     precision: Literal["auto", "float32", "mixed_bfloat16", "mixed_float16"] = "auto"
     """auto: bf16 TPU, fp16 GPU"""
     time_budget_hours: float = within(0.0, "[0, inf)")
@@ -324,6 +326,12 @@ class KaggleConfig:
     """machine_shape of the inference kernel: GPU T4 x2 (a P100 is refused)"""
     train_internet: bool = False
     """internet for the training kernel (also lets it pip-install the TPU stack)"""
+    train_parts: tuple[str, ...] = ()
+    """the folds split over training kernels that Kaggle runs at once, each 'FOLDS@ACCELERATOR' and settings of its
+    own, e.g. ['0,1,2@TpuV5E8', '3@NvidiaTeslaT4 train.framework=torch model.backbone=timm']: kernel
+    <train_kernel>-p1, -p2, ... (at most one TPU and two GPU sessions at once); empty = one training kernel"""
+    max_links: int = within(4, "[1, 100]")
+    """`tpu2gpu workflow`: links each training kernel's chain may have (`tpu2gpu continue`) before it publishes"""
 
     # TPU stack (common/launch/tpu_stack.py): Kaggle's TPU image ships tensorflow-cpu, which sees no TPU; the training
     # kernel installs these pins and runs itself again. install = whenever the image differs from them; image = trust
@@ -487,6 +495,16 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
     for check in supplied_checks():  # rules of keys that meet in a floor above (common/core/fields.py)
         check(cfg)
     return cfg
+
+
+def with_overrides(cfg: Config, overrides: typing.Sequence[str]) -> Config:
+    """A copy of cfg with each `section.key=value` override applied, checked as load_config checks."""
+    copy = config_from_dict(config_to_dict(cfg))
+    for text in overrides:
+        _apply(copy, *parse_override(text))
+    for check in supplied_checks():
+        check(copy)
+    return copy
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from common.core.atomic import free_bytes, out_of_space, size_text
 from common.core.config import Config
-from common.core.errors import DataError, UserError
+from common.core.errors import ConfigError, DataError, UserError
 from common.core.gcs import Mirror
 from common.core.paths import TrainingFolders
 from common.data.records import (
@@ -87,10 +87,18 @@ class FoldJob:
 
 
 def folds_to_train(cfg: Config, tfrecord_dir: str) -> list[int]:
-    if cfg.train.fold >= 0:
-        return [cfg.train.fold]
+    """train.folds, else train.fold, else (-1) every fold of the records."""
     split = read_manifest(tfrecord_dir)["split"] if has_manifest(tfrecord_dir) else {"kind": "none"}
-    return list(range(split["folds"])) if split["kind"] == "kfold" else [0]
+    every = list(range(split["folds"])) if split["kind"] == "kfold" else [0]
+    if cfg.train.folds:
+        unknown = [fold for fold in cfg.train.folds if fold not in every]
+        if unknown and has_manifest(tfrecord_dir):
+            raise ConfigError(
+                f"train.folds={list(cfg.train.folds)} names fold(s) {unknown} that {tfrecord_dir} does not hold "
+                f"(its folds: {every}). Fix: folds among {every}, or records converted with more data.folds"
+            )
+        return list(dict.fromkeys(cfg.train.folds))
+    return [cfg.train.fold] if cfg.train.fold >= 0 else every
 
 
 def exported_card(export_dir: Path) -> ModelCard | None:
