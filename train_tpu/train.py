@@ -14,8 +14,10 @@ gs:// output's local copy, and so to the bucket):
     tfrecords/                 runtime.competition_dir converted, when no runtime.tfrecords is given
     work/fold<k>/              checkpoints and history while a fold trains (checkpoints removed once it is exported)
 Started again with the same output folder, it skips exported folds and resumes a fold from its last checkpoint.
-Folds start only while train.time_budget_hours covers them (common/training/budget.py); a fold the budget cuts still
-exports.
+Folds start only while train.time_budget_hours covers them (common/training/budget.py; by default the training
+accelerator's session less a margin); a fold the budget cuts still exports, and keeps its work folder in the output
+(work/fold<k>) for a later run. With runtime.continue_from (a chain's next link, common/training/chain.py) it first
+takes the previous link's output: its exports carried, a cut fold's checkpoint put back.
 """
 
 from __future__ import annotations
