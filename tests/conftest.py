@@ -183,17 +183,11 @@ def real_weights():
 @pytest.fixture
 def recorder(monkeypatch, tmp_path):
     """The loopback Kaggle (tests/fake_kaggle.py) that the real kaggle CLI talks to, with a user and no real
-    credentials."""
-    from fake_kaggle import KaggleRecorder
+    credentials, for the whole test."""
+    from fake_kaggle import loopback_kaggle
 
-    monkeypatch.setenv("KAGGLE_API_ENVIRONMENT", "LOCALHOST")
-    monkeypatch.setenv("KAGGLE_USERNAME", "tester")
-    monkeypatch.setenv("KAGGLE_KEY", "not-a-real-key-0123456789")
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no real ~/.kaggle/kaggle.json
-    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the CLI keeps upload records in $TMPDIR/.kaggle
-    server = KaggleRecorder()
-    yield server
-    server.close()
+    with loopback_kaggle(monkeypatch, tmp_path) as server:
+        yield server
 
 
 @pytest.fixture

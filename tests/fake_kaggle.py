@@ -5,6 +5,7 @@ runs a kernel with no network at all, as Kaggle runs a competition's kernels."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import tempfile
@@ -212,6 +213,23 @@ class _KaggleHandler(BaseHTTPRequestHandler):
 
     def log_message(self, *args):
         pass
+
+
+@contextlib.contextmanager
+def loopback_kaggle(monkeypatch, tmp_path: Path):
+    """The loopback Kaggle, with a user and no real credentials, while the block runs. It holds port 80 (a test on
+    the other xdist worker waits for it), so a test that trains between its Kaggle calls holds it only around them."""
+    with monkeypatch.context() as patch:
+        patch.setenv("KAGGLE_API_ENVIRONMENT", "LOCALHOST")
+        patch.setenv("KAGGLE_USERNAME", "tester")
+        patch.setenv("KAGGLE_KEY", "not-a-real-key-0123456789")
+        patch.setenv("HOME", str(tmp_path / "home"))  # no real ~/.kaggle/kaggle.json
+        patch.setenv("TMPDIR", str(tmp_path))  # the CLI keeps upload records in $TMPDIR/.kaggle
+        server = KaggleRecorder()
+        try:
+            yield server
+        finally:
+            server.close()
 
 
 def offline(argv: list[str]) -> list[str]:

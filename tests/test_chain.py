@@ -15,7 +15,7 @@ from common.core.config import load_config
 import pytest
 
 from builders import says, set_args
-from fake_kaggle import MODEL_HANDLE, PROJECT, offline
+from fake_kaggle import MODEL_HANDLE, PROJECT, loopback_kaggle, offline
 
 FOLDS = 3
 CHAIN = [
@@ -68,7 +68,7 @@ def fold_section(log: str, fold: int) -> str:
 
 @pytest.mark.e2e
 def test_a_chain_link_resumes_the_cut_fold_trains_the_rest_carries_the_done_and_one_dataset_scores_them(
-    tmp_path, recorder, demo_dir, tiny_backbone, monkeypatch, capsys
+    tmp_path, demo_dir, tiny_backbone, monkeypatch, capsys
 ):
     """Link 1 (the training kernel's code on a simulated TPU session) trains fold 0 whole, is cut by its budget after
     fold 1's first epoch and does not start fold 2; `tpu2gpu continue` pushes link 2 attaching link 1; link 2, its
@@ -120,20 +120,22 @@ def test_a_chain_link_resumes_the_cut_fold_trains_the_rest_carries_the_done_and_
     assert (report["cut"], report["not_started"], sorted(report["folds"])) == ([1], [2], ["fold0", "fold1"])
 
     # ---- fetch link 1's output, and `tpu2gpu continue`: link 2 built and pushed, attaching link 1
-    recorder.kernel_outputs = {str(p.relative_to(working)): p.read_bytes() for p in working.rglob("*") if p.is_file()}
+    link1_files = {str(p.relative_to(working)): p.read_bytes() for p in working.rglob("*") if p.is_file()}
     flags = set_args(*CHAIN)
-    assert cli(["fetch", "--build", str(build_dir), "--out", str(fetched), *flags]) == 0
-    recorder.requests.clear()
-    assert cli(["continue", "--build", str(build_dir), "--out", str(fetched), *flags]) == 0
-    out = capsys.readouterr().out
-    says(out, "tester/tpu2gpu-train-2 continues tester/tpu2gpu-train", "fold 1 (cut), fold 2 left")
-    pushed = [body for path, body in recorder.requests if path.endswith("SaveKernel")]
-    assert len(pushed) == 1, recorder.requests
-    assert (pushed[0]["slug"], pushed[0]["newTitle"]) == ("tester/tpu2gpu-train-2", "tpu2gpu train 2")
-    assert pushed[0]["kernelDataSources"] == ["tester/tpu2gpu-train"]  # link 1's output, attached
-    metadata = json.loads((build_dir / "train" / "kernel-metadata.json").read_text())
-    assert (metadata["id"], metadata["title"]) == ("tester/tpu2gpu-train-2", "tpu2gpu train 2")
-    assert metadata["kernel_sources"] == ["tester/tpu2gpu-train"]
+    with loopback_kaggle(monkeypatch, tmp_path) as recorder:  # held around the Kaggle calls alone
+        recorder.kernel_outputs = link1_files
+        assert cli(["fetch", "--build", str(build_dir), "--out", str(fetched), *flags]) == 0
+        recorder.requests.clear()
+        assert cli(["continue", "--build", str(build_dir), "--out", str(fetched), *flags]) == 0
+        out = capsys.readouterr().out
+        says(out, "tester/tpu2gpu-train-2 continues tester/tpu2gpu-train", "fold 1 (cut), fold 2 left")
+        pushed = [body for path, body in recorder.requests if path.endswith("SaveKernel")]
+        assert len(pushed) == 1, recorder.requests
+        assert (pushed[0]["slug"], pushed[0]["newTitle"]) == ("tester/tpu2gpu-train-2", "tpu2gpu train 2")
+        assert pushed[0]["kernelDataSources"] == ["tester/tpu2gpu-train"]  # link 1's output, attached
+        metadata = json.loads((build_dir / "train" / "kernel-metadata.json").read_text())
+        assert (metadata["id"], metadata["title"]) == ("tester/tpu2gpu-train-2", "tpu2gpu train 2")
+        assert metadata["kernel_sources"] == ["tester/tpu2gpu-train"]
 
     # ---- link 2, as Kaggle runs it: link 1's output mounted in the newer layout
     second = simulated_kaggle(tmp_path / "kaggle2", tmp_path / "records", demo_dir, tiny_backbone)
@@ -164,50 +166,64 @@ def test_a_chain_link_resumes_the_cut_fold_trains_the_rest_carries_the_done_and_
     assert report["out_of_fold"]["unique_ids"] == sum(splits[f"fold{k}"]["count"] for k in range(FOLDS)) == 1437
     assert sorted(p.name for p in (second / "working").iterdir()) == ["__script__.py", "export"]  # nothing left
 
-    # ---- one model dataset of the three folds, and the inference kernel scores them
-    recorder.requests.clear()
-    assert cli(["publish", "--build", str(build_dir), "--export", str(export), *flags]) == 0
-    assert {"fold0.zip", "fold1.zip", "fold2.zip"} <= {name for name, _ in recorder.uploads}
+    # ---- one model dataset of the three folds; and `tpu2gpu workflow` runs the same chain: link 1 pushed, waited for
+    # and fetched, link 2 continued, pushed, waited for and fetched, then the three folds published and the inference
+    # kernel pushed
+    with loopback_kaggle(monkeypatch, tmp_path) as recorder:
+        assert cli(["publish", "--build", str(build_dir), "--export", str(export), *flags]) == 0
+        assert {"fold0.zip", "fold1.zip", "fold2.zip"} <= {name for name, _ in recorder.uploads}
+        link2_files = {str(p.relative_to(second / "working")): p.read_bytes() for p in export.rglob("*") if p.is_file()}
+        recorder.outputs_of = {"tester/tpu2gpu-train": link1_files, "tester/tpu2gpu-train-2": link2_files}
+        recorder.requests.clear()
+        loop = ["workflow", "--interval", "0", "--build", str(tmp_path / "build-loop"), "--out", str(tmp_path / "loop")]
+        assert cli([*loop, *flags]) == 0
+        calls = [
+            (path.rsplit("/", 1)[-1], body.get("slug") or body.get("kernelSlug"))
+            for path, body in recorder.requests
+            if "Kernel" in path
+        ]
+        calls = [call for i, call in enumerate(calls) if not i or call != calls[i - 1]]  # an output's pages as one
+        assert calls == [
+            ("SaveKernel", "tester/tpu2gpu-train"),
+            ("GetKernelSessionStatus", "tpu2gpu-train"),
+            ("ListKernelSessionOutput", "tpu2gpu-train"),
+            ("SaveKernel", "tester/tpu2gpu-train-2"),
+            ("GetKernelSessionStatus", "tpu2gpu-train-2"),
+            ("ListKernelSessionOutput", "tpu2gpu-train-2"),
+            ("SaveKernel", "tester/tpu2gpu-infer"),
+            ("GetKernelSessionStatus", "tpu2gpu-infer"),
+        ], calls
+        recorded = json.loads((tmp_path / "build-loop" / "train" / "links.json").read_text())
+        assert recorded == [
+            {"kernel": "tester/tpu2gpu-train", "version": 1},
+            {"kernel": "tester/tpu2gpu-train-2", "version": 1},
+        ]
+        assert sorted(p.name for p in (tmp_path / "loop" / "export").iterdir()) == [
+            "dataset-metadata.json",
+            "fold0",
+            "fold1",
+            "fold2",
+            "training_report.json",
+        ]
+        short = [
+            "workflow",
+            "--interval",
+            "0",
+            "--build",
+            str(tmp_path / "build-short"),
+            "--out",
+            str(tmp_path / "short"),
+        ]
+        assert cli([*short, *flags, *set_args("kaggle.max_links=1")]) == 2
+        says(capsys.readouterr().err, "folds are still left after kaggle.max_links=1 links (train)", "tpu2gpu continue")
+
+    # ---- the inference kernel scores the three folds
     infer_out = tmp_path / "infer"
     inference = set_args(f"infer.exports=[{export}]", f"runtime.competition_dir={demo_dir}")
     assert infer_main([*inference, *set_args(f"runtime.output_dir={infer_out}")]) == 0
     log = capsys.readouterr().out
     assert all(f"{export / f'fold{k}'}" in log for k in range(FOLDS))
     assert len((infer_out / "submission.csv").read_text().splitlines()) == 361
-
-    # ---- `tpu2gpu workflow` runs the same chain: link 1 pushed, waited for and fetched, link 2 continued, pushed,
-    # waited for and fetched, then the three folds published and the inference kernel pushed
-    link2_files = {str(p.relative_to(second / "working")): p.read_bytes() for p in export.rglob("*") if p.is_file()}
-    recorder.outputs_of = {"tester/tpu2gpu-train": recorder.kernel_outputs, "tester/tpu2gpu-train-2": link2_files}
-    recorder.requests.clear()
-    loop = ["workflow", "--interval", "0", "--build", str(tmp_path / "build-loop"), "--out", str(tmp_path / "loop")]
-    assert cli([*loop, *flags]) == 0
-    calls = [
-        (path.rsplit("/", 1)[-1], body.get("slug") or body.get("kernelSlug"))
-        for path, body in recorder.requests
-        if "Kernel" in path
-    ]
-    calls = [call for i, call in enumerate(calls) if not i or call != calls[i - 1]]  # an output's pages as one
-    assert calls == [
-        ("SaveKernel", "tester/tpu2gpu-train"),
-        ("GetKernelSessionStatus", "tpu2gpu-train"),
-        ("ListKernelSessionOutput", "tpu2gpu-train"),
-        ("SaveKernel", "tester/tpu2gpu-train-2"),
-        ("GetKernelSessionStatus", "tpu2gpu-train-2"),
-        ("ListKernelSessionOutput", "tpu2gpu-train-2"),
-        ("SaveKernel", "tester/tpu2gpu-infer"),
-        ("GetKernelSessionStatus", "tpu2gpu-infer"),
-    ], calls
-    assert sorted(p.name for p in (tmp_path / "loop" / "export").iterdir()) == [
-        "dataset-metadata.json",
-        "fold0",
-        "fold1",
-        "fold2",
-        "training_report.json",
-    ]
-    short = ["workflow", "--interval", "0", "--build", str(tmp_path / "build-short"), "--out", str(tmp_path / "short")]
-    assert cli([*short, *flags, *set_args("kaggle.max_links=1")]) == 2
-    says(capsys.readouterr().err, "folds are still left after kaggle.max_links=1 links (train)", "tpu2gpu continue")
 
     # ---- the older mount layout (/kaggle/input/<slug>): link 2 takes the same
     from common.training.chain import previous_run, take_previous_run
@@ -291,29 +307,32 @@ def test_a_push_over_kaggles_concurrent_session_limit_is_one_line_naming_it(tmp_
     from tpu2gpu.workflow import WorkflowError, push
 
     build(load_config(None, [*CHAIN, "kaggle.train_accelerator=NvidiaTeslaT4"]), tmp_path / "build")
+    assert push(tmp_path / "build", "train") == 1
     recorder.save_kernel_extra = {"error": "Maximum batch GPU session count of 2 reached"}
     with pytest.raises(WorkflowError) as refused:
-        push(tmp_path / "build", "train")
+        push(tmp_path / "build", "infer")
     message = str(refused.value)
     assert len(message.splitlines()) == 1, message
     says(message, "at most 2 GPU batch session(s)", "Maximum batch GPU session count of 2 reached", "tpu2gpu wait")
-    assert not (tmp_path / "build" / "train" / "pushed.json").exists()
+    says(message, f"pushed from {tmp_path / 'build'} since its build: train")
+    assert not (tmp_path / "build" / "infer" / "pushed.json").exists()
 
 
 TIMM_PART = (
     "2@NvidiaTeslaT4 train.framework=torch model.backbone=timm model.timm_model=/kaggle/input/tiny-timm/tiny_timm "
-    "kaggle.dataset_sources=[tester/digits-tfrec,tester/tiny-timm/1]"
+    "kaggle.dataset_sources=[tester/digits-tfrec,tester/tiny-timm/1] data.image_size=24"
 )
 
 
 @pytest.mark.e2e
 def test_folds_split_over_a_tpu_kernel_and_a_gpu_kernel_gather_into_one_dataset_the_inference_kernel_scores(
-    tmp_path, recorder, demo_dir, tiny_backbone, tiny_timm_backbone, capsys
+    tmp_path, demo_dir, tiny_backbone, tiny_timm_backbone, monkeypatch, capsys
 ):
-    """kaggle.train_parts: folds 0 and 1 on the TPU kernel (tf_keras, a TF Hub backbone), fold 2 on a T4 x2 kernel
-    (torch, a timm model), each built script run as Kaggle runs it; `fetch` downloads each kernel's output into a
-    folder of its own, `publish` gathers the three folds into one model dataset, and the inference kernel scores the
-    mixed ensemble. Two exports of one fold, and an export of other class names, are refused in one message."""
+    """kaggle.train_parts: folds 0 and 1 on the TPU kernel (tf_keras, a TF Hub backbone, 16 px), fold 2 on a T4 x2
+    kernel (torch, a timm model, 24 px), each built script run as Kaggle runs it; `fetch` downloads each kernel's
+    output into a folder of its own, `publish` gathers the three folds into one model dataset, and the inference
+    kernel scores the mixed ensemble. Two exports of one fold, and an export of other class names, are refused in
+    one message."""
     from common.data.conversion import convert_competition
 
     from infer_gpu.infer import main as infer_main
@@ -343,26 +362,31 @@ def test_folds_split_over_a_tpu_kernel_and_a_gpu_kernel_gather_into_one_dataset_
         outputs[f"tester/tpu2gpu-train-{part}"] = {
             f"export/{p.relative_to(working)}": p.read_bytes() for p in working.rglob("*") if p.is_file()
         }
-    recorder.outputs_of = outputs
-    flags = set_args(*settings)
-    assert cli(["fetch", "--build", str(build_dir), "--out", str(fetched), *flags]) == 0
-    frameworks = {
-        fold: json.loads((fetched / part / "export" / fold / "model_card.json").read_text())["runtime"]["framework"]
-        for part, fold in (("train-p1", "fold0"), ("train-p1", "fold1"), ("train-p2", "fold2"))
-    }
-    assert frameworks == {"fold0": "tf_keras", "fold1": "tf_keras", "fold2": "torch"}
+    with loopback_kaggle(monkeypatch, tmp_path) as recorder:  # held around the Kaggle calls alone
+        recorder.outputs_of = outputs
+        flags = set_args(*settings)
+        assert cli(["fetch", "--build", str(build_dir), "--out", str(fetched), *flags]) == 0
+        frameworks = {
+            fold: json.loads((fetched / part / "export" / fold / "model_card.json").read_text())["runtime"]["framework"]
+            for part, fold in (("train-p1", "fold0"), ("train-p1", "fold1"), ("train-p2", "fold2"))
+        }
+        assert frameworks == {"fold0": "tf_keras", "fold1": "tf_keras", "fold2": "torch"}
+        sizes = [
+            json.loads((fetched / p / "export" / f / "model_card.json").read_text())["image_size"]
+            for p, f in (("train-p1", "fold0"), ("train-p2", "fold2"))
+        ]
+        assert sizes == [16, 24]  # mixed routes and image sizes in one ensemble
 
-    recorder.requests.clear()
-    assert cli(["publish", "--build", str(build_dir), "--out", str(fetched), *flags]) == 0
-    dataset = fetched / "model-dataset"
-    assert sorted(p.name for p in dataset.iterdir()) == [
-        "dataset-metadata.json",
-        "fold0",
-        "fold1",
-        "fold2",
-        "gathered.json",
-    ]
-    assert {"fold0.zip", "fold1.zip", "fold2.zip"} <= {name for name, _ in recorder.uploads}
+        assert cli(["publish", "--build", str(build_dir), "--out", str(fetched), *flags]) == 0
+        dataset = fetched / "model-dataset"
+        assert sorted(p.name for p in dataset.iterdir()) == [
+            "dataset-metadata.json",
+            "fold0",
+            "fold1",
+            "fold2",
+            "gathered.json",
+        ]
+        assert {"fold0.zip", "fold1.zip", "fold2.zip"} <= {name for name, _ in recorder.uploads}
     capsys.readouterr()
     inference = set_args(f"infer.exports=[{dataset}]", f"runtime.competition_dir={demo_dir}")
     assert infer_main([*inference, *set_args(f"runtime.output_dir={tmp_path / 'infer'}")]) == 0

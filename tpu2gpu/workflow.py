@@ -47,6 +47,7 @@ _SILENT_FAILURES = re.compile(
     re.M,
 )
 PUSHED_NAME = "pushed.json"
+LINKS_NAME = "links.json"
 
 
 # Kaggle's limit on an account's batch sessions at once (1 TPU, 2 GPU), in the push's answer on stdout.
@@ -80,7 +81,7 @@ def kernel_ref(cfg: Config, kernel: str, build_dir: Path | None = None) -> str:
     built = Path(build_dir) / kernel / "kernel-metadata.json" if build_dir is not None else None
     if built is not None and built.is_file():
         return json.loads(built.read_text())["id"]
-    slug = cfg.kaggle.train_kernel if kernel == "train" else cfg.kaggle.infer_kernel
+    slug = cfg.kaggle.train_kernel if kernel.startswith("train") else cfg.kaggle.infer_kernel
     return f"{cfg.kaggle.owner}/{slug}"
 
 
@@ -89,7 +90,13 @@ def push(build_dir: Path, kernel: str, dry_run: bool = False) -> int | None:
     folder = Path(build_dir) / kernel
     if not dry_run and not (folder / "kernel-metadata.json").is_file():
         raise WorkflowError(f"{folder} holds no kernel-metadata.json. Fix: run `tpu2gpu build` first")
-    output = run_kaggle(["kernels", "push", "-p", str(folder)], dry_run)
+    try:
+        output = run_kaggle(["kernels", "push", "-p", str(folder)], dry_run)
+    except WorkflowError as err:  # over Kaggle's sessions at once: say which of this build's kernels were pushed
+        pushed = [p.parent.name for p in sorted(Path(build_dir).glob(f"*/{PUSHED_NAME}"))]
+        if not _SESSION_LIMIT.search(str(err)) or not pushed:
+            raise
+        raise WorkflowError(f"{err} (pushed from {build_dir} since its build: {', '.join(pushed)})") from None
     if dry_run:
         return None
     found = re.search(r"Kernel version (\d+) successfully pushed", output)
@@ -100,7 +107,18 @@ def push(build_dir: Path, kernel: str, dry_run: bool = False) -> int | None:
         )
     version = int(found.group(1))
     (folder / PUSHED_NAME).write_text(json.dumps({"kernel": kernel, "version": version}) + "\n")
+    if kernel.startswith("train"):  # the chain's links so far, each kernel with the version Kaggle gave it
+        ref = json.loads((folder / "kernel-metadata.json").read_text())["id"]
+        links = [*chain_links(folder), {"kernel": ref, "version": version}]
+        (folder / LINKS_NAME).write_text(json.dumps(links, indent=1) + "\n")
     return version
+
+
+def chain_links(folder: Path) -> list[dict]:
+    """The links a training kernel's chain has pushed ({"kernel", "version"} each; build/<kernel>/links.json): the
+    kernels cannot know their own versions, so the record of which version trained which epochs is kept here."""
+    record = Path(folder) / LINKS_NAME
+    return json.loads(record.read_text()) if record.is_file() else []
 
 
 def pushed_version(build_dir: Path, kernel: str = "infer") -> int | None:
@@ -215,7 +233,10 @@ def continue_chains(cfg: Config, build_dir: Path, out_dir: Path, dry_run: bool =
             print(f"[continue] {fetched}: no fold left ({len(report['folds'])} exported)", flush=True)
             continue
         left = [f"fold {f} (cut)" for f in report.get("cut", [])] + [f"fold {f}" for f in report["not_started"]]
+        links = chain_links(Path(build_dir) / trainer.folder)  # kept across the link's rebuild
         rebuild_training_kernel(link, Path(build_dir) / trainer.folder)
+        if links:
+            (Path(build_dir) / trainer.folder / LINKS_NAME).write_text(json.dumps(links, indent=1) + "\n")
         ref = f"{link.kaggle.owner}/{link.kaggle.train_kernel}"
         print(f"[continue] {ref} continues {link.runtime.continue_from}: {', '.join(left)} left", flush=True)
         push(build_dir, trainer.folder, dry_run)

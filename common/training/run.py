@@ -149,7 +149,7 @@ def train_and_export(cfg: Config, backend, job: FoldJob, deadline: float) -> tup
     if result.cut and backend.hosts.writer:  # its checkpoint goes on in the next run (common/training/chain.py)
         print(f"[train] fold {job.fold}: " + keep_cut_fold(job.work, job.kept), flush=True)
     elif not result.cut:  # exported at its last epoch: the checkpoints have served
-        for folder in {job.work, job.kept}:
+        for folder in dict.fromkeys((job.work, job.kept)):
             shutil.rmtree(folder / "checkpoints", ignore_errors=True)
     job.mirror.push(job.work, CHECKPOINT_MARKER)
     if not result.epoch_seconds:  # resumed after its last epoch: nothing measured, the last estimate stands
@@ -224,8 +224,8 @@ def train_folds(cfg: Config, backend, tfrecord_dir: str, folders: TrainingFolder
     if left and backend.hosts.writer:
         print(
             f"[train] left for a later run: {', '.join(left)}. Next: the same "
-            "command with this output, or on Kaggle `tpu2gpu fetch train` and then `tpu2gpu continue` (the next "
-            "link of the chain)",
+            "command with this output, or on Kaggle `tpu2gpu fetch` and then `tpu2gpu continue` (the next link of "
+            "a chain of kernels)",
             flush=True,
         )
     if not report["folds"]:
