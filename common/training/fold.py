@@ -48,6 +48,7 @@ class FoldResult:
     compiles: CompileCount | None = None  # what the fold compiled (None: the route does not count it)
     batch_memory: dict | None = None  # what was weighed to choose or check the batch (batch.py), for the card
     trained_in: list = field(default_factory=list)  # the runs that trained its epochs (progress.json's trained_in)
+    optimizer_steps: int = 0  # the optimiser's own count after the last epoch (before the best epoch's weights return)
 
 
 def read_validation(records: RecordSet) -> Validation:
@@ -179,6 +180,7 @@ def _train_built_fold(run: FoldRun, batch: Batch, phase: Phase) -> FoldResult:
                 ),
             )
         phase.now = "predicting the validation fold with the best epoch's weights"
+        steps = backend.optimizer_steps()  # restoring the best epoch may restore its optimiser's count too
         best_epoch, outputs = restore_best(backend, monitor, predict_val)
     finally:  # scored, or ended by an error: what the fold held is let go, off this thread
         if monitor is not None:
@@ -202,4 +204,5 @@ def _train_built_fold(run: FoldRun, batch: Batch, phase: Phase) -> FoldResult:
         compiles,
         batch.memory,
         monitor.trained_in,
+        steps,
     )
