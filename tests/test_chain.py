@@ -83,6 +83,7 @@ def test_a_chain_link_resumes_the_cut_fold_trains_the_rest_carries_the_done_and_
     from infer_gpu.infer import main as infer_main
     from tpu2gpu.build import build, kernel_config
     from tpu2gpu.cli import main as cli
+    from tpu2gpu.workflow import WorkflowError, one_ensemble
     from train_tpu.train import main as train_main
 
     cfg = load_config(None, CHAIN)
@@ -125,7 +126,13 @@ def test_a_chain_link_resumes_the_cut_fold_trains_the_rest_carries_the_done_and_
     with loopback_kaggle(monkeypatch, tmp_path) as recorder:  # held around the Kaggle calls alone
         recorder.kernel_outputs = link1_files
         assert cli(["fetch", "--build", str(build_dir), "--out", str(fetched), *flags]) == 0
+        built = (build_dir / "train" / "train.py").read_text()
         recorder.requests.clear()
+        assert cli(["continue", "--dry-run", "--build", str(build_dir), "--out", str(fetched), *flags]) == 0
+        says(
+            capsys.readouterr().out, "tester/tpu2gpu-train-2", "would be built", f"$ kaggle kernels push -p {build_dir}"
+        )
+        assert (build_dir / "train" / "train.py").read_text() == built and recorder.requests == []  # nothing changed
         assert cli(["continue", "--build", str(build_dir), "--out", str(fetched), *flags]) == 0
         out = capsys.readouterr().out
         says(out, "tester/tpu2gpu-train-2 continues tester/tpu2gpu-train", "fold 1 (cut), fold 2 left")
@@ -136,6 +143,14 @@ def test_a_chain_link_resumes_the_cut_fold_trains_the_rest_carries_the_done_and_
         metadata = json.loads((build_dir / "train" / "kernel-metadata.json").read_text())
         assert (metadata["id"], metadata["title"]) == ("tester/tpu2gpu-train-2", "tpu2gpu train 2")
         assert metadata["kernel_sources"] == ["tester/tpu2gpu-train"]
+        assert cli(["continue", "--build", str(build_dir), "--out", str(fetched), *flags]) == 0  # again: no new push
+        says(capsys.readouterr().out, "tester/tpu2gpu-train-2 is built and pushed already")
+        assert len([path for path, _ in recorder.requests if path.endswith("SaveKernel")]) == 1
+    # Link 1's folds alone are not the ensemble its report planned: fold 2 is missing.
+    with pytest.raises(WorkflowError) as refused:
+        one_ensemble([fetched / "export"])
+    says(str(refused.value), "fold 2 is missing (planned, not exported", "--allow-missing")
+    assert len(one_ensemble([fetched / "export"], allow_missing=True)) == 2
 
     # ---- link 2, as Kaggle runs it: link 1's output mounted in the newer layout
     second = simulated_kaggle(tmp_path / "kaggle2", tmp_path / "records", demo_dir, tiny_backbone)
@@ -215,7 +230,12 @@ def test_a_chain_link_resumes_the_cut_fold_trains_the_rest_carries_the_done_and_
             str(tmp_path / "short"),
         ]
         assert cli([*short, *flags, *set_args("kaggle.max_links=1")]) == 2
-        says(capsys.readouterr().err, "folds are still left after kaggle.max_links=1 links (train)", "tpu2gpu continue")
+        says(
+            capsys.readouterr().err,
+            "folds are still left after kaggle.max_links=1 links",
+            "build-short/train",
+            "tpu2gpu continue",
+        )
 
     # ---- the inference kernel scores the three folds
     infer_out = tmp_path / "infer"
@@ -302,19 +322,21 @@ def test_a_kernel_that_attaches_its_own_output_is_refused_at_build(tmp_path):
 
 
 def test_a_push_over_kaggles_concurrent_session_limit_is_one_line_naming_it(tmp_path, recorder):
-    """Two GPU sessions run; Kaggle answers a third push with its limit, which the CLI prints and exits 0 on."""
+    """Two training kernels on T4 x2 sessions pushed; Kaggle answers the third GPU push (the inference kernel) with
+    its limit, which the CLI prints and exits 0 on."""
     from tpu2gpu.build import build
     from tpu2gpu.workflow import WorkflowError, push
 
-    build(load_config(None, [*CHAIN, "kaggle.train_accelerator=NvidiaTeslaT4"]), tmp_path / "build")
-    assert push(tmp_path / "build", "train") == 1
+    parts = "kaggle.train_parts=['0,1,2@NvidiaTeslaT4', '3,4@NvidiaTeslaT4']"
+    build(load_config(None, [*CHAIN, parts]), tmp_path / "build")
+    assert (push(tmp_path / "build", "train-p1"), push(tmp_path / "build", "train-p2")) == (1, 1)
     recorder.save_kernel_extra = {"error": "Maximum batch GPU session count of 2 reached"}
     with pytest.raises(WorkflowError) as refused:
         push(tmp_path / "build", "infer")
     message = str(refused.value)
     assert len(message.splitlines()) == 1, message
     says(message, "at most 2 GPU batch session(s)", "Maximum batch GPU session count of 2 reached", "tpu2gpu wait")
-    says(message, f"pushed from {tmp_path / 'build'} since its build: train")
+    says(message, f"pushed from {tmp_path / 'build'} since its build: train-p1, train-p2")
     assert not (tmp_path / "build" / "infer" / "pushed.json").exists()
 
 
@@ -427,3 +449,37 @@ def test_a_split_that_trains_a_fold_twice_or_never_or_overfills_kaggles_sessions
     with pytest.raises(ConfigError) as refused:
         training_kernels(load_config(None, [*base, "kaggle.train_parts=['TpuV5E8']"]))
     says(str(refused.value), "kaggle.train_parts[0]='TpuV5E8'", "FOLDS@ACCELERATOR")
+
+
+@pytest.mark.e2e
+def test_a_cut_folds_checkpoint_outlives_its_scratch_folder_and_a_run_that_cannot_start_it(
+    train_argv, tmp_path, monkeypatch, capsys
+):
+    """runtime.scratch_dir apart from the output: the budget cuts fold 0 after epoch 1 (forced), and its work folder is
+    kept in the output. The scratch folder is lost (another machine); a run whose budget cannot start the fold puts the
+    checkpoint back, keeps it and reports the fold cut; the next run resumes it at epoch 2 and ends it at epoch 3."""
+    from common.training import epoch as epoch_module
+    from common.training import run as run_module
+
+    from train_tpu.train import main as train_main
+
+    argv = train_argv("train.epochs=3", f"runtime.scratch_dir={tmp_path / 'scratch'}")
+    out = tmp_path / "out"
+    with monkeypatch.context() as session:
+        session.setattr(epoch_module, "cuts_after", lambda done, *args: done == 1)
+        assert train_main(argv) == 0
+    says(capsys.readouterr().out, "stopping after epoch 1", f"kept in {out / 'work' / 'fold0'}")
+    shutil.rmtree(tmp_path / "scratch")
+    with monkeypatch.context() as session:
+        session.setattr(run_module, "should_start", lambda fold, left, estimate: (False, f"fold {fold} not started"))
+        assert train_main(argv) == 0
+    log = capsys.readouterr().out
+    says(log, "fold0: its checkpoint after epoch 1 put back from", "fold 0: the time budget cut it after epoch 1")
+    says(log, "fold 0 not started", "left for a later run: fold 0 (cut after epoch 1 of 3)")
+    assert json.loads((out / "export" / "training_report.json").read_text())["cut"] == [0]
+    assert train_main(argv) == 0
+    log = capsys.readouterr().out
+    assert "resuming from the checkpoint after epoch 1" in log and "[train] epoch 1:" not in log
+    assert re.search(r"\[train\] epoch 3: step 12,", log), log[-2000:]
+    report = json.loads((out / "export" / "training_report.json").read_text())
+    assert report["cut"] == [] and not (out / "work" / "fold0" / "checkpoints").exists()

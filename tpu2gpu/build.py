@@ -339,6 +339,12 @@ def build(cfg: Config, out_dir: str | Path, demo: bool = False) -> dict[str, Pat
     trainers = training_kernels(cfg)
     for trainer in trainers:
         _refuse_unreachable(trainer.cfg, out, demo)
+        last = f"{trainer.cfg.kaggle.train_kernel}-{cfg.kaggle.max_links}"  # its chain's last link (tpu2gpu continue)
+        if cfg.kaggle.max_links > 1 and len(last) > 50:
+            raise MetadataError(
+                f"kaggle.train_kernel: the chain's link {cfg.kaggle.max_links} would be {last!r}, over Kaggle's 50 "
+                "characters. Fix: a shorter kaggle.train_kernel, or a smaller kaggle.max_links"
+            )
     with staged_dir(out, overwrite=True) as tmp:
         for trainer in trainers:
             (tmp / trainer.folder).mkdir()

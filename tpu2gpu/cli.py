@@ -176,12 +176,15 @@ def cmd_continue(args) -> int:
 
     if workflow.continue_chains(config_from_args(args), Path(args.build), Path(args.out), args.dry_run):
         print(
-            f"[continue] next: `tpu2gpu wait --build {args.build}`, then `tpu2gpu fetch --build {args.build} --out "
-            f"{args.out}`, and `tpu2gpu continue` again while folds are left",
+            f"[continue] next (each with this config): `tpu2gpu wait --build {args.build}`, then `tpu2gpu fetch "
+            f"--build {args.build} --out {args.out}`, and `tpu2gpu continue` again while folds are left",
             flush=True,
         )
     else:
-        print(f"[continue] every fold is exported. Next: `tpu2gpu publish --build {args.build} --out {args.out}`")
+        print(
+            f"[continue] no link pushed. Once every fold is exported: `tpu2gpu publish --build {args.build} --out "
+            f"{args.out}` with this config"
+        )
     return 0
 
 
@@ -209,6 +212,7 @@ def cmd_publish(args) -> int:
         f"{cfg.kaggle.owner}/{cfg.kaggle.model_dataset}",
         args.message,
         args.dry_run,
+        args.allow_missing,
     )
     return 0
 
@@ -245,8 +249,9 @@ def cmd_workflow(args) -> int:
         left = workflow.chains_left(cfg, build_dir, fetched)
         if left and links == cfg.kaggle.max_links:
             raise workflow.WorkflowError(
-                f"folds are still left after kaggle.max_links={links} links ({', '.join(left)}). Fix: `tpu2gpu "
-                f"continue --build {build_dir} --out {fetched}` goes on, or a larger kaggle.max_links"
+                f"folds are still left after kaggle.max_links={links} links of the training kernel(s) in "
+                f"{', '.join(str(build_dir / name) for name in left)}. Fix: `tpu2gpu continue --build {build_dir} "
+                f"--out {fetched}` with this config goes on, or a larger kaggle.max_links"
             )
         running = workflow.continue_chains(cfg, build_dir, fetched) if left else []
         if not running:
@@ -391,6 +396,9 @@ def _kernel_steps(steps) -> None:
         "each training kernel's fetched run under --out)",
     )
     p.add_argument("--out", default="runs/kaggle/train", help="where `fetch` put the runs (default: %(default)s)")
+    p.add_argument(
+        "--allow-missing", action="store_true", help="publish the folds there are when a run left some untrained"
+    )
     p.add_argument("-m", "--message", default="tpu2gpu export")
 
 

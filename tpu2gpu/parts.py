@@ -12,6 +12,7 @@ publish` gathers their folds into one model dataset.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from common.core.config import Config, with_overrides
@@ -42,17 +43,17 @@ def _part(cfg: Config, number: int, spec: str) -> TrainingKernel:
             f"kaggle.train_parts[{number - 1}]={spec!r} must start with FOLDS@ACCELERATOR, e.g. '0,1,2@TpuV5E8' or "
             "'3@NvidiaTeslaT4 train.framework=torch model.backbone=timm'"
         )
+    part = with_overrides(cfg, settings)  # the part's own settings, checked as any config's
     k = cfg.kaggle
-    slug, title = f"{k.train_kernel}-p{number}", f"{k.train_title or k.train_kernel.replace('-', ' ')} p{number}"
-    overrides = [
-        f"train.folds={fold_list}",
-        f"kaggle.train_accelerator={accelerator}",
-        f"kaggle.train_kernel={slug}",
-        f"kaggle.train_title={title}",
-        "kaggle.train_parts=[]",
-        *settings,
-    ]
-    return TrainingKernel(f"train-p{number}", with_overrides(cfg, overrides))
+    kaggle = dataclasses.replace(
+        part.kaggle,
+        train_accelerator=accelerator,
+        train_kernel=f"{k.train_kernel}-p{number}",
+        train_title=f"{k.train_title or k.train_kernel.replace('-', ' ')} p{number}",
+        train_parts=(),
+    )
+    train = dataclasses.replace(part.train, folds=tuple(fold_list))
+    return TrainingKernel(f"train-p{number}", dataclasses.replace(part, kaggle=kaggle, train=train))
 
 
 def training_kernels(cfg: Config) -> list[TrainingKernel]:

@@ -135,8 +135,9 @@ def parse_status(output: str) -> str:
     return found[-1]
 
 
-def wait(ref: str, interval: float = 60.0, timeout_hours: float = 12.0, dry_run: bool = False) -> str:
-    """Poll until the kernel is COMPLETE (returned) or failed (raised), printing one progress line per poll."""
+def wait(ref: str, interval: float = 60.0, timeout_hours: float = 24.0, dry_run: bool = False) -> str:
+    """Poll until the kernel is COMPLETE (returned) or failed (raised), printing one progress line per poll; at most
+    timeout_hours (a GPU session's 12 h and the time it waits in Kaggle's queue)."""
     if dry_run:
         run_kaggle(["kernels", "status", ref], dry_run=True)
         return "COMPLETE"
@@ -175,13 +176,26 @@ def fetched_folder(out_dir: Path, folders: list[str], folder: str) -> Path:
 
 
 def fetch(ref: str, out_dir: Path, dry_run: bool = False) -> Path:
-    """The kernel's latest output, replacing what out_dir held (a later link's output is a whole run of its own)."""
+    """The kernel's latest output into out_dir. A training run's output (export/training_report.json) replaces what
+    out_dir held, since a chain's later link is a whole run of its own and files of the link before must not mix
+    with it; any other output is written over what is there."""
+    out_dir = Path(out_dir)
     if dry_run:
         run_kaggle(["kernels", "output", ref, "-p", str(out_dir), "-o"], dry_run)
-        return Path(out_dir)
-    with staged_dir(out_dir, overwrite=True) as tmp:
-        run_kaggle(["kernels", "output", ref, "-p", str(tmp), "-o"])
-    return Path(out_dir)
+        return out_dir
+    download = out_dir.parent / f".{out_dir.name}.download"
+    shutil.rmtree(download, ignore_errors=True)
+    download.mkdir(parents=True)
+    try:
+        run_kaggle(["kernels", "output", ref, "-p", str(download), "-o"])
+        if (download / "export" / "training_report.json").is_file():
+            with staged_dir(out_dir, overwrite=True) as tmp:
+                shutil.copytree(download, tmp, dirs_exist_ok=True)
+        else:
+            shutil.copytree(download, out_dir, dirs_exist_ok=True)
+    finally:
+        shutil.rmtree(download, ignore_errors=True)
+    return out_dir
 
 
 def chain_link(base: str, slug: str) -> int | None:
@@ -222,7 +236,6 @@ def next_link(cfg: Config, fetched: Path) -> tuple[Config | None, dict]:
 def continue_chains(cfg: Config, build_dir: Path, out_dir: Path, dry_run: bool = False) -> list[str]:
     """`tpu2gpu continue`: for each training kernel of the build whose fetched run left folds, the next link built
     from the same config (tpu2gpu/parts.py: its part) and pushed. Returns the build folders pushed."""
-    from tpu2gpu.build import rebuild_training_kernel
     from tpu2gpu.parts import training_kernels
 
     folders, pushed = kernel_folders(build_dir, "train"), []
@@ -233,15 +246,41 @@ def continue_chains(cfg: Config, build_dir: Path, out_dir: Path, dry_run: bool =
             print(f"[continue] {fetched}: no fold left ({len(report['folds'])} exported)", flush=True)
             continue
         left = [f"fold {f} (cut)" for f in report.get("cut", [])] + [f"fold {f}" for f in report["not_started"]]
-        links = chain_links(Path(build_dir) / trainer.folder)  # kept across the link's rebuild
-        rebuild_training_kernel(link, Path(build_dir) / trainer.folder)
-        if links:
-            (Path(build_dir) / trainer.folder / LINKS_NAME).write_text(json.dumps(links, indent=1) + "\n")
-        ref = f"{link.kaggle.owner}/{link.kaggle.train_kernel}"
+        folder, ref = Path(build_dir) / trainer.folder, f"{link.kaggle.owner}/{link.kaggle.train_kernel}"
+        if kernel_ref(trainer.cfg, trainer.folder, build_dir) == ref and (folder / PUSHED_NAME).is_file():
+            print(f"[continue] {ref} is built and pushed already (`tpu2gpu wait`, then `fetch`)", flush=True)
+            continue
         print(f"[continue] {ref} continues {link.runtime.continue_from}: {', '.join(left)} left", flush=True)
-        push(build_dir, trainer.folder, dry_run)
+        if dry_run:  # the build stays as it is: what the link would be, and its push
+            print(f"# {folder} would be built again as {ref}, kernel_sources [{link.runtime.continue_from}]")
+            push(build_dir, trainer.folder, dry_run=True)
+            pushed.append(trainer.folder)
+            continue
+        _push_link(link, Path(build_dir), trainer.folder)
         pushed.append(trainer.folder)
     return pushed
+
+
+def _push_link(link: Config, build_dir: Path, name: str) -> None:
+    """The link built in place of the kernel before it and pushed; a push that fails (over Kaggle's sessions at once)
+    puts the previous build back, so the build names the kernels that were pushed."""
+    from tpu2gpu.build import rebuild_training_kernel
+
+    folder = build_dir / name
+    links = chain_links(folder)  # kept across the link's build
+    before = build_dir / f".{name}.before-link"
+    shutil.rmtree(before, ignore_errors=True)
+    shutil.copytree(folder, before)
+    try:
+        rebuild_training_kernel(link, folder)
+        if links:
+            (folder / LINKS_NAME).write_text(json.dumps(links, indent=1) + "\n")
+        push(build_dir, name)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        before.rename(folder)
+        raise
+    shutil.rmtree(before, ignore_errors=True)
 
 
 def chains_left(cfg: Config, build_dir: Path, out_dir: Path) -> list[str]:
@@ -311,9 +350,10 @@ def _planned_folds(export_root: Path) -> set[int]:
     return {int(name.removeprefix("fold")) for name in report["folds"]} | set(report.get("not_started", []))
 
 
-def one_ensemble(export_roots: list[Path]) -> list[Path]:
+def one_ensemble(export_roots: list[Path], allow_missing: bool = False) -> list[Path]:
     """Every fold export under export_roots (each complete), checked to make one ensemble: one task, one class list
-    and label schema, each fold once, and every fold the runs set out to train. Several problems are one message."""
+    and label schema, each fold once, and every fold the runs set out to train (unless allow_missing). Several
+    problems are one message."""
     exports = [fold for root in export_roots for fold in sorted(p for p in Path(root).glob("fold*") if p.is_dir())]
     if not exports:
         raise WorkflowError(
@@ -334,7 +374,11 @@ def one_ensemble(export_roots: list[Path]) -> list[Path]:
             if mine != theirs:
                 problems.append(f"{export} has other {what} than {first} ({str(mine)[:80]} against {str(theirs)[:80]})")
     problems += [f"fold {f} is exported twice ({' and '.join(map(str, e))})" for f, e in owners.items() if len(e) > 1]
-    problems += [f"fold {f} is missing (planned, not exported)" for f in sorted(planned - set(owners))]
+    missing = sorted(planned - set(owners))
+    if missing and allow_missing:
+        print(f"[publish] fold(s) {missing} missing: the model dataset holds the folds there are", flush=True)
+    elif missing:
+        problems += [f"fold {f} is missing (planned, not exported; --allow-missing publishes without)" for f in missing]
     if problems:
         raise WorkflowError(
             "the exports do not make one ensemble: "
@@ -345,10 +389,10 @@ def one_ensemble(export_roots: list[Path]) -> list[Path]:
     return exports
 
 
-def gather(export_roots: list[Path], into: Path) -> Path:
+def gather(export_roots: list[Path], into: Path, allow_missing: bool = False) -> Path:
     """One model dataset folder of the folds under several export roots (several kernels' runs), checked as one
     ensemble first; a single root is published as it is."""
-    exports = one_ensemble(export_roots)
+    exports = one_ensemble(export_roots, allow_missing)
     if len(export_roots) == 1:
         return Path(export_roots[0])
     with staged_dir(into, overwrite=True) as tmp:
@@ -361,14 +405,19 @@ def gather(export_roots: list[Path], into: Path) -> Path:
 
 
 def publish_export(
-    export_roots: list[Path], dataset_metadata: Path, dataset_ref: str, message: str, dry_run: bool = False
+    export_roots: list[Path],
+    dataset_metadata: Path,
+    dataset_ref: str,
+    message: str,
+    dry_run: bool = False,
+    allow_missing: bool = False,
 ) -> str:
     """The model dataset: the fold exports of every run given, checked complete and one ensemble, gathered into one
     folder where there are several, before anything is uploaded."""
     roots = [Path(r) for r in export_roots]
     folder = roots[0] if len(roots) == 1 else roots[0].parent.parent / "model-dataset"
     if not dry_run:
-        gather(roots, folder)
+        gather(roots, folder, allow_missing)
     return publish(folder, dataset_metadata, dataset_ref, message, dir_mode=True, dry_run=dry_run)
 
 

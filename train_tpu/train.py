@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     # ---- config, framework and hardware (common/launch/routes.py: tf_keras, Keras 3 on JAX, torch_xla or torch)
     cfg = parse_kernel_args(__doc__, argv)
     print(format_config(cfg), flush=True)
-    # a chain's next link: the previous link's output found first, so a missing one stops before anything starts
+    # a chain's next link: the previous link's output found first, so a missing one stops before the backend starts
     previous = previous_run(cfg.runtime.continue_from) if cfg.runtime.continue_from else None
     processes = processes_to_start(cfg)  # the torch route on several GPUs: one process each, torchrun starts them
     if processes > 1:

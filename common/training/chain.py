@@ -75,8 +75,9 @@ def take_previous_run(previous: Path, cfg: Config, out: Path, work: Path) -> Non
             + ", ".join(f"{key} ({_setting(theirs, key)!r} there, {_setting(ours, key)!r} here)" for key in differ)
             + ". Nothing was trained. Fix: the previous run's config (`tpu2gpu continue` builds the link from it)"
         )
-    for export in sorted(p for p in (previous / "export").glob("fold*") if p.is_dir()):
-        card = read_card(export)  # a fold that is not a complete export is named, and nothing is taken
+    exports = sorted(p for p in (previous / "export").glob("fold*") if p.is_dir())
+    cards = {export: read_card(export) for export in exports}  # one that is not complete is named, before any copy
+    for export, card in cards.items():
         target = out / "export" / export.name
         if target.exists():
             continue
@@ -95,6 +96,16 @@ def take_previous_run(previous: Path, cfg: Config, out: Path, work: Path) -> Non
         with staged_dir(target, overwrite=True) as tmp:
             shutil.copytree(kept, tmp, dirs_exist_ok=True)
         print(f"[train] {kept.name}: its checkpoint after epoch {epochs_checkpointed(kept)} taken from {previous}")
+
+
+def put_back_kept(work: Path, kept: Path) -> None:
+    """A cut fold's work folder kept in the output copied back into its work folder where that holds fewer epochs
+    (a scratch folder apart from the output, emptied since), so the fold resumes from it."""
+    if kept.resolve() == work.resolve() or epochs_checkpointed(kept) <= epochs_checkpointed(work):
+        return
+    with staged_dir(work, overwrite=True) as tmp:
+        shutil.copytree(kept, tmp, dirs_exist_ok=True)
+    print(f"[train] {work.name}: its checkpoint after epoch {epochs_checkpointed(kept)} put back from {kept}")
 
 
 def keep_cut_fold(work: Path, kept: Path) -> str:

@@ -37,7 +37,7 @@ from common.data.records import (
 )
 from common.export.card import CARD_NAME, ModelCard, read_card
 from common.training.budget import FoldTiming, budget_hours, estimate_fold_seconds, export_reserve_seconds, should_start
-from common.training.chain import keep_cut_fold
+from common.training.chain import keep_cut_fold, put_back_kept
 from common.training.epoch import CHECKPOINT_MARKER, epochs_checkpointed
 from common.training.finish import export_fold, out_of_fold_scores
 from common.training.fold import train_fold
@@ -190,6 +190,8 @@ def train_folds(cfg: Config, backend, tfrecord_dir: str, folders: TrainingFolder
         if cfg.runtime.start_over:
             job.start_over()
         job.settle()
+        if backend.hosts.writer:
+            put_back_kept(job.work, job.kept)
         card = exported_card(job.export_dir)
         resumed = resumes_cut_fold(card, job, cfg.train.epochs) if card else ""
         if backend.hosts.agree(card is not None and not resumed):  # process 0 sees the exports (it alone writes them)
@@ -206,8 +208,10 @@ def train_folds(cfg: Config, backend, tfrecord_dir: str, folders: TrainingFolder
         start, why = should_start(fold, deadline - time.monotonic(), estimate)
         if not backend.hosts.agree(start):  # later folds are still looked at (exported ones reported)
             print(why, flush=True)
-            if card is not None:  # a cut fold's export stands until a later run resumes it
+            if card is not None:  # a cut fold's export stands, and its checkpoint waits in the output for a later run
                 report["folds"][f"fold{fold}"] = card.metrics
+                if resumed and backend.hosts.writer:
+                    print(f"[train] fold {fold}: " + keep_cut_fold(job.work, job.kept), flush=True)
             else:
                 report["not_started"].append(fold)
             continue
