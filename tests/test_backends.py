@@ -265,8 +265,8 @@ def test_the_input_wait_is_the_share_of_the_steps_time_spent_asking_for_batches(
 MISTYPED = {  # route: (settings, names the line must give)
     "tf_keras": (["model.backbone=efficientnet", "model.efficientnet_variant=B9"], ["B0", "B7"]),
     "keras_jax": (["model.backbone=efficientnet", "model.efficientnet_variant=V2X"], ["B0", "V2S", "V2L"]),
-    "torch_xla": (["model.backbone=timm", "model.timm_model=resnet5O"], ["resnet50", "efficientnet_b0"]),
-    "torch": (["model.backbone=timm", "model.timm_model=efficientnet-b0"], ["efficientnet_b0", "resnet18"]),
+    "torch_xla": (["model.backbone=timm", "model.timm_model=resnet5O"], ["resnet50", "resnet50d"]),  # the nearest
+    "torch": (["model.backbone=timm", "model.timm_model=efficientnet-b0"], ["efficientnet_b0", "efficientnet_b7"]),
 }
 
 

@@ -216,16 +216,38 @@ def kernel_config(cfg: Config, kernel: str) -> dict:
 LEFT_OUT = {"train": (), "infer": ("common/launch/", "common/training/")}
 
 
-def bundle_zip(packages: list[str], left_out: tuple[str, ...] = ()) -> bytes:
+# Pure-Python packages a training kernel carries where Kaggle's images lack them: torchax lowers a timm model that
+# keras-hub cannot rebuild through JAX for its export (common/training/backends/torch_shared/export.py).
+VENDORED = {"timm": ("torchax",)}
+
+
+def vendored_roots(cfg: Config) -> list[Path]:
+    """The folders holding the installed packages the training kernel of cfg carries (VENDORED, by backbone)."""
+    import importlib.util
+
+    roots = []
+    for name in VENDORED.get(cfg.model.backbone, ()):
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.origin:
+            raise MetadataError(
+                f"model.backbone={cfg.model.backbone}: the training kernel carries {name}, which is not installed "
+                "here. Fix: ./dev installs it (the torch extra), or pip install it"
+            )
+        roots.append(Path(spec.origin).parent.parent)
+    return roots
+
+
+def bundle_zip(packages: list[str], left_out: tuple[str, ...] = (), roots: tuple[Path, ...] = ()) -> bytes:
     """The packages' .py files (but those under left_out) in a zip with fixed dates and order: the same sources give
-    the same bytes."""
+    the same bytes. A package is looked for in this repository, then in `roots` (installed packages carried)."""
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
         for package in packages:
-            for path in sorted((REPO / package).rglob("*.py")):
-                if path.relative_to(REPO).as_posix().startswith(left_out):
+            root = next((r for r in (REPO, *roots) if (r / package).is_dir()), REPO)
+            for path in sorted((root / package).rglob("*.py")):
+                if path.relative_to(root).as_posix().startswith(left_out):
                     continue
-                info = zipfile.ZipInfo(str(path.relative_to(REPO)), date_time=(1980, 1, 1, 0, 0, 0))
+                info = zipfile.ZipInfo(str(path.relative_to(root)), date_time=(1980, 1, 1, 0, 0, 0))
                 info.external_attr = 0o644 << 16
                 info.compress_type = zipfile.ZIP_DEFLATED
                 archive.writestr(info, path.read_bytes())
@@ -290,7 +312,9 @@ run_entry("infer", main, ["--config", config_path])""",
 
 def build_script(cfg: Config, kernel: str) -> str:
     package, entry = KERNELS[kernel]
-    data = bundle_zip(["common", package], LEFT_OUT[kernel])
+    carried = VENDORED.get(cfg.model.backbone, ()) if kernel == "train" else ()
+    roots = tuple(vendored_roots(cfg)) if carried else ()
+    data = bundle_zip(["common", package, *carried], LEFT_OUT[kernel], roots)
     encoded = base64.b64encode(data).decode()
     chunks = "\n".join(f'    "{encoded[i : i + 100]}"' for i in range(0, len(encoded), 100))
     config = json.dumps(kernel_config(cfg, kernel), indent=1)
@@ -302,7 +326,7 @@ def build_script(cfg: Config, kernel: str) -> str:
     return SCRIPT.format(
         kernel=kernel,
         sha=hashlib.sha256(data).hexdigest(),
-        packages=["common", package],
+        packages=["common", package, *carried],
         config=config,
         chunks=chunks,
         start=START[kernel].format(entry=entry),

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from common.core.errors import ConfigError
 from common.core.fields import supply_choices
 
-# The timm architectures the PyTorch routes train: those keras-hub's timm converters (0.29-0.32) rebuild under
-# TensorFlow for the export (keras_hub/src/utils/timm/convert_*.py, by exact name; their output is forward_features').
-TIMM_ARCHITECTURES = (
+# The timm architectures keras-hub's timm converters (0.29-0.32) rebuild under TensorFlow for the export, a native
+# TensorFlow graph with a float16 signature (keras_hub/src/utils/timm/convert_*.py, by exact name; their output is
+# forward_features'). Any other timm architecture is lowered through JAX (torchax, jax2tf) for the export instead.
+KERAS_HUB_REBUILDS = (
     *(f"efficientnet_b{k}" for k in range(6)),
     "efficientnet_lite0",
     *(f"resnet{depth}" for depth in (18, 26, 34, 50, 101, 152)),
@@ -70,13 +71,23 @@ def check_efficientnet_names(variant: str, weights: str, route: str) -> None:
 
 
 def check_timm(model_cfg, route: str) -> None:
-    """A timm architecture name the export can rebuild (a folder's name is read from its config.json when loaded)."""
+    """An architecture timm knows, where timm is installed (a folder's name is read from its config.json when
+    loaded): a mistyped name is one line with the nearest names, not a download that fails on Kaggle."""
+    import difflib
+    import importlib.util
+
     name = model_cfg.timm_model
-    if "/" not in name and name not in TIMM_ARCHITECTURES:
+    if "/" in name or importlib.util.find_spec("timm") is None:
+        return
+    import timm
+
+    known = timm.list_models()
+    if name not in known:
+        near = difflib.get_close_matches(name, known, n=5)
         raise ConfigError(
-            f"model.timm_model={name!r} is not an architecture the export can rebuild under TensorFlow "
-            f"(keras-hub's timm converters): {', '.join(TIMM_ARCHITECTURES)}. Fix: one of those, or a folder "
-            "holding one (config.json + model.safetensors)"
+            f"model.timm_model={name!r} is not a timm architecture"
+            + (f" (the nearest: {', '.join(near)})" if near else "")
+            + ". Fix: a name timm.list_models() gives, or a folder holding one (config.json + model.safetensors)"
         )
 
 

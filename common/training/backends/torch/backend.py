@@ -94,7 +94,9 @@ class TorchBackend:
             self.model = self.step = self.optimizer = None
             torch.cuda.empty_cache()
         torch.manual_seed(self.cfg.train.seed)
-        self.model = build_timm_model(self.cfg.model, plan.outputs, plan.task.activation, self.autocast)
+        self.model = build_timm_model(
+            self.cfg.model, plan.outputs, plan.task.activation, self.autocast, self.cfg.data.image_size
+        )
         # Channels-last, as the images arrive (TimmClassifier's permute): convolutions without a layout copy, and
         # gradients in the weights' own layout, which DDP's buckets expect.
         self.model.to(self.device, memory_format=torch.channels_last)

@@ -101,7 +101,11 @@ class TorchXlaBackend:
         self.steps = 0
         torch.manual_seed(self.cfg.train.seed)
         self.model = build_timm_model(
-            self.cfg.model, plan.outputs, plan.task.activation, torch.bfloat16 if self.autocast else None
+            self.cfg.model,
+            plan.outputs,
+            plan.task.activation,
+            torch.bfloat16 if self.autocast else None,
+            self.cfg.data.image_size,
         )
         self.model.to(self.device)
         self.optimizer = make_optimizer(self.model, self.cfg.train, plan.peak_lr)
