@@ -2,6 +2,7 @@
 JAX for the export (torchax, jax2tf; common/training/backends/torch_shared/export.py) and scored by the TF-only
 inference kernel beside the other routes' exports."""
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -76,7 +77,7 @@ def test_a_convnext_exports_lowered_through_jax_and_scores_beside_a_tf_keras_exp
     """convnext_atto, which keras-hub cannot rebuild, on the torch route: lowered through JAX, verified, and scored by
     the inference kernel in one ensemble with a tf_keras export (the EfficientNetV2 and ViT families: the slow test
     below)."""
-    pytest.importorskip("torchax")
+    assert importlib.util.find_spec("torchax"), "torchax is installed with the torch extra"
     scored_beside(
         lowered_exports(["convnext_atto"], demo_records[0], tmp_path), trained_export, demo_dir, tmp_path, capsys
     )
@@ -89,6 +90,6 @@ def test_convnext_efficientnetv2_and_a_vit_export_lowered_through_jax_and_score_
 ):
     """ConvNeXt, EfficientNetV2 and a ViT (at the images' 32 px: its patch grid is built for them), as the test
     above does ConvNeXt alone (about 150 s here)."""
-    pytest.importorskip("torchax")
+    assert importlib.util.find_spec("torchax"), "torchax is installed with the torch extra"
     architectures = ["convnext_atto", "tf_efficientnetv2_b0", "vit_tiny_patch16_224"]
     scored_beside(lowered_exports(architectures, demo_records[0], tmp_path), trained_export, demo_dir, tmp_path, capsys)

@@ -175,8 +175,9 @@ class LoweredModel:
 
     def __init__(self, model, size: int):
         import tensorflow as tf
-        import torchax
         from jax.experimental import jax2tf
+
+        torchax = import_torchax()
 
         weights, function = torchax.extract_jax(model)
         self.weights = tf.nest.map_structure(lambda w: tf.Variable(np.asarray(w), trainable=False), weights)
@@ -212,6 +213,23 @@ class LoweredModel:
         chunks = tf.reshape(padded, [-1, self.batch, self.size, self.size, 3])
         outputs = tf.map_fn(lambda chunk: self.function(self.weights, chunk), chunks, fn_output_signature=tf.float32)
         return tf.reshape(outputs, [-1, tf.shape(outputs)[-1]])[:count]
+
+
+def import_torchax():
+    """torchax, in this export child. Some builds of torchax 0.0.13 import flax at the top of torchax.checkpoint
+    (for its own checkpoint functions, which the export never calls), and neither Kaggle's GPU image nor this
+    project's install is sure to hold flax: where it is missing, an empty stand-in lets torchax import."""
+    import importlib.util
+    import types
+
+    if importlib.util.find_spec("flax") is None:
+        flax, training = types.ModuleType("flax"), types.ModuleType("flax.training")
+        training.checkpoints = types.ModuleType("flax.training.checkpoints")
+        flax.training = training
+        sys.modules.update({"flax": flax, "flax.training": training, "flax.training.checkpoints": training.checkpoints})
+    import torchax
+
+    return torchax
 
 
 def lowered_export(job_path: Path, job: dict):
