@@ -236,8 +236,8 @@ def cmd_workflow(args) -> int:
     running = workflow.kernel_folders(build_dir, "train")
     for folder in running:
         workflow.push(build_dir, folder, args.dry_run)
+    every = list(running)  # the build's training kernels; a link is built in its kernel's folder
     for links in range(1, cfg.kaggle.max_links + 1):  # each kernel's chain: the next links pushed by continue
-        every = workflow.kernel_folders(build_dir, "train")
         for folder in running:  # they run at once on Kaggle: waited for in turn
             workflow.wait(workflow.kernel_ref(cfg, folder, build_dir), args.interval, dry_run=args.dry_run)
         for folder in running:
@@ -246,14 +246,16 @@ def cmd_workflow(args) -> int:
         if args.dry_run:
             print("# then, while a fetched run leaves folds: tpu2gpu continue (each chain's next link)", flush=True)
             break
-        left = workflow.chains_left(cfg, build_dir, fetched)
-        if left and links == cfg.kaggle.max_links:
-            raise workflow.WorkflowError(
-                f"folds are still left after kaggle.max_links={links} links of the training kernel(s) in "
-                f"{', '.join(str(build_dir / name) for name in left)}. Fix: `tpu2gpu continue --build {build_dir} "
-                f"--out {fetched}` with this config goes on, or a larger kaggle.max_links"
-            )
-        running = workflow.continue_chains(cfg, build_dir, fetched) if left else []
+        if links == cfg.kaggle.max_links:  # no next link: stop where folds are still left
+            left = workflow.chains_left(cfg, build_dir, fetched)
+            if left:
+                raise workflow.WorkflowError(
+                    f"folds are still left after kaggle.max_links={links} links of the training kernel(s) in "
+                    f"{', '.join(str(build_dir / name) for name in left)}. Fix: `tpu2gpu continue --build "
+                    f"{build_dir} --out {fetched}` with this config goes on, or a larger kaggle.max_links"
+                )
+            break
+        running = workflow.continue_chains(cfg, build_dir, fetched)  # the chains whose fetched run left folds
         if not running:
             break
     workflow.publish_export(
