@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from common.launch.backbones import LOWERED_CHECKED
+
 import pytest
 
 from builders import says, set_args
@@ -16,16 +18,16 @@ REPO = Path(__file__).resolve().parents[1]
 LOWERED = "torch lowered to JAX by torchax, and to TensorFlow by jax2tf (XlaCallModule, for the CPU and CUDA)"
 
 
-def lowered_exports(architectures, records, tmp_path) -> list[Path]:
-    """Each architecture trained on the torch route for 2 steps at 32 px (random weights) in its own process, as the
-    kernel runs, and its export checked: lowered through JAX, verified against the torch model's float32 outputs, a
-    ViT's at a fixed batch of 8 (its reshape needs it; the serving function pads to it)."""
+def lowered_exports(architectures, records, tmp_path, route: str = "torch") -> list[Path]:
+    """Each architecture trained on `route` for 2 steps at 32 px (random weights) in its own process, as the kernel
+    runs, and its export checked: lowered through JAX, verified against the torch model's float32 outputs, a ViT's at
+    a fixed batch of 8 (its reshape needs it; the serving function pads to it)."""
     exports = []
     for architecture in architectures:
         out = tmp_path / architecture
         settings = set_args(
             f"runtime.tfrecords={records}",
-            "train.framework=torch",
+            f"train.framework={route}",
             "model.backbone=timm",
             f"model.timm_model={architecture}",
             "model.timm_weights=none",
@@ -43,6 +45,7 @@ def lowered_exports(architectures, records, tmp_path) -> list[Path]:
         assert run.returncode == 0, (architecture, run.stdout[-2000:], run.stderr[-2000:])
         card = json.loads((out / "export" / "fold0" / "model_card.json").read_text())
         assert card["complete"] and card["runtime"]["export"] == LOWERED, architecture
+        assert card["runtime"]["framework"] == route, card["runtime"]
         difference = card["verification"]["max_abs_diff"]["float32"]
         print(f"{architecture}: lowered export against the torch model's float32 outputs: {difference:.1e}")
         assert difference <= 1e-5, (architecture, difference)
@@ -71,25 +74,108 @@ def scored_beside(exports, trained_export, demo_dir, tmp_path, capsys) -> None:
 
 
 @pytest.mark.e2e
-def test_a_convnext_exports_lowered_through_jax_and_scores_beside_a_tf_keras_export(
+def test_a_convnext_trained_on_torch_xla_exports_lowered_through_jax_and_scores_beside_a_tf_keras_export(
     demo_records, demo_dir, trained_export, tmp_path, capsys
 ):
-    """convnext_atto, which keras-hub cannot rebuild, on the torch route: lowered through JAX, verified, and scored by
-    the inference kernel in one ensemble with a tf_keras export (the EfficientNetV2 and ViT families: the slow test
-    below)."""
+    """convnext_atto, which keras-hub cannot rebuild, on the torch_xla route (its XLA CPU device here): lowered through
+    JAX, verified, and scored by the inference kernel in one ensemble with a tf_keras export (each family on the plain
+    torch route: the slow test below)."""
     assert importlib.util.find_spec("torchax"), "torchax is installed with the torch extra"
-    scored_beside(
-        lowered_exports(["convnext_atto"], demo_records[0], tmp_path), trained_export, demo_dir, tmp_path, capsys
-    )
+    exports = lowered_exports([LOWERED_CHECKED["ConvNeXt"]], demo_records[0], tmp_path, route="torch_xla")
+    scored_beside(exports, trained_export, demo_dir, tmp_path, capsys)
 
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_convnext_efficientnetv2_and_a_vit_export_lowered_through_jax_and_score_beside_a_tf_keras_export(
+def test_convnext_efficientnetv2_and_a_vit_trained_on_torch_export_lowered_through_jax_and_score_beside_tf_keras(
     demo_records, demo_dir, trained_export, tmp_path, capsys
 ):
-    """ConvNeXt, EfficientNetV2 and a ViT (at the images' 32 px: its patch grid is built for them), as the test
-    above does ConvNeXt alone (about 150 s here)."""
+    """A model of each family the refusal names (LOWERED_CHECKED: ConvNeXt, EfficientNetV2, a ViT at the images' 32 px,
+    its patch grid built for them) on the plain torch route, as the test above does ConvNeXt on torch_xla (about
+    150 s here)."""
     assert importlib.util.find_spec("torchax"), "torchax is installed with the torch extra"
-    architectures = ["convnext_atto", "tf_efficientnetv2_b0", "vit_tiny_patch16_224"]
-    scored_beside(lowered_exports(architectures, demo_records[0], tmp_path), trained_export, demo_dir, tmp_path, capsys)
+    exports = lowered_exports(list(LOWERED_CHECKED.values()), demo_records[0], tmp_path)
+    scored_beside(exports, trained_export, demo_dir, tmp_path, capsys)
+
+
+def register_branching_model() -> str:
+    """A timm architecture of the test's own whose forward branches on its features' values (data-dependent control
+    flow, which torch.export cannot capture), registered in timm's registry as a competitor's own model would be."""
+    import timm.models
+    from torch import nn
+
+    name = "tpu2gpu_branching_test_net"
+    if name in timm.list_models():
+        return name
+
+    class Branching(nn.Module):
+        num_features = 8
+
+        def __init__(self, **_):
+            super().__init__()
+            self.conv = nn.Conv2d(3, self.num_features, 3, padding=1)
+            self.pretrained_cfg = {"architecture": name, "mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5)}
+
+        def forward_features(self, x):
+            features = self.conv(x)
+            if features.mean() > 0:  # the branch on a value
+                return features * 2
+            return features
+
+        def forward_head(self, x, pre_logits=False):
+            return x.mean(dim=(2, 3))
+
+    def tpu2gpu_branching_test_net(pretrained=False, **kwargs):
+        return Branching(**kwargs)
+
+    timm.models.register_model(tpu2gpu_branching_test_net)
+    return name
+
+
+@pytest.mark.e2e
+def test_a_model_torch_export_cannot_capture_is_refused_in_one_line_before_training(demo_records, tmp_path, capsys):
+    """The torch route's training kernel, in this process, with a timm model whose forward branches on a value: one
+    line naming torch.export's refusal, the line of code at fault and the families that export, before any step
+    (nothing written where the run's output goes)."""
+    from common.launch.kernel import guarded
+
+    from train_tpu.train import main as train_main
+
+    name = register_branching_model()
+    out = tmp_path / "out"
+    argv = set_args(
+        f"runtime.tfrecords={demo_records[0]}",
+        "train.framework=torch",
+        "model.backbone=timm",
+        f"model.timm_model={name}",
+        "model.timm_weights=none",
+        "data.image_size=32",
+        "train.fold=0",
+        f"runtime.output_dir={out}",
+    )
+    assert guarded("train_tpu", train_main, argv) == 2
+    captured = capsys.readouterr()
+    refusal = [line for line in captured.err.splitlines() if "cannot be exported" in line]
+    assert len(refusal) == 1, captured.err[-3000:]
+    says(
+        refusal[0],
+        f"model.timm_model='{name}' cannot be exported: torch.export cannot capture it",
+        "data-dependent",
+        "test_timm_export.py:",
+        "`if features.mean() > 0:",
+        "Fix: another architecture",
+        "ConvNeXt (convnext_atto)",
+    )
+    assert "Traceback" not in captured.err and "def forward" not in captured.err  # nor torch.export's graph
+    assert "[train] fold 0" not in captured.out and not list(out.rglob("*.ckpt")) and not list(out.rglob("*.pt"))
+
+
+@pytest.mark.e2e
+def test_an_architecture_torchax_cannot_lower_is_refused_naming_the_function_it_lacks():
+    """EVA-02, which torch.export captures and torchax 0.0.13 does not lower (its F.linear takes the weights as a
+    keyword torchax's stand-in does not know): the child's one line, asked before training."""
+    from common.training.backends.torch_shared.capture import lowering_refusal
+
+    refusal = lowering_refusal("eva02_tiny_patch14_224", 28, 3, "softmax")
+    says(refusal, "torchax cannot lower it to JAX (TypeError:", "functional_linear", "'weight'")
+    assert lowering_refusal(LOWERED_CHECKED["ConvNeXt"], 32, 3, "softmax") is None

@@ -30,6 +30,9 @@ KERAS_HUB_REBUILDS = (
     "mobilenetv3_small_100",
     "mobilenetv3_large_100",
 )
+# Lowered through JAX, a family each, trained and exported by the suite (tests/test_timm_export.py) and named where an
+# architecture is refused before training (torch_shared/capture.py).
+LOWERED_CHECKED = {"ConvNeXt": "convnext_atto", "EfficientNetV2": "tf_efficientnetv2_b0", "ViT": "vit_tiny_patch16_224"}
 # EfficientNet variants: the efficientnet package's (tf_keras) and keras.applications' (keras_jax).
 EFFICIENTNET_VARIANTS = {
     "tf_keras": tuple(f"B{k}" for k in range(8)),

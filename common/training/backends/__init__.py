@@ -13,6 +13,7 @@ MODULES = {
     "backend": "the Backend of base.py and start(cfg): every route has one",
     "model": "the model under the route's framework, its backbone from the family's builder (launch/backbones.py)",
     "export": "the SavedModel contract written from the trained weights",
+    "capture": "whether the export will take the model, asked before training",
     "optimizer": "the optimiser train.optimizer names, in the framework's own form",
     "step": "the training step, where the route writes its own",
     "processes": "the processes training together, and their collectives",

@@ -30,6 +30,7 @@ from common.training.backends.base import EpochLoop, Hosts, InputWait
 from common.training.backends.torch.processes import describe_processes, start_processes, stop_processes
 from common.training.backends.torch.step import TrainingStep, autocast_dtype, dtype_name
 from common.training.backends.torch_shared.augment import augment_batch
+from common.training.backends.torch_shared.capture import check_capturable
 from common.training.backends.torch_shared.export import export
 from common.training.backends.torch_shared.model import build_timm_model
 from common.training.backends.torch_shared.optimizer import make_optimizer
@@ -97,6 +98,7 @@ class TorchBackend:
         self.model = build_timm_model(
             self.cfg.model, plan.outputs, plan.task.activation, self.autocast, self.cfg.data.image_size
         )
+        check_capturable(self.model, self.cfg.model.timm_model)  # before a session's training, not after
         # Channels-last, as the images arrive (TimmClassifier's permute): convolutions without a layout copy, and
         # gradients in the weights' own layout, which DDP's buckets expect.
         self.model.to(self.device, memory_format=torch.channels_last)

@@ -174,6 +174,8 @@ class LoweredModel:
     FIXED_BATCH = 8
 
     def __init__(self, model, size: int):
+        from common.training.backends.torch_shared.capture import import_torchax
+
         import tensorflow as tf
         from jax.experimental import jax2tf
 
@@ -213,23 +215,6 @@ class LoweredModel:
         chunks = tf.reshape(padded, [-1, self.batch, self.size, self.size, 3])
         outputs = tf.map_fn(lambda chunk: self.function(self.weights, chunk), chunks, fn_output_signature=tf.float32)
         return tf.reshape(outputs, [-1, tf.shape(outputs)[-1]])[:count]
-
-
-def import_torchax():
-    """torchax, in this export child. Some builds of torchax 0.0.13 import flax at the top of torchax.checkpoint
-    (for its own checkpoint functions, which the export never calls), and neither Kaggle's GPU image nor this
-    project's install is sure to hold flax: where it is missing, an empty stand-in lets torchax import."""
-    import importlib.util
-    import types
-
-    if importlib.util.find_spec("flax") is None:
-        flax, training = types.ModuleType("flax"), types.ModuleType("flax.training")
-        training.checkpoints = types.ModuleType("flax.training.checkpoints")
-        flax.training = training
-        sys.modules.update({"flax": flax, "flax.training": training, "flax.training.checkpoints": training.checkpoints})
-    import torchax
-
-    return torchax
 
 
 def lowered_export(job_path: Path, job: dict):

@@ -27,6 +27,7 @@ from common.data.pipeline import make_padded_image_batches
 from common.data.records import RecordSchema
 from common.tasks.parts import torch_ops
 from common.training.backends.base import ONE_PROCESS, EpochLoop
+from common.training.backends.torch_shared.capture import check_capturable
 from common.training.backends.torch_shared.export import export
 from common.training.backends.torch_shared.model import build_timm_model
 from common.training.backends.torch_shared.optimizer import first_slots, make_optimizer
@@ -107,6 +108,7 @@ class TorchXlaBackend:
             torch.bfloat16 if self.autocast else None,
             self.cfg.data.image_size,
         )
+        check_capturable(self.model, self.cfg.model.timm_model)  # before a session's training, not after
         self.model.to(self.device)
         self.optimizer = make_optimizer(self.model, self.cfg.train, plan.peak_lr)
         self.loss = plan.task.loss(self.cfg.train.label_smoothing, plan.class_weights, ops=self.ops)
