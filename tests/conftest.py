@@ -259,7 +259,7 @@ def efficientnet_export(demo_records, tmp_path_factory):
 
 
 # Marks whose tests run only where the -m expression names them (pyproject.toml's markers say what each costs).
-OPT_IN = ("tpu_image", "jax_image", "torch_image", "slow", "pythons")
+OPT_IN = ("tpu_image", "jax_image", "torch_image", "gpu_image", "slow", "pythons")
 
 
 def opted_out(config, items) -> list:

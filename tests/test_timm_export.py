@@ -4,6 +4,7 @@ inference kernel beside the other routes' exports."""
 
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -179,3 +180,54 @@ def test_an_architecture_torchax_cannot_lower_is_refused_naming_the_function_it_
     refusal = lowering_refusal("eva02_tiny_patch14_224", 28, 3, "softmax")
     says(refusal, "torchax cannot lower it to JAX (TypeError:", "functional_linear", "'weight'")
     assert lowering_refusal(LOWERED_CHECKED["ConvNeXt"], 32, 3, "softmax") is None
+
+
+@pytest.mark.e2e
+@pytest.mark.gpu_image
+def test_the_built_inference_kernel_scores_a_lowered_convnext_beside_tf_keras_on_the_gpu_images_tensorflow(
+    demo_records, demo_dir, trained_export, tmp_path, capsys
+):
+    """The built infer.py, run as Kaggle runs it (simulated /kaggle, no network, nothing of the repository importable)
+    in a Python 3.12 venv of tensorflow-cpu 2.20.0 and Pillow (the GPU image's TensorFlow; no torch, JAX or timm:
+    the lowered export needs none), with a model dataset of a ConvNeXt lowered through JAX and a tf_keras export:
+    both load, and its probabilities are those this checkout's inference gives the same two exports.
+
+        ./dev test -m gpu_image -s    (downloads tensorflow-cpu 2.20.0 once into TPU2GPU_ENV_CACHE)
+    """
+    from common.core.config import load_config
+
+    from tpu2gpu.build import build
+
+    from builders import read_csv
+    from image_envs import environment, run_inference
+
+    python = environment("tf2.20.0", ["tensorflow-cpu==2.20.0", "pillow"])
+    probe = "import importlib.util as u; print([n for n in ('torch', 'jax', 'timm', 'torchax') if u.find_spec(n)])"
+    assert subprocess.run([python, "-c", probe], capture_output=True, text=True).stdout.strip() == "[]"
+    [convnext] = lowered_exports([LOWERED_CHECKED["ConvNeXt"]], demo_records[0], tmp_path)
+    scored_beside([convnext], trained_export, demo_dir, tmp_path, capsys)  # this checkout's inference, the reference
+    dataset = tmp_path / "model-dataset"
+    shutil.copytree(convnext, dataset / "convnext")
+    shutil.copytree(trained_export, dataset / "tf_keras")
+    project = [  # the build of a ConvNeXt project on the T4s, whose inference kernel is the one under test
+        "kaggle.owner=tester",
+        "kaggle.competition=digit-comp",
+        "kaggle.dataset_sources=[tester/convnext-weights]",
+        "kaggle.train_accelerator=NvidiaTeslaT4",
+        "train.framework=torch",
+        "model.backbone=timm",
+        "model.timm_model=/kaggle/input/convnext-weights/convnext_atto",
+    ]
+    folders = build(load_config(None, project), tmp_path / "build")
+    kaggle = tmp_path / "kaggle"
+    shutil.copytree(demo_dir, kaggle / "input" / "competitions" / "digit-comp")
+    (kaggle / "working").mkdir()
+    infer = run_inference(python, folders, kaggle, dataset, tmp_path / "tmp")
+    assert infer.returncode == 0, infer.stdout[-2000:] + infer.stderr[-3000:]
+    says(infer.stdout, "[infer] 2 multiclass export(s)", "convnext", "tf_keras")
+    kernel = {row.pop("id"): row for row in read_csv(kaggle / "working" / "probabilities.csv")}
+    here = {row.pop("id"): row for row in read_csv(tmp_path / "infer" / "probabilities.csv")}
+    assert kernel.keys() == here.keys() and len(kernel) == 360
+    difference = max(abs(float(kernel[i][c]) - float(here[i][c])) for i in here for c in here[i])
+    print(f"TensorFlow 2.20's probabilities against this checkout's: max abs difference {difference:.1e}")
+    assert difference < 1e-5
