@@ -99,6 +99,16 @@ def test_convnext_efficientnetv2_and_a_vit_trained_on_torch_export_lowered_throu
     scored_beside(exports, trained_export, demo_dir, tmp_path, capsys)
 
 
+def test_the_guides_table_of_what_the_export_takes_names_the_families_the_suite_exports():
+    """docs/training.md's table has a row for each family LOWERED_CHECKED names (those the refusal lists and the tests
+    above train): its example architecture, lowered through JAX."""
+    guide = (REPO / "docs" / "training.md").read_text()
+    for family, architecture in LOWERED_CHECKED.items():
+        rows = [line for line in guide.splitlines() if line.strip().startswith(f"| {family} ")]
+        assert len(rows) == 1, (family, rows)
+        says(rows[0], f"`{architecture}`", "lowered through JAX")
+
+
 def register_branching_model() -> str:
     """A timm architecture of the test's own whose forward branches on its features' values (data-dependent control
     flow, which torch.export cannot capture), registered in timm's registry as a competitor's own model would be."""
