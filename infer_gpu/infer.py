@@ -111,9 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     print(environment_report(strategy), flush=True)
 
     # ---- the ensemble: each export's card says everything the pipeline needs
-    members, precision = load_members(cfg.infer, strategy)
+    members, precision, blend = load_members(cfg.infer, strategy)  # weighed by the blend there (tpu2gpu blend)
     card = members[0].card
-    task, thresholds = get_task(card.task), ensemble_thresholds(members)
+    task, thresholds = get_task(card.task), ensemble_thresholds(members, blend)
     print(describe_members(members, precision), flush=True)
 
     # ---- test data, checked against the cards and the competition's template

@@ -217,6 +217,21 @@ def cmd_publish(args) -> int:
     return 0
 
 
+def cmd_blend(args) -> int:
+    from tpu2gpu import blend
+
+    runs = blend.read_runs([Path(r) for r in args.runs], args.name or None)
+    chosen = blend.choose_blend(runs, args.splits, args.seed)
+    print(blend.table(runs, chosen), flush=True)
+    out = blend.write_blend(Path(args.out), runs, chosen)
+    print(
+        f"[blend] wrote {out} (blend.json, hill.png, the weighted runs' folds). Next: `tpu2gpu publish --export {out}`,"
+        " and the inference kernel weighs its members by it",
+        flush=True,
+    )
+    return 0
+
+
 def cmd_submit(args) -> int:
     from tpu2gpu import workflow
 
@@ -402,6 +417,18 @@ def _kernel_steps(steps) -> None:
         "--allow-missing", action="store_true", help="publish the folds there are when a run left some untrained"
     )
     p.add_argument("-m", "--message", default="tpu2gpu export")
+    p = _step(
+        steps,
+        "blend",
+        "weigh several runs' exports on their out-of-fold predictions (hill climbing), for one model dataset",
+        cmd_blend,
+        config=False,
+    )
+    p.add_argument("runs", nargs="+", metavar="EXPORT", help="a run's export folder (its fold*/), e.g. runs/a/export")
+    p.add_argument("--name", action="append", default=[], help="a run's name in the table (repeatable, in order)")
+    p.add_argument("--out", default="runs/blend", help="the blend's model dataset folder (default: %(default)s)")
+    p.add_argument("--splits", type=int, default=5, help="splits the weights are held out on (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="the splits' seed (default: %(default)s)")
 
 
 def _wheels_steps(steps) -> None:

@@ -26,6 +26,7 @@ from common.core.atomic import staged_dir
 from common.core.config import Config
 from common.core.errors import UserError
 from common.export.card import read_card
+from common.inference.blend import BLEND_NAME, member_weights, read_blend
 
 STATUSES = ("QUEUED", "RUNNING", "COMPLETE", "ERROR", "CANCEL_REQUESTED", "CANCEL_ACKNOWLEDGED")
 
@@ -404,6 +405,21 @@ def gather(export_roots: list[Path], into: Path, allow_missing: bool = False) ->
     return Path(into)
 
 
+def blend_dataset(roots: list[Path]) -> Path:
+    """A blend's folder (`tpu2gpu blend`), published as it is once every fold it weighs is there and complete."""
+    if len(roots) > 1:
+        raise WorkflowError(
+            f"{', '.join(map(str, roots))}: a blend's folder is published alone (it holds its runs' folds). Fix: "
+            "--export <the blend folder> only"
+        )
+    blend = read_blend(roots[0] / BLEND_NAME)
+    exports = [fold for run in roots[0].iterdir() if run.is_dir() for fold in sorted(run.glob("fold*"))]
+    for export in exports:
+        read_card(export)  # complete, or one error naming it
+    member_weights(blend, exports)  # every weighted fold there, nothing else
+    return roots[0]
+
+
 def publish_export(
     export_roots: list[Path],
     dataset_metadata: Path,
@@ -416,7 +432,9 @@ def publish_export(
     folder where there are several, before anything is uploaded."""
     roots = [Path(r) for r in export_roots]
     folder = roots[0] if len(roots) == 1 else roots[0].parent.parent / "model-dataset"
-    if not dry_run:
+    if any((root / BLEND_NAME).is_file() for root in roots):
+        folder = blend_dataset(roots)
+    elif not dry_run:
         gather(roots, folder, allow_missing)
     return publish(folder, dataset_metadata, dataset_ref, message, dir_mode=True, dry_run=dry_run)
 

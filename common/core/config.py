@@ -268,6 +268,9 @@ class InferConfig:
     """compile the prediction step with XLA (for GPUs; slower on the CPU)"""
     precision: Literal["auto", "float32", "float16", "amp"] = "auto"
     """auto: float16 signature on tensor cores"""
+    blend: str = "auto"
+    """the runs' weights: auto = the blend.json `tpu2gpu blend` wrote, where one is among the exports; none = every
+    export alike; or a blend.json's path"""
     cut_folds: Literal["weight", "exclude", "include"] = "weight"
     """folds the budget cut: by epochs, out, in full"""
     check_images: Literal["warn", "strict", "off"] = "warn"

@@ -127,6 +127,14 @@ def write_card(folder: Path, card: ModelCard) -> None:
     (Path(folder) / CARD_NAME).write_text(card.to_json())
 
 
+def card_digest(export_dir: str | Path) -> str:
+    """sha256 of the export's model_card.json as written: which trained model a folder holds, wherever it is copied
+    (a blend names its members by it; two trainings never write the same card, a copy always does)."""
+    import hashlib
+
+    return hashlib.sha256((Path(export_dir) / CARD_NAME).read_bytes()).hexdigest()
+
+
 def read_card(export_dir: str | Path, require_complete: bool = True) -> ModelCard:
     """The card of an export folder, refused when it is not a tpu2gpu export of this format or not complete."""
     export_dir = Path(export_dir)

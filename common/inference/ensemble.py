@@ -1,12 +1,13 @@
 """Inference: find exports and load them once as an ensemble of members, each with its weight. TensorFlow only:
 no tf_keras, no tensorflow_hub, no training config, no scikit-learn.
 
-    members, precision = load_members(cfg.infer, strategy)      # every export/fold<k>, its card, predict and weight
+    members, precision, blend = load_members(cfg.infer, strategy)   # every export/fold<k>, its card, predict, weight
     members, precision = confirm_float16(members, precision, batches_for)  # float16 held to float32 on a test batch
     units = ensemble_units(members, cfg.infer.tta, cfg.infer.xla)          # common/inference/predict.py
     rows = submission_rows(template, ids, predictions, task, class_names, thresholds)   # common/inference/submission.py
 
-A member's weight is 1, or less for a fold the training time budget cut (infer.cut_folds). Predictions are averaged
+A member's weight is 1, or its share of a blend's weight (common/inference/blend.py), scaled down for a fold the
+training time budget cut (infer.cut_folds); a member of weight 0 is not loaded. Predictions are averaged
 over members (weighted) and TTA views before any threshold or argmax (common/inference/predict.py).
 """
 
@@ -22,6 +23,7 @@ from common.core.gcs import is_gcs
 from common.core.paths import kaggle_input_dir, local_copy, local_folder, resolve_data_path
 from common.export.card import CARD_NAME, FLOAT16_TOLERANCE, ExportError, ModelCard, read_card, scaled_difference
 from common.export.loader import fetch_exports, serving_functions
+from common.inference.blend import describe_blend, find_blend, member_weights
 
 import numpy as np
 import tensorflow as tf
@@ -43,16 +45,21 @@ def _exports_under(root: Path) -> list[Path]:
     return found
 
 
-def find_exports(names_or_paths) -> list[Path]:
-    """Export folders (holding model_card.json) under each given path / attached dataset / gs:// folder (copied here
-    first, common/export/loader.py), or under /kaggle/input."""
+def export_roots(names_or_paths) -> list[Path]:
+    """The folders the exports are searched under: each given path / attached dataset / gs:// folder (copied here
+    first, common/export/loader.py), or /kaggle/input."""
     roots = [
         fetch_exports(n, local_copy(n, "input"))
         if is_gcs(n)
         else local_folder(resolve_data_path(n), "infer.exports", "an export")
         for n in names_or_paths
     ]
-    roots = roots or [kaggle_input_dir()]
+    return roots or [kaggle_input_dir()]
+
+
+def find_exports(names_or_paths, roots: list[Path] | None = None) -> list[Path]:
+    """Export folders (holding model_card.json) under export_roots(names_or_paths), or under `roots` given."""
+    roots = export_roots(names_or_paths) if roots is None else roots
     exports = [e for root in roots for e in _exports_under(root)]
     if not exports:
         where = ", ".join(str(r) for r in roots)
@@ -109,12 +116,21 @@ def check_same_classes(members: list[Member]) -> None:
             )
 
 
-def load_members(infer_cfg, strategy: tf.distribute.Strategy) -> tuple[list[Member], str]:
-    """Every export under infer.exports (or /kaggle/input), weighed, checked and loaded once, with the precision
-    they compute in (infer.precision)."""
-    exports = find_exports(infer_cfg.exports)
+def load_members(infer_cfg, strategy: tf.distribute.Strategy) -> tuple[list[Member], str, dict | None]:
+    """Every export under infer.exports (or /kaggle/input), weighed (by the blend there, infer.blend, and by the
+    training budget's cuts), checked and loaded once unless its weight is 0, with the precision they compute in
+    (infer.precision) and the blend (None: every export alike)."""
+    roots = export_roots(infer_cfg.exports)
+    exports = find_exports(infer_cfg.exports, roots)
     cards = [read_card(e) for e in exports]
-    weights = [cut_weight(card, export, infer_cfg.cut_folds) for card, export in zip(cards, exports, strict=True)]
+    blend = find_blend(infer_cfg.blend, roots)
+    shares = member_weights(blend, exports) if blend else dict.fromkeys(exports, 1.0)
+    if blend:
+        print(describe_blend(blend), flush=True)
+    weights = [
+        shares[export] * cut_weight(card, export, infer_cfg.cut_folds)
+        for card, export in zip(cards, exports, strict=True)
+    ]
     if not any(weights):
         raise ExportError(
             "the training time budget cut every export, and infer.cut_folds=exclude leaves them all "
@@ -140,7 +156,7 @@ def load_members(infer_cfg, strategy: tf.distribute.Strategy) -> tuple[list[Memb
                 )
             )
     check_same_classes(members)
-    return members, precision
+    return members, precision, blend
 
 
 def confirm_float16(members: list[Member], precision: str, batches_for) -> tuple[list[Member], str]:
@@ -178,9 +194,12 @@ def confirm_float16(members: list[Member], precision: str, batches_for) -> tuple
     return [dataclasses.replace(m, predict=m.float32_predict, float32_predict=None) for m in members], "float32"
 
 
-def ensemble_thresholds(members: list[Member]) -> list[float] | None:
-    """Multilabel thresholds: each fold's were chosen on its own out-of-fold predictions; the ensemble uses their
-    mean, weighted as the folds' predictions are."""
+def ensemble_thresholds(members: list[Member], blend: dict | None = None) -> list[float] | None:
+    """Multilabel thresholds: a blend's, chosen on its blended out-of-fold predictions; otherwise each fold's were
+    chosen on its own out-of-fold predictions, and the ensemble uses their mean, weighted as the folds' predictions
+    are."""
+    if blend and blend["blend"]["thresholds"] is not None:
+        return [float(v) for v in blend["blend"]["thresholds"]]
     chosen = [(m.card.thresholds, m.weight) for m in members if m.card.thresholds]
     if not chosen:
         return None
