@@ -176,6 +176,9 @@ def aligned(run: Run, ids: list[str]) -> Run:
 
 
 # ------------------------------------------------------------------------------------------------------ the climb
+CHOOSE = object()  # Metric.score: thresholds chosen on the predictions scored
+
+
 @dataclass(frozen=True)
 class Metric:
     """train.metric on the task's labels: scored with thresholds chosen on the same rows, or given."""
@@ -190,8 +193,9 @@ class Metric:
     def thresholds(self, labels, predictions):
         return self.task.choose_thresholds(labels, predictions)
 
-    def score(self, labels, predictions, thresholds=None) -> float:
-        if thresholds is None:
+    def score(self, labels, predictions, thresholds=CHOOSE) -> float:
+        """The metric, with thresholds chosen on these predictions unless given (None: the task's default)."""
+        if thresholds is CHOOSE:
             thresholds = self.thresholds(labels, predictions)
         return self.task.score(self.name, labels, predictions, thresholds)
 
@@ -214,12 +218,16 @@ def hill_climb(predictions: list[np.ndarray], labels, metric: Metric, max_steps:
     total, current = predictions[seed].copy(), singles[seed]
     climb = Climb(counts, [current], [seed], {seed: None})
     for _ in range(max_steps):
-        step, step_score = None, current
+        # Candidates are compared at the blend's own thresholds (multilabel: chosen once a step, not once a candidate,
+        # which costs a search over the grid for every label); the best is then scored at thresholds of its own.
+        thresholds = metric.thresholds(labels, total / sum(counts))
+        step, step_score = None, None
         for k in sorted(range(len(predictions)), key=lambda r: (counts[r] == 0, r)):
-            value = metric.score(labels, (total + predictions[k]) / (sum(counts) + 1))
-            if metric.better(value, step_score):
+            value = metric.score(labels, (total + predictions[k]) / (sum(counts) + 1), thresholds)
+            if step_score is None or metric.better(value, step_score):
                 step, step_score = k, value
-        if step is None:
+        step_score = metric.score(labels, (total + predictions[step]) / (sum(counts) + 1))
+        if not metric.better(step_score, current):
             break
         climb.added.setdefault(step, step_score - current)
         counts[step] += 1
