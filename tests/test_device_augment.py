@@ -1,8 +1,11 @@
-"""data.augment_on=device: the torch route augments each batch on its device with the same transforms the host's
-pipeline draws (common/training/backends/torch_shared/augment.py). Each transform is drawn on one fixed batch by both
-and measured the same way: every draw of either lies in the transform's range, and both spread over it. The resampling
-itself is TensorFlow's projective transform's; test_plain_torch.py's built T4 x2 kernel trains a fold with it."""
+"""data.augment_on=device: the tf_keras and torch routes augment each batch on the accelerator with the same transforms
+the host's pipeline draws (common/training/backends/tf_keras/augment.py, torch_shared/augment.py). Each transform is
+drawn on one fixed batch by the host and by each device's version, and measured the same way: every draw lies in the
+transform's range, and each version spreads over it. The torch version's resampling is TensorFlow's projective
+transform's (the TensorFlow version calls it); test_plain_torch.py's built T4 x2 kernel trains a fold with the torch
+version, and a tf_keras fold trains with its own below."""
 
+import json
 import math
 
 from common.core.config import load_config
@@ -11,7 +14,7 @@ from common.data.pipeline import augment
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch", reason="./dev test installs the torch extra")
+from builders import says
 
 SIZE = 32
 RAMP = np.broadcast_to(np.linspace(0, 255, SIZE)[None, :, None], (SIZE, SIZE, 3))  # brightness grows left to right
@@ -25,18 +28,31 @@ def fixed_batch(count: int = 48) -> np.ndarray:
     return np.clip(RAMP[None] * cast + noise + 20, 0, 255).astype(np.uint8)
 
 
-def both(settings: list[str], images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The batch augmented by the host's pipeline (image by image) and by the device's (the whole batch at once)."""
-    from common.training.backends.torch_shared.augment import augment_batch
+@pytest.fixture(params=["tf_keras", "torch"])
+def device(request) -> str:
+    """Which device version is compared with the host's."""
+    if request.param == "torch":
+        pytest.importorskip("torch", reason="./dev test installs the torch extra")
+    return request.param
 
+
+def both(settings: list[str], images: np.ndarray, device: str) -> tuple[np.ndarray, np.ndarray]:
+    """The batch augmented by the host's pipeline (image by image) and by `device`'s version (the whole batch)."""
     import tensorflow as tf
 
     data = load_config(None, ["data.flip_left_right=false", f"data.image_size={SIZE}", *settings]).data
     tf.random.set_seed(1)
-    torch.manual_seed(1)
     host = np.stack([augment(tf.constant(image), data).numpy() for image in images])
-    device = augment_batch(torch.from_numpy(images), data).numpy()
-    return host, device
+    if device == "tf_keras":
+        from common.training.backends.tf_keras.augment import augment_batch
+
+        return host, augment_batch(tf.constant(images), data).numpy()
+    from common.training.backends.torch_shared.augment import augment_batch
+
+    import torch
+
+    torch.manual_seed(1)
+    return host, augment_batch(torch.from_numpy(images), data).numpy()
 
 
 def turns_of(out: np.ndarray, image: np.ndarray, flips: bool = False) -> int | None:
@@ -64,59 +80,59 @@ def hsv(images: np.ndarray) -> np.ndarray:
     return tf.image.rgb_to_hsv(images.astype(np.float32) / 255).numpy()
 
 
-def test_flips_and_quarter_turns_draw_every_kind_on_both():
+def test_flips_and_quarter_turns_draw_every_kind_on_both(device):
     images = fixed_batch()
     for settings, flips, kinds in (
         (["data.flip_left_right=true"], True, {0, 1}),
         (["data.rotate90=true"], False, {0, 1, 2, 3}),
     ):
-        for out in both(settings, images):
+        for out in both(settings, images, device):
             drawn = [turns_of(o, i, flips) for o, i in zip(out, images, strict=True)]
             assert None not in drawn and set(drawn) == kinds, (settings, drawn)
 
 
-def test_brightness_and_contrast_draw_shifts_and_factors_over_the_same_range():
+def test_brightness_and_contrast_draw_shifts_and_factors_over_the_same_range(device):
     images = fixed_batch()
-    for out in both(["data.brightness=0.2"], images):
+    for out in both(["data.brightness=0.2"], images, device):
         shift = (out.astype(float) - images).mean(axis=(1, 2, 3)) / 255  # the ramp stays inside [0, 255]
         assert np.all(np.abs(shift) <= 0.2 + 0.01) and shift.min() < -0.1 and shift.max() > 0.1, shift
-    for out in both(["data.contrast=0.4"], images):
+    for out in both(["data.contrast=0.4"], images, device):
         factor = out.astype(float).std(axis=(1, 2)).mean(-1) / images.astype(float).std(axis=(1, 2)).mean(-1)
         assert np.all((factor > 0.6 - 0.03) & (factor < 1.4 + 0.03)), factor
         assert factor.min() < 0.8 and factor.max() > 1.2, factor
 
 
-def test_hue_and_saturation_move_as_tensorflow_moves_them():
+def test_hue_and_saturation_move_as_tensorflow_moves_them(device):
     images = fixed_batch()
     before = hsv(images)
-    for out in both(["data.saturation=0.5"], images):
+    for out in both(["data.saturation=0.5"], images, device):
         coloured = before[..., 1] > 0.1  # grey pixels have no saturation to scale
         ratio = np.array([np.median(o[c, 1] / b[c, 1]) for o, b, c in zip(hsv(out), before, coloured, strict=True)])
         assert np.all((ratio > 0.5 - 0.05) & (ratio < 1.5 + 0.05)) and ratio.min() < 0.75 and ratio.max() > 1.25
-    for out in both(["data.hue=0.1"], images):
+    for out in both(["data.hue=0.1"], images, device):
         turned = np.median((hsv(out)[..., 0] - before[..., 0] + 0.5) % 1 - 0.5, axis=(1, 2))  # each image's turn
         assert np.all(np.abs(turned) <= 0.1 + 0.02) and turned.min() < -0.04 and turned.max() > 0.04, turned
 
 
-def test_crops_and_affine_zooms_keep_the_same_share_of_the_image():
+def test_crops_and_affine_zooms_keep_the_same_share_of_the_image(device):
     images = fixed_batch()
-    for out in both(["data.crop_scale=0.3", "data.crop_ratio=1.333"], images):
+    for out in both(["data.crop_scale=0.3", "data.crop_ratio=1.333"], images, device):
         span = np.array([ramp_span(o, i) for o, i in zip(out, images, strict=True)])
         # a crop's width is at least sqrt(0.3 / 1.333) of the image's: the ramp's span is at least that share
         assert np.all((span > math.sqrt(0.3 / 1.333) - 0.05) & (span < 1.05)), span
         assert span.min() < 0.7 and span.max() > 0.9, span
-    for out in both(["data.zoom=0.3"], images):
+    for out in both(["data.zoom=0.3"], images, device):
         span = np.array([ramp_span(o, i) for o, i in zip(out, images, strict=True)])
         # magnified by up to 1.3 the image shows at least 1/1.3 of its rise; shrunk, its reflection fills the border
         assert np.all((span > 1 / 1.3 - 0.05) & (span < 1.1)), span
         assert span.min() < 0.85, span
 
 
-def test_cutout_fills_the_same_share_of_grey_squares():
+def test_cutout_fills_the_same_share_of_grey_squares(device):
     images = fixed_batch()
     holes, side = 2, 0.25
     shares = []
-    for out in both([f"data.cutout={holes}", f"data.cutout_size={side}"], images):
+    for out in both([f"data.cutout={holes}", f"data.cutout_size={side}"], images, device):
         grey = (out == 128).all(-1) & ~(images == 128).all(-1)
         share = grey.mean(axis=(1, 2))
         assert np.all(share <= holes * side**2 + 1e-9) and np.all(share > 0), share
@@ -125,6 +141,7 @@ def test_cutout_fills_the_same_share_of_grey_squares():
 
 
 def test_the_device_resamples_as_tensorflows_projective_transform():
+    torch = pytest.importorskip("torch", reason="./dev test installs the torch extra")
     """A fixed affine map (a 30 degree turn, zoom 1.2, a shift) read through TensorFlow's
     ImageProjectiveTransformV3 (the host's) and through grid_sample (the device's): bilinear, reflected borders."""
     from common.training.backends.torch_shared.augment import resample
@@ -158,3 +175,48 @@ def test_the_device_resamples_as_tensorflows_projective_transform():
 
 # A fold trained with the augmentation on the device: test_plain_torch.py's built T4 x2 kernel, where it matters most
 # (two CPU cores feed two GPUs).
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("loop", ["fit", "custom"])
+def test_a_tf_keras_fold_augmented_on_the_device_exports_the_same_serving_signature_as_a_host_augmented_one(
+    loop, train_argv, trained_export, tmp_path, capsys
+):
+    """tf_keras with data.augment_on=device (every transform on, in Keras fit's step and in the custom loop's): the
+    pipeline decodes only, each replica of the two augments its batch, and the fold exports verified, its serving
+    signature and card contract those of the host-augmented trained_export (the same 16 px tiny backbone)."""
+    import tensorflow as tf
+
+    from train_tpu.train import main as train_main
+
+    augmentations = [
+        "data.augment_on=device",
+        "data.crop_scale=0.5",
+        "data.rotation=15",
+        "data.flip_up_down=true",
+        "data.rotate90=true",
+        "data.brightness=0.1",
+        "data.contrast=0.1",
+        "data.hue=0.05",
+        "data.saturation=0.2",
+        "data.cutout=1",
+    ]
+    argv = train_argv(*augmentations, f"train.loop={loop}", "train.epochs=1", "runtime.cpu_devices=2")
+    capsys.readouterr()
+    assert train_main(argv) == 0
+    says(
+        capsys.readouterr().out,
+        "[train] augmentation: crop, affine, flip left-right, flip up-down, quarter turns, colour, cutout",
+        "on the device, in the training step (data.augment_on=device)",
+    )
+    device = json.loads((tmp_path / "out" / "export" / "fold0" / "model_card.json").read_text())
+    host = json.loads((trained_export / "fold0" / "model_card.json").read_text())
+    assert device["complete"] and device["config"]["data"]["augment_on"] == "device"
+    assert device["verification"]["max_abs_diff"]["float32"] < 1e-4
+    assert (device["input"], device["output"]) == (host["input"], host["output"])
+
+    def signature(export):
+        serving = tf.saved_model.load(str(export / "fold0" / "saved_model")).signatures["serving_default"]
+        return serving.structured_input_signature, serving.structured_outputs
+
+    assert signature(tmp_path / "out" / "export") == signature(trained_export)

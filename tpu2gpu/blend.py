@@ -113,7 +113,7 @@ def read_runs(roots: list[Path], names: list[str] | None = None) -> list[Run]:
         if moved:  # each prediction is still out of its own model's fold: the blend holds, said all the same
             print(
                 f"[blend] {run.name} validated {moved} records in other folds than {runs[0].name} (another data.folds "
-                "or data.seed): each prediction is still out of fold",
+                "or data.split_seed): each prediction is still out of fold",
                 flush=True,
             )
     return [aligned(run, runs[0].ids) for run in runs]
@@ -155,8 +155,8 @@ def check_blendable(runs: list[Run]) -> None:
         raise BlendError(
             "these runs cannot be blended: "
             + "; ".join(problems)
-            + ". Fix: blend runs of one competition trained on the same records (the same data.folds and data.seed, "
-            "every fold trained), with the same labels and class list"
+            + ". Fix: blend runs of one competition trained on the same records (the same data.folds and "
+            "data.split_seed, every fold trained), with the same labels and class list"
         )
 
 

@@ -116,7 +116,8 @@ class DataConfig:
     """apply the augmentations below"""
     augment_on: Literal["host", "device"] = "host"
     """where the per-image augmentations run: host (the tf.data pipeline) or device (on the batch inside the training
-    step, the torch route: where the host's cores cannot keep the GPUs fed); MixUp and CutMix stay on the host"""
+    step, the tf_keras and torch routes: where the host's cores cannot keep the GPUs fed); MixUp and CutMix stay on the
+    host"""
     flip_left_right: bool = True
     """random horizontal flip"""
     flip_up_down: bool = False

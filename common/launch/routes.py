@@ -247,6 +247,7 @@ ROUTES = {
             DemoSetup("hub"),
             tpu_stack=True,
             fallback="keras_jax",
+            device_augment=True,
         ),
         Route(
             "keras_jax",

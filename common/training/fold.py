@@ -21,7 +21,7 @@ from pathlib import Path
 
 from common.core.config import Config
 from common.core.errors import DataError
-from common.data.pipeline import InputShare, make_train_dataset, read_ids_and_labels
+from common.data.pipeline import InputShare, describe_augmentation, make_train_dataset, read_ids_and_labels
 from common.data.records import RecordSet
 from common.data.teardown import aside
 from common.launch.backbones import BACKBONES
@@ -120,6 +120,7 @@ def describe_plan(cfg: Config, plan: FoldPlan, records: RecordSet) -> None:
     name, extra = optimizer_settings(cfg.train)
     settings = "".join(f", {key} {value}" for key, value in extra.items())
     print(f"[train] optimiser {name}{settings}; learning rate: {plan.warmup_steps} warm-up steps, then {plan.schedule}")
+    print(describe_augmentation(cfg.data), flush=True)
     if plan.class_weights:
         print(
             "[train] class weights (balanced): "

@@ -33,6 +33,7 @@ from common.training.backends.base import (
     epoch_hooks,
     learning_rate_schedule,
 )
+from common.training.backends.tf_keras.augment import augment_batch, augment_in_step
 from common.training.backends.tf_keras.export import export, serving_model
 from common.training.backends.tf_keras.iterators import RepeatedPasses, fit_iterator_let_go
 from common.training.backends.tf_keras.model import (
@@ -69,6 +70,10 @@ class TFBackend:
     def replicas(self) -> int:
         return self.strategy.num_replicas_in_sync
 
+    @property
+    def augments_on_device(self) -> bool:
+        return self.cfg.data.augment and self.cfg.data.augment_on == "device"
+
     def build(self, plan) -> None:
         """The model and its optimiser, loss and running metric, inside the strategy's scope; the optimiser's slots
         exist before any restore, so nothing is deferred."""
@@ -79,6 +84,8 @@ class TFBackend:
             self.model = self._build(tf.keras.mixed_precision.global_policy().name)
             schedule = learning_rate_schedule(plan, tf.keras.optimizers.schedules, tf)
             compile_model(self.model, self.cfg.train, plan.task, schedule, plan.class_weights)
+            if self.augments_on_device:  # the pipeline decoded only: fit's step augments each replica's batch
+                augment_in_step(self.model, self.cfg.data)
             self.model.optimizer.build(self.model.trainable_variables)
             self.epochs_done = tf.Variable(0, dtype=tf.int64, trainable=False, name="epochs_done")
         self.best = tf.train.Checkpoint(model=self.model)
@@ -174,8 +181,15 @@ class TFBackend:
             return
         plan = self.plan
         custom = CustomLoop(
-            self.strategy, self.model, plan.task, self.cfg.train.label_smoothing, plan.global_batch, plan.class_weights
+            self.strategy,
+            self.model,
+            plan.task,
+            self.cfg.train.label_smoothing,
+            plan.global_batch,
+            plan.class_weights,
         )
+        if self.augments_on_device:  # the pipeline decoded only: the loop's step augments each replica's batch
+            custom.augment = lambda images: augment_batch(images, self.cfg.data)
         custom.fit(data, loop, self.cfg.train.steps_per_execution)
 
     def release(self) -> None:

@@ -22,6 +22,7 @@ class CustomLoop:
         class_weights=None,
     ):
         self.strategy = strategy
+        self.augment = None  # data.augment_on=device: images -> augmented images, on the replica (augment.py)
         self.model = model
         self.global_batch = global_batch
         self.per_example_loss = task.loss(label_smoothing, class_weights)
@@ -30,6 +31,8 @@ class CustomLoop:
             self.running = task.running_metric()
 
     def _step(self, images, targets):
+        if self.augment is not None:
+            images = self.augment(images)
         optimizer = self.model.optimizer
         with tf.GradientTape() as tape:
             outputs = self.model(images, training=True)
