@@ -7,6 +7,7 @@ version, and a tf_keras fold trains with its own below."""
 
 import json
 import math
+import re
 
 from common.core.config import load_config
 from common.data.pipeline import augment
@@ -204,8 +205,11 @@ def test_a_tf_keras_fold_augmented_on_the_device_exports_the_same_serving_signat
     argv = train_argv(*augmentations, f"train.loop={loop}", "train.epochs=1", "runtime.cpu_devices=2")
     capsys.readouterr()
     assert train_main(argv) == 0
+    log = capsys.readouterr().out
+    # each epoch's line says how long the step waited for its batch (timed in the graph: common/.../tf_keras/pace.py)
+    assert re.search(r"epoch 1\b.*the step waited for input \d+% of \d+ ms a step", log), log[-3000:]
     says(
-        capsys.readouterr().out,
+        log,
         "[train] augmentation: crop, affine, flip left-right, flip up-down, quarter turns, colour, cutout",
         "on the device, in the training step (data.augment_on=device)",
     )

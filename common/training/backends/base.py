@@ -196,8 +196,13 @@ class InputWait:
         if self.started is None or steps < 1:
             return ""
         wall, self.started = time.perf_counter() - self.started, None
-        share = 100 * min(1.0, self.waited / wall)
-        return f"the step waited for input {share:.0f}% of {1000 * wall / steps:.0f} ms a step"
+        return wait_text(self.waited, wall, steps)
+
+
+def wait_text(waited: float, wall: float, steps: int) -> str:
+    """The epoch line's part on input: the share of `steps` steps' `wall` seconds spent waiting for batches."""
+    share = 100 * min(1.0, waited / wall)
+    return f"the step waited for input {share:.0f}% of {1000 * wall / steps:.0f} ms a step"
 
 
 def epoch_hooks(callback_class, loop: EpochLoop, wait: InputWait | None = None, name: str = ""):

@@ -41,6 +41,7 @@ from common.training.backends.tf_keras.model import (
     compile_model,
     import_hub,
 )
+from common.training.backends.tf_keras.pace import StepGaps
 from common.training.backends.tf_keras.step import CustomLoop
 from common.training.memory import tensorflow_peak
 
@@ -86,6 +87,8 @@ class TFBackend:
             compile_model(self.model, self.cfg.train, plan.task, schedule, plan.class_weights)
             if self.augments_on_device:  # the pipeline decoded only: fit's step augments each replica's batch
                 augment_in_step(self.model, self.cfg.data)
+            self.gaps = StepGaps(self.strategy)  # each epoch's line: how long the step waited for its batch
+            self.model.train_step = self.gaps.timed(self.model.train_step)
             self.model.optimizer.build(self.model.trainable_variables)
             self.epochs_done = tf.Variable(0, dtype=tf.int64, trainable=False, name="epochs_done")
         self.best = tf.train.Checkpoint(model=self.model)
@@ -168,7 +171,7 @@ class TFBackend:
         """The loop's epochs with Keras fit or the custom loop (train.loop); loop.epoch_end(epoch, logs) returns True
         to stop."""
         if self.cfg.train.loop == "fit":
-            hooks = epoch_hooks(tf.keras.callbacks.Callback, loop)
+            hooks = epoch_hooks(tf.keras.callbacks.Callback, loop, self.gaps, self.name)
             with fit_iterator_let_go(self.model):
                 self.model.fit(
                     data,
@@ -190,6 +193,7 @@ class TFBackend:
         )
         if self.augments_on_device:  # the pipeline decoded only: the loop's step augments each replica's batch
             custom.augment = lambda images: augment_batch(images, self.cfg.data)
+        custom.gaps = self.gaps
         custom.fit(data, loop, self.cfg.train.steps_per_execution)
 
     def release(self) -> None:

@@ -23,6 +23,7 @@ class CustomLoop:
     ):
         self.strategy = strategy
         self.augment = None  # data.augment_on=device: images -> augmented images, on the replica (augment.py)
+        self.gaps = None  # a StepGaps (pace.py): each epoch's line says how long the step waited for its batch
         self.model = model
         self.global_batch = global_batch
         self.per_example_loss = task.loss(label_smoothing, class_weights)
@@ -47,12 +48,14 @@ class CustomLoop:
         optimizer.apply_gradients(zip(grads, self.model.trainable_variables, strict=True))
         self.loss.update_state(per_example)
         self.running.update_state(targets, outputs)
+        return loss
 
     @tf.function
     def train_steps(self, iterator, steps):
+        step = self._step if self.gaps is None else self.gaps.timed(self._step)
         for _ in tf.range(steps):  # a graph loop: one host round trip for `steps` steps
             images, targets = next(iterator)
-            self.strategy.run(self._step, args=(images, targets))
+            self.strategy.run(step, args=(images, targets))
 
     def fit(self, train_dataset, loop: EpochLoop, steps_per_execution: int) -> None:
         """The epoch loop of Keras fit: loop.epoch_begin(epoch), the steps (at most steps_per_execution to a
@@ -62,17 +65,27 @@ class CustomLoop:
             loop.epoch_begin(epoch)
             self.loss.reset_state()
             self.running.reset_state()
-            done = 0
+            done, timed_from = 0, None
             while done < loop.steps_per_epoch:
                 chunk = min(steps_per_execution, loop.steps_per_epoch - done)
                 self.train_steps(iterator, tf.constant(chunk))
-                if epoch == loop.initial_epoch and not done:
+                if not done:
                     float(self.loss.result())  # waits for the execution
-                    loop.first_executed(chunk)
+                    if epoch == loop.initial_epoch:
+                        loop.first_executed(chunk)
+                    if self.gaps is not None:  # the epoch's first execution is not the pace
+                        timed_from = chunk
+                        self.gaps.start()
                 done += chunk
             logs = {"loss": float(self.loss.result()), self.running.name: float(self.running.result())}
+            waited = self.gaps.text(loop.steps_per_epoch - timed_from) if timed_from is not None else ""
             stop = loop.epoch_end(epoch, logs)
-            print(f"epoch {epoch + 1}/{loop.epochs}: " + ", ".join(f"{k}={v:.4f}" for k, v in logs.items()), flush=True)
+            print(
+                f"epoch {epoch + 1}/{loop.epochs}: "
+                + ", ".join(f"{k}={v:.4f}" for k, v in logs.items())
+                + (f"; {waited}" if waited else ""),
+                flush=True,
+            )
             if stop:
                 break
         holder, iterator = [iterator], None
