@@ -8,6 +8,7 @@ version, and a tf_keras fold trains with its own below."""
 import json
 import math
 import re
+from pathlib import Path
 
 from common.core.config import load_config
 from common.data.pipeline import augment
@@ -17,6 +18,7 @@ import pytest
 
 from builders import says
 
+REPO = Path(__file__).resolve().parents[1]
 SIZE = 32
 RAMP = np.broadcast_to(np.linspace(0, 255, SIZE)[None, :, None], (SIZE, SIZE, 3))  # brightness grows left to right
 
@@ -224,3 +226,33 @@ def test_a_tf_keras_fold_augmented_on_the_device_exports_the_same_serving_signat
         return serving.structured_input_signature, serving.structured_outputs
 
     assert signature(tmp_path / "out" / "export") == signature(trained_export)
+
+
+def test_augment_on_auto_keeps_the_host_on_this_cpu_and_moves_to_the_device_where_the_host_falls_short():
+    """data.augment_on=auto: the demo's stack (no per-image transform) and one with some, here (the accelerator is this
+    host's CPU), on the host, saying why; a
+    Kaggle GPU session's 2 cores for two T4s: the device; elsewhere the host's measured rate against what the
+    accelerators take, forced low (the device) and high (the host); a route that augments on the host keeps it."""
+    from common.training.augment_side import choose_augment_side, decide, host_rate
+
+    demo = load_config(REPO / "configs" / "demo.yaml", [])
+    assert demo.data.augment_on == "auto"
+    resolved, line = choose_augment_side(demo, measure=lambda data: pytest.fail("the host is not measured here"))
+    assert resolved.data.augment_on == "host"  # the demo draws no per-image transform (its digits are centred)
+    says(line, "[train] augmentations on the host", "data.augment_on=auto: no per-image transform to move")
+    cfg = load_config(REPO / "configs" / "demo.yaml", ["data.flip_left_right=true", "data.rotation=10"])
+    resolved, line = choose_augment_side(cfg, measure=lambda data: pytest.fail("the host is not measured here"))
+    assert resolved.data.augment_on == "host"
+    says(line, "[train] augmentations on the host", "data.augment_on=auto", "the accelerator is this host's CPU")
+    assert decide(cfg, "gpu", 2, 2)[0] == "device"
+    side, why = decide(cfg, "gpu", 2, 16, measure=lambda data: 10.0)
+    assert side == "device", why
+    says(why, "the host augments 10 images/s", "on 16 core(s), 2 GPU(s) take about", f"at {cfg.data.image_size} px")
+    assert decide(cfg, "tpu", 8, 96, measure=lambda data: 1e9)[0] == "host"
+    jax = load_config(
+        REPO / "configs" / "demo.yaml", ["train.framework=keras_jax", "model.backbone=keras", "data.rotation=10"]
+    )
+    assert decide(jax, "gpu", 2, 2) == ("host", "train.framework=keras_jax augments on the host")
+    plain = load_config(None, ["data.augment=false"])
+    assert decide(plain, "gpu", 2, 2) == ("host", "no per-image transform to move")
+    assert host_rate(cfg.data, images=32) > 0

@@ -69,8 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     processes = processes_to_start(cfg)  # the torch route on several GPUs: one process each, torchrun starts them
     if processes > 1:
         return start_on_this_machine(processes, sys.argv[1:] if argv is None else argv)
-    from common.training.backends.registry import start_backend
+    from common.training.augment_side import choose_augment_side
+    from common.training.backends.registry import prepare_route, start_backend
 
+    prepare_route(cfg)  # the route's environment first: deciding where to augment may import TensorFlow
+    cfg, augment_line = choose_augment_side(cfg)  # data.augment_on=auto: host or device, before the backend reads it
+    print(augment_line, flush=True)
     backend = start_backend(cfg)
     from common.training.budget import budget_hours
     from common.training.chain import take_previous_run

@@ -114,10 +114,10 @@ class DataConfig:
     """records shuffled before decoding"""
     augment: bool = True
     """apply the augmentations below"""
-    augment_on: Literal["host", "device"] = "host"
-    """where the per-image augmentations run: host (the tf.data pipeline) or device (on the batch inside the training
-    step, the tf_keras and torch routes: where the host's cores cannot keep the GPUs fed); MixUp and CutMix stay on the
-    host"""
+    augment_on: Literal["auto", "host", "device"] = "auto"
+    """where the per-image augmentations run: host (the tf.data pipeline), device (on the batch inside the training
+    step, the tf_keras and torch routes: where the host's cores cannot keep the GPUs fed), or auto: the device where
+    the host's measured rate falls short (common/training/augment_side.py); MixUp and CutMix stay on the host"""
     flip_left_right: bool = True
     """random horizontal flip"""
     flip_up_down: bool = False

@@ -167,35 +167,6 @@ def augment(image: tf.Tensor, data_cfg) -> tf.Tensor:
     return image
 
 
-# The transforms in the order every version applies them (the host's augment above; on the device, each route's
-# augment_batch), each with what turns it on.
-TRANSFORMS = (
-    ("crop", lambda data: data.crop_scale > 0),
-    ("affine", lambda data: data.rotation > 0 or data.shear > 0 or data.zoom > 0 or data.shift > 0),
-    ("flip left-right", lambda data: data.flip_left_right),
-    ("flip up-down", lambda data: data.flip_up_down),
-    ("quarter turns", lambda data: data.rotate90),
-    ("colour", lambda data: data.brightness > 0 or data.contrast > 0 or data.hue > 0 or data.saturation > 0),
-    ("cutout", lambda data: data.cutout > 0),
-)
-
-
-def describe_augmentation(data_cfg) -> str:
-    """The fold's line: which transforms run, and where (data.augment_on)."""
-    if not data_cfg.augment:
-        return "[train] augmentation: none (data.augment=false)"
-    names = [name for name, active in TRANSFORMS if active(data_cfg)]
-    mixing = [name for name, p in (("MixUp", data_cfg.mixup_prob), ("CutMix", data_cfg.cutmix_prob)) if p > 0]
-    where = (
-        "on the device, in the training step (data.augment_on=device)"
-        if data_cfg.augment_on == "device"
-        else "on the host, in the tf.data pipeline (data.augment_on=host)"
-    )
-    return f"[train] augmentation: {', '.join(names) or 'no transform'} {where}" + (
-        f"; {' and '.join(mixing)} on the host" if mixing else ""
-    )
-
-
 # -------------------------------------------------------------------------------------------- batch-level mixing
 def _beta(alpha: float, n) -> tf.Tensor:
     a, b = tf.random.gamma([n], alpha), tf.random.gamma([n], alpha)
@@ -327,7 +298,7 @@ def make_train_dataset(
     def to_example(serialized):
         record = parse_record(serialized, schema, labeled=True)
         image = decode_image(record["image"], data_cfg.image_size)
-        if data_cfg.augment and data_cfg.augment_on == "host":  # device: the step augments the batch
+        if data_cfg.augment and data_cfg.augment_on != "device":  # device: the step augments the batch
             image = augment(image, data_cfg)
         return image, record["label"]
 

@@ -21,9 +21,10 @@ from pathlib import Path
 
 from common.core.config import Config
 from common.core.errors import DataError
-from common.data.pipeline import InputShare, describe_augmentation, make_train_dataset, read_ids_and_labels
+from common.data.pipeline import InputShare, make_train_dataset, read_ids_and_labels
 from common.data.records import RecordSet
 from common.data.teardown import aside
+from common.data.transforms import describe_augmentation
 from common.launch.backbones import BACKBONES
 from common.training.backends.base import Backend, EpochLoop, compiled_so_far
 from common.training.batch import Batch, FoldBatch, train_at_fitting_batch

@@ -27,9 +27,15 @@ def with_local_paths(cfg: Config):
     return dataclasses.replace(cfg, model=model)
 
 
-def start_backend(cfg: Config):
-    """The training backend for cfg (a common.training.backends.base.Backend)."""
+def prepare_route(cfg: Config):
+    """The route cfg takes, its environment set before its framework is first imported (again: harmless)."""
     route = ROUTES[chosen_framework(cfg)]
     route.prepare(cfg)
+    return route
+
+
+def start_backend(cfg: Config):
+    """The training backend for cfg (a common.training.backends.base.Backend)."""
+    route = prepare_route(cfg)
     module, function = route.start.split(":")
     return getattr(importlib.import_module(module), function)(with_local_paths(cfg))
