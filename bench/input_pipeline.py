@@ -24,8 +24,9 @@ Target: pipeline@512 keeps >= 0.85 of the decode-only rate, and both scale with 
 
 prices each augmentation (data.* keys) on its own and the full stack, as the rate of pipeline@512 with it against
 pipeline@512 without it in the same round (MixUp / CutMix on every batch, so their whole cost shows), and the full
-stack but MixUp / CutMix on the device instead (torch's augment_batch, data.augment_on=device: the GPU where torch
-sees one, else the same cores), on batches already there. `--size 224` or `--size 384` measures at that size.
+stack but MixUp / CutMix on the device instead (data.augment_on=device: torch's augment_batch, "all on the device",
+and tf_keras's, "all, TF device"; the GPU where the framework sees one, else the same cores), on batches already
+there. `--size 224` or `--size 384` measures at that size.
 """
 
 from __future__ import annotations
@@ -125,6 +126,7 @@ def measure(
     if augmentations:  # the full stack on the device instead (data.augment_on=device): its rate on batches there
         all_but_mixing = [x for x in AUGMENTATIONS["all"] if "mix" not in x]
         rates["all on the device"] = [device_rate(size, all_but_mixing, seconds) for _ in range(rounds)]
+        rates["all, TF device"] = [tf_device_rate(size, all_but_mixing, seconds) for _ in range(rounds)]
     result = {"cores": len(os.sched_getaffinity(0))}
     for name, values in rates.items():
         result[name] = statistics.median(values)
@@ -151,6 +153,27 @@ def device_rate(size: int, settings: list[str], seconds: float) -> float:
         n += 64
     if device.type == "cuda":
         torch.cuda.synchronize()
+    return n / (time.perf_counter() - start)
+
+
+def tf_device_rate(size: int, settings: list[str], seconds: float) -> float:
+    """Images a second tf_keras's augment_batch (data.augment_on=device) transforms in one tf.function, on batches of
+    64 already there: the GPU where TensorFlow sees one, else this process's cores."""
+    from common.core.config import load_config
+    from common.training.backends.tf_keras.augment import augment_batch
+
+    import tensorflow as tf
+
+    cfg = load_config(None, [f"data.image_size={size}", *settings]).data
+    batch = tf.random.uniform((64, size, size, 3), 0, 256, dtype=tf.int32)
+    batch = tf.cast(batch, tf.uint8)
+    step = tf.function(lambda images: augment_batch(images, cfg))
+    step(batch).numpy()  # tracing and warm-up
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        out = step(batch)
+        n += 64
+    out.numpy()  # the last one has run
     return n / (time.perf_counter() - start)
 
 
@@ -237,7 +260,7 @@ def main() -> None:
     if args.augmentations:
         print(f"\n{'cores':>5} {'variant':>17} {'rate':>10} {'vs plain':>9} {'vs decode':>10}")
         for r in rows:
-            for name in (plain, *AUGMENTATIONS, "all on the device"):
+            for name in (plain, *AUGMENTATIONS, "all on the device", "all, TF device"):
                 print(
                     f"{r['cores']:>5} {name:>17} {r[name]:>8.0f}/s {r[name + ' vs plain']:>9.2f} "
                     f"{r[name + ' ratio']:>10.2f}"
