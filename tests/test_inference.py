@@ -255,6 +255,7 @@ def test_the_inference_kernel_and_its_config_load_with_every_training_dependency
         "common.export.card",
         "common.export.loader",
         "common.inference",
+        "common.inference.blend",
         "common.inference.ensemble",
         "common.inference.predict",
         "common.inference.submission",

@@ -73,10 +73,19 @@ class Climb:
 
 
 # ------------------------------------------------------------------------------------------------------------- runs
-def run_name(root: Path) -> str:
-    """runs/effnet-b3/export -> effnet-b3: a fetched run's export folder is named by the folder it is in."""
-    root = Path(root).resolve()
-    return root.parent.name if root.name == "export" else root.name
+def run_names(roots: list[Path]) -> list[str]:
+    """Each run named by the nearest folder that tells the runs apart: runs/effnet-b3/export -> effnet-b3 (a fetched
+    run's export is named by the folder it is in), runs/demo/train/export -> demo beside runs/demo-2/train/export."""
+    chains = [[p.name for p in Path(root).resolve().parents] for root in roots]
+    chains = [
+        [Path(root).resolve().name, *chain] if Path(root).name != "export" else chain
+        for root, chain in zip(roots, chains, strict=True)
+    ]
+    for level in range(max(len(chain) for chain in chains)):
+        names = [chain[min(level, len(chain) - 1)] for chain in chains]
+        if len(set(names)) == len(names):
+            return names
+    return [f"run{k + 1}" for k in range(len(roots))]  # the same folder given twice
 
 
 def read_run(root: Path, name: str) -> Run:
@@ -103,9 +112,9 @@ def read_runs(roots: list[Path], names: list[str] | None = None) -> list[Run]:
     """Every run, checked to be blendable (check_blendable) and aligned to the first run's row order."""
     if names and len(names) != len(roots):
         raise BlendError(f"{len(names)} --name for {len(roots)} runs. Fix: one --name per run, in order, or none")
-    names = names or [run_name(root) for root in roots]
+    names = names or run_names(roots)
     if len(set(names)) != len(names):
-        names = [f"{name}-{k + 1}" for k, name in enumerate(names)]  # runs/a/export and runs/b/a/export
+        raise BlendError(f"two runs named alike ({', '.join(names)}). Fix: one --name each, all different")
     runs = [read_run(Path(root), name) for root, name in zip(roots, names, strict=True)]
     check_blendable(runs)
     for run in runs[1:]:
@@ -336,6 +345,7 @@ def plot_hill(runs: list[Run], blend: Blend, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, ax = plt.subplots(figsize=(7, 4))
     steps = range(1, len(blend.climb.scores) + 1)
@@ -344,6 +354,7 @@ def plot_hill(runs: list[Run], blend: Blend, path: Path) -> None:
         ax.annotate(runs[blend.climb.order[k]].name, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
     for k, (run, score) in enumerate(zip(runs, blend.singles, strict=True)):
         ax.axhline(score, linestyle="--", linewidth=1, color=f"C{k % 10}", label=f"{run.name} alone")
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_xlabel("shares of weight added")
     ax.set_ylabel(f"{blend.metric.name} out of fold")
     ax.set_title(f"blend {blend.oof:.4f} (held out {blend.held_out:.4f})")

@@ -16,11 +16,12 @@ What an accelerator takes is an estimate, scaled from 224 px by the pixels (ACCE
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from pathlib import Path
 
-from common.core.config import Config, with_overrides
+from common.core.config import Config
 from common.data.transforms import TRANSFORMS
 
 # Images a second one accelerator trains EfficientNet-B0 on at 224 px in 16-bit floats: a T4 about 400 (NVIDIA's
@@ -111,6 +112,6 @@ def choose_augment_side(cfg: Config, measure=host_rate) -> tuple[Config, str]:
     else:
         accelerator = accelerator_here()
         side, why = decide(cfg, accelerator, accelerators_here(accelerator), host_cores(), measure)
-        cfg = with_overrides(cfg, [f"data.augment_on={side}"])
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, augment_on=side))
     where = "the device, in the training step" if side == "device" else "the host, in the tf.data pipeline"
     return cfg, f"[train] augmentations on {where} (data.augment_on={setting}: {why})"
