@@ -1,9 +1,10 @@
-"""data.augment_on=device: the tf_keras and torch routes augment each batch on the accelerator with the same transforms
-the host's pipeline draws (common/training/backends/tf_keras/augment.py, torch_shared/augment.py). Each transform is
-drawn on one fixed batch by the host and by each device's version, and measured the same way: every draw lies in the
-transform's range, and each version spreads over it. The torch version's resampling is TensorFlow's projective
-transform's (the TensorFlow version calls it); test_plain_torch.py's built T4 x2 kernel trains a fold with the torch
-version, and a tf_keras fold trains with its own below."""
+"""data.augment_on=device: the tf_keras, keras_jax and torch routes augment each batch on the accelerator with the same
+transforms the host's pipeline draws (common/training/backends/tf_keras/augment.py, keras_jax/augment.py,
+torch_shared/augment.py). Each transform is drawn on one fixed batch by the host and by each device's version, and
+measured the same way: every draw lies in the transform's range, and each version spreads over it. The torch
+version's resampling is TensorFlow's projective transform's (the TensorFlow version calls it, keras.ops'
+affine_transform takes its coefficients); test_plain_torch.py's built T4 x2 kernel trains a fold with the torch
+version, and a tf_keras and a keras_jax fold train with theirs below."""
 
 import json
 import math
@@ -31,7 +32,7 @@ def fixed_batch(count: int = 48) -> np.ndarray:
     return np.clip(RAMP[None] * cast + noise + 20, 0, 255).astype(np.uint8)
 
 
-@pytest.fixture(params=["tf_keras", "torch"])
+@pytest.fixture(params=["tf_keras", "keras_jax", "torch"])
 def device(request) -> str:
     """Which device version is compared with the host's."""
     if request.param == "torch":
@@ -50,6 +51,13 @@ def both(settings: list[str], images: np.ndarray, device: str) -> tuple[np.ndarr
         from common.training.backends.tf_keras.augment import augment_batch
 
         return host, augment_batch(tf.constant(images), data).numpy()
+    if device == "keras_jax":  # keras.ops on this process's Keras backend (JAX in the suite), jitted as fit's step
+        from common.training.backends.keras_jax.augment import Draws, augment_batch
+
+        import jax
+
+        step = jax.jit(lambda batch, count: augment_batch(batch, data, Draws(count, 1)))
+        return host, np.asarray(step(images, 7))
     from common.training.backends.torch_shared.augment import augment_batch
 
     import torch
@@ -181,13 +189,16 @@ def test_the_device_resamples_as_tensorflows_projective_transform():
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("loop", ["fit", "custom"])
-def test_a_tf_keras_fold_augmented_on_the_device_exports_the_same_serving_signature_as_a_host_augmented_one(
-    loop, train_argv, trained_export, tmp_path, capsys
+@pytest.mark.parametrize(
+    "route", [["train.loop=fit"], ["train.loop=custom"], ["train.framework=keras_jax", "model.backbone=keras"]]
+)
+def test_a_fold_augmented_on_the_device_exports_the_same_serving_signature_as_a_host_augmented_one(
+    route, train_argv, trained_export, tiny_keras_backbone, tmp_path, capsys
 ):
-    """tf_keras with data.augment_on=device (every transform on, in Keras fit's step and in the custom loop's): the
-    pipeline decodes only, each replica of the two augments its batch, and the fold exports verified, its serving
-    signature and card contract those of the host-augmented trained_export (the same 16 px tiny backbone)."""
+    """data.augment_on=device with every transform on: tf_keras in Keras fit's step and in the custom loop's (each
+    replica of the two its own batch), keras_jax in its jitted step (two JAX devices). The pipeline decodes only, and
+    the fold exports verified, its serving signature and card contract those of the host-augmented trained_export
+    (tf_keras, the same 16 px and classes: the contract is the same on every route)."""
     import tensorflow as tf
 
     from train_tpu.train import main as train_main
@@ -204,7 +215,9 @@ def test_a_tf_keras_fold_augmented_on_the_device_exports_the_same_serving_signat
         "data.saturation=0.2",
         "data.cutout=1",
     ]
-    argv = train_argv(*augmentations, f"train.loop={loop}", "train.epochs=1", "runtime.cpu_devices=2")
+    argv = train_argv(
+        *augmentations, *route, f"model.keras_backbone={tiny_keras_backbone}", "train.epochs=1", "runtime.cpu_devices=2"
+    )
     capsys.readouterr()
     assert train_main(argv) == 0
     log = capsys.readouterr().out
@@ -249,10 +262,23 @@ def test_augment_on_auto_keeps_the_host_on_this_cpu_and_moves_to_the_device_wher
     assert side == "device", why
     says(why, "the host augments 10 images/s", "on 16 core(s), 2 GPU(s) take about", f"at {cfg.data.image_size} px")
     assert decide(cfg, "tpu", 8, 96, measure=lambda data: 1e9)[0] == "host"
-    jax = load_config(
-        REPO / "configs" / "demo.yaml", ["train.framework=keras_jax", "model.backbone=keras", "data.rotation=10"]
-    )
-    assert decide(jax, "gpu", 2, 2) == ("host", "train.framework=keras_jax augments on the host")
+    xla = load_config(None, ["train.framework=torch_xla", "model.backbone=timm", "data.rotation=10"])
+    assert decide(xla, "tpu", 8, 96) == ("host", "train.framework=torch_xla augments on the host")
     plain = load_config(None, ["data.augment=false"])
     assert decide(plain, "gpu", 2, 2) == ("host", "no per-image transform to move")
     assert host_rate(cfg.data, images=32) > 0
+
+
+def test_keras_jax_draws_are_seeded_by_the_optimisers_step_so_a_resumed_step_draws_as_it_did():
+    """Keras 3's JAX step is a pure function of its state: its draws come from the optimiser's step count (restored
+    with a checkpoint) and train.seed, so each step draws anew and a step run again draws the same."""
+    from common.training.backends.keras_jax.augment import Draws, augment_batch
+
+    import jax
+
+    data = load_config(None, [f"data.image_size={SIZE}", "data.rotation=20", "data.brightness=0.2"]).data
+    step = jax.jit(lambda batch, count: augment_batch(batch, data, Draws(count, 42)))
+    images = fixed_batch(8)
+    first, again, next_step = (np.asarray(step(images, count)) for count in (7, 7, 8))
+    assert np.array_equal(first, again) and not np.array_equal(first, next_step)
+    assert not np.array_equal(first, images)

@@ -116,7 +116,7 @@ class DataConfig:
     """apply the augmentations below"""
     augment_on: Literal["auto", "host", "device"] = "auto"
     """where the per-image augmentations run: host (the tf.data pipeline), device (on the batch inside the training
-    step, the tf_keras and torch routes: where the host's cores cannot keep the GPUs fed), or auto: the device where
+    step, on every route but torch_xla: where the host's cores cannot keep the GPUs fed), or auto: the device where
     the host's measured rate falls short (common/training/augment_side.py); MixUp and CutMix stay on the host"""
     flip_left_right: bool = True
     """random horizontal flip"""

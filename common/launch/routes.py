@@ -258,6 +258,7 @@ ROUTES = {
             "hosts",
             DemoSetup("keras"),
             environment=(("KERAS_BACKEND", "jax"), ("TPU_LOAD_LIBRARY", "0")),
+            device_augment=True,
         ),
         Route(
             "torch_xla",

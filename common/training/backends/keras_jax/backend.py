@@ -45,6 +45,7 @@ from common.training.backends.base import (
     learning_rate_schedule,
 )
 from common.training.backends.keras_jax import compiles
+from common.training.backends.keras_jax.augment import augment_in_step
 from common.training.backends.keras_jax.export import export, float32_outputs
 from common.training.backends.keras_jax.model import build_keras_model, read_weight_arrays, save_weight_arrays
 from common.training.backends.keras_jax.processes import (
@@ -137,6 +138,8 @@ class JaxBackend:
         # compile's optimiser: under mixed_float16 the LossScaleOptimizer around it, whose scale and counter are
         # variables too; built now, every checkpoint holds them, the first written and the one a resume reads into
         self.model.optimizer.build(self.model.trainable_variables)
+        if self.cfg.data.augment and self.cfg.data.augment_on == "device":  # the pipeline decoded only
+            augment_in_step(self.model, self.cfg.data, self.cfg.train.seed)
 
     def step_memory(self, plan, batch_spec) -> int:
         """Bytes one device needs for the training step at `plan`'s batch: the model and optimiser built for the plan,
