@@ -25,8 +25,8 @@ Target: pipeline@512 keeps >= 0.85 of the decode-only rate, and both scale with 
 prices each augmentation (data.* keys) on its own and the full stack, as the rate of pipeline@512 with it against
 pipeline@512 without it in the same round (MixUp / CutMix on every batch, so their whole cost shows), and the full
 stack but MixUp / CutMix on the device instead (data.augment_on=device: torch's augment_batch, "all on the device",
-and tf_keras's, "all, TF device"; the GPU where the framework sees one, else the same cores), on batches already
-there. `--size 224` or `--size 384` measures at that size.
+tf_keras's, "all, TF device", and keras_jax's, "all, JAX device"; the GPU where the framework sees one, else the same
+cores), on batches already there. `--size 224` or `--size 384` measures at that size.
 """
 
 from __future__ import annotations
@@ -127,6 +127,7 @@ def measure(
         all_but_mixing = [x for x in AUGMENTATIONS["all"] if "mix" not in x]
         rates["all on the device"] = [device_rate(size, all_but_mixing, seconds) for _ in range(rounds)]
         rates["all, TF device"] = [tf_device_rate(size, all_but_mixing, seconds) for _ in range(rounds)]
+        rates["all, JAX device"] = [jax_device_rate(size, all_but_mixing, seconds) for _ in range(rounds)]
     result = {"cores": len(os.sched_getaffinity(0))}
     for name, values in rates.items():
         result[name] = statistics.median(values)
@@ -174,6 +175,28 @@ def tf_device_rate(size: int, settings: list[str], seconds: float) -> float:
         out = step(batch)
         n += 64
     out.numpy()  # the last one has run
+    return n / (time.perf_counter() - start)
+
+
+def jax_device_rate(size: int, settings: list[str], seconds: float) -> float:
+    """Images a second keras_jax's augment_batch (data.augment_on=device) transforms, jitted as in the step, on
+    batches of 64 already there: the accelerator JAX sees, else this process's cores."""
+    os.environ.setdefault("KERAS_BACKEND", "jax")  # keras.ops on JAX, as the keras_jax route runs them
+    from common.core.config import load_config
+    from common.training.backends.keras_jax.augment import Draws, augment_batch
+
+    import jax
+    import numpy as np
+
+    cfg = load_config(None, [f"data.image_size={size}", *settings]).data
+    batch = jax.device_put(np.random.default_rng(0).integers(0, 256, (64, size, size, 3), dtype=np.uint8))
+    step = jax.jit(lambda images, count: augment_batch(images, cfg, Draws(count, 0)))
+    step(batch, 0).block_until_ready()  # tracing and compiling
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        out = step(batch, n)
+        n += 64
+    out.block_until_ready()
     return n / (time.perf_counter() - start)
 
 
@@ -260,7 +283,7 @@ def main() -> None:
     if args.augmentations:
         print(f"\n{'cores':>5} {'variant':>17} {'rate':>10} {'vs plain':>9} {'vs decode':>10}")
         for r in rows:
-            for name in (plain, *AUGMENTATIONS, "all on the device", "all, TF device"):
+            for name in (plain, *AUGMENTATIONS, "all on the device", "all, TF device", "all, JAX device"):
                 print(
                     f"{r['cores']:>5} {name:>17} {r[name]:>8.0f}/s {r[name + ' vs plain']:>9.2f} "
                     f"{r[name + ' ratio']:>10.2f}"

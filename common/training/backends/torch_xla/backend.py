@@ -26,7 +26,7 @@ from common.core.platform import gpu_lines
 from common.data.pipeline import make_padded_image_batches
 from common.data.records import RecordSchema
 from common.tasks.parts import torch_ops
-from common.training.backends.base import ONE_PROCESS, EpochLoop
+from common.training.backends.base import ONE_PROCESS, EpochLoop, InputWait
 from common.training.backends.torch_shared.capture import check_capturable
 from common.training.backends.torch_shared.export import export
 from common.training.backends.torch_shared.model import build_timm_model
@@ -235,12 +235,12 @@ class TorchXlaBackend:
     def fit(self, data, loop: EpochLoop) -> None:
         batches = iter(data)
         try:
-            self._train_epochs(batches, loop)
+            self._train_epochs(InputWait(batches), loop)
         finally:  # the loader's threads stopped: left running after an error, they abort the process at exit
             stop_loader(batches)
         self._take_average()
 
-    def _train_epochs(self, batches, loop: EpochLoop) -> None:
+    def _train_epochs(self, batches: InputWait, loop: EpochLoop) -> None:
         for epoch in range(loop.initial_epoch, loop.epochs):
             loop.epoch_begin(epoch)
             self.model.train()
@@ -256,9 +256,11 @@ class TorchXlaBackend:
                     loop.first_executed(1)
                 if total is None:
                     share.start()  # from the end of the epoch's first step: its compile is not the pace
+                    batches.start()
                 total = loss if total is None else total + loss
             loss_value = float(total.item()) / loop.steps_per_epoch  # waits for the last step: the share's end
             host = share.text(loop.steps_per_epoch - 1)
+            waited = batches.text(loop.steps_per_epoch - 1)  # of the same stretch
             stop = loop.epoch_end(epoch, {"loss": loss_value})
             # After the first epoch: none, or every step pays a compile. In the first: one training step graph.
             now = graphs()
@@ -266,7 +268,7 @@ class TorchXlaBackend:
                 f"[torch_xla] epoch {epoch + 1}: {now - before} graph(s) compiled (training and "
                 f"validation; from the cache or not), {in_steps} by the training step, {now} in all "
                 f"({cache_hits()} from the cache)"
-                + (f"; {'compiled' if self.compiled_step else 'lazy'} step: {host}" if host else ""),
+                + (f"; {'compiled' if self.compiled_step else 'lazy'} step: {host}; {waited}" if host else ""),
                 flush=True,
             )
             if stop:
