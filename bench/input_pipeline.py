@@ -178,6 +178,9 @@ def tf_device_rate(size: int, settings: list[str], seconds: float) -> float:
     return n / (time.perf_counter() - start)
 
 
+_JITTED = {}
+
+
 def jax_device_rate(size: int, settings: list[str], seconds: float) -> float:
     """Images a second keras_jax's augment_batch (data.augment_on=device) transforms, jitted as in the step, on
     batches of 64 already there: the accelerator JAX sees, else this process's cores."""
@@ -188,10 +191,13 @@ def jax_device_rate(size: int, settings: list[str], seconds: float) -> float:
     import jax
     import numpy as np
 
-    cfg = load_config(None, [f"data.image_size={size}", *settings]).data
     batch = jax.device_put(np.random.default_rng(0).integers(0, 256, (64, size, size, 3), dtype=np.uint8))
-    step = jax.jit(lambda images, count: augment_batch(images, cfg, Draws(count, 0)))
-    step(batch, 0).block_until_ready()  # tracing and compiling
+    key = (size, tuple(settings))
+    if key not in _JITTED:  # compiled once a worker (about a minute at 224 px on this CPU), not once a round
+        cfg = load_config(None, [f"data.image_size={size}", *settings]).data
+        _JITTED[key] = jax.jit(lambda images, count: augment_batch(images, cfg, Draws(count, 0)))
+        _JITTED[key](batch, 0).block_until_ready()
+    step = _JITTED[key]
     n, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         out = step(batch, n)
