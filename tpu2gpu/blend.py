@@ -115,6 +115,8 @@ def read_runs(roots: list[Path], names: list[str] | None = None) -> list[Run]:
     names = names or run_names(roots)
     if len(set(names)) != len(names):
         raise BlendError(f"two runs named alike ({', '.join(names)}). Fix: one --name each, all different")
+    if len(roots) < 2:
+        raise BlendError("a blend needs two runs or more. Fix: name each run's export folder")
     runs = [read_run(Path(root), name) for root, name in zip(roots, names, strict=True)]
     check_blendable(runs)
     for run in runs[1:]:
