@@ -62,6 +62,7 @@ class Climb:
     gain each run brought when first added."""
 
     counts: list[int]
+    singles: list[float]  # each run's own score on these rows
     scores: list[float]  # after each step; the first is the seed run's alone
     order: list[int]  # the run each step added (the seed first)
     added: dict[int, float | None] = field(default_factory=dict)  # run -> its first addition's gain (None: the seed)
@@ -227,7 +228,7 @@ def hill_climb(predictions: list[np.ndarray], labels, metric: Metric, max_steps:
     counts = [0] * len(predictions)
     counts[seed] = 1
     total, current = predictions[seed].copy(), singles[seed]
-    climb = Climb(counts, [current], [seed], {seed: None})
+    climb = Climb(counts, singles, [current], [seed], {seed: None})
     for _ in range(max_steps):
         # Candidates are compared at the blend's own thresholds (multilabel: chosen once a step, not once a candidate,
         # which costs a search over the grid for every label); the best is then scored at thresholds of its own.
@@ -281,7 +282,6 @@ def choose_blend(runs: list[Run], splits: int = 5, seed: int = 0, max_steps: int
     labels = np.asarray(runs[0].labels)
     predictions = [run.predictions for run in runs]
     climb = hill_climb(predictions, labels, metric, max_steps)
-    singles = [metric.score(labels, p) for p in predictions]
     best = climb.order[0]
     held, held_best = [], []
     folds = StratifiedKFold(n_splits=splits, shuffle=True, random_state=seed)
@@ -300,7 +300,7 @@ def choose_blend(runs: list[Run], splits: int = 5, seed: int = 0, max_steps: int
         metric,
         climb,
         weights,
-        singles,
+        climb.singles,
         metric.score(labels, mix, thresholds),
         held_out,
         best_held_out,

@@ -48,6 +48,21 @@ def local_folder(value: str, key: str, what: str) -> Path:
     return Path(value)
 
 
+def folders_holding(root: Path, name: str, max_depth: int = 6) -> list[Path]:
+    """The folders under root (root included, at most max_depth deep) that hold a file `name`, in sorted order; none
+    looked for below one that does (an attached dataset's export, or blend, and what it carries)."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        if name in filenames:
+            found.append(here)
+            dirnames.clear()
+        elif len(here.relative_to(root).parts) >= max_depth:
+            dirnames.clear()
+        dirnames.sort()
+    return found
+
+
 def local_copy(url: str, role: str) -> Path:
     """Where a bucket folder is worked on (role "output") or read ("input") here: /kaggle/temp/gcs/<role>/<bucket>/
     <path> in a Kaggle kernel (kept out of the kernel's output), else runs/gcs/<role>/<bucket>/<path>."""

@@ -16,11 +16,16 @@ TRANSFORMS = (
 )
 
 
+def active_transforms(data_cfg) -> list[str]:
+    """The transforms data_cfg turns on, in order; none with data.augment=false."""
+    return [name for name, active in TRANSFORMS if active(data_cfg)] if data_cfg.augment else []
+
+
 def describe_augmentation(data_cfg) -> str:
     """The fold's line: which transforms run, and where (data.augment_on)."""
     if not data_cfg.augment:
         return "[train] augmentation: none (data.augment=false)"
-    names = [name for name, active in TRANSFORMS if active(data_cfg)]
+    names = active_transforms(data_cfg)
     mixing = [name for name, p in (("MixUp", data_cfg.mixup_prob), ("CutMix", data_cfg.cutmix_prob)) if p > 0]
     where = "on the device, in the training step" if data_cfg.augment_on == "device" else "on the host, in tf.data"
     where += f" (data.augment_on={data_cfg.augment_on})"

@@ -13,15 +13,14 @@ its weight; the inference kernel then scales a fold the training budget cut (inf
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from pathlib import Path
 
+from common.core.paths import folders_holding
 from common.export.card import ExportError, card_digest
 
 BLEND_NAME = "blend.json"
 BLEND_FORMAT = "tpu2gpu-blend-1"
-_MAX_SEARCH_DEPTH = 6
 
 
 def find_blend(setting: str, roots: list[Path]) -> dict | None:
@@ -31,25 +30,13 @@ def find_blend(setting: str, roots: list[Path]) -> dict | None:
         return None
     if setting != "auto":
         return read_blend(Path(setting))
-    found = [path for root in roots for path in _blends_under(Path(root))]
+    found = [folder / BLEND_NAME for root in roots for folder in folders_holding(Path(root), BLEND_NAME)]
     if len(found) > 1:
         raise ExportError(
             f"{len(found)} blends found ({', '.join(map(str, found))}). Fix: attach one blend's model dataset, or "
             "name one with infer.blend=<its blend.json>"
         )
     return read_blend(found[0]) if found else None
-
-
-def _blends_under(root: Path) -> list[Path]:
-    found = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        here = Path(dirpath)
-        if BLEND_NAME in filenames:
-            found.append(here / BLEND_NAME)
-        if len(here.relative_to(root).parts) >= _MAX_SEARCH_DEPTH:
-            dirnames.clear()
-        dirnames.sort()
-    return found
 
 
 def read_blend(path: Path) -> dict:

@@ -14,13 +14,12 @@ over members (weighted) and TTA views before any threshold or argmax (common/inf
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from common.core.gcs import is_gcs
-from common.core.paths import kaggle_input_dir, local_copy, local_folder, resolve_data_path
+from common.core.paths import folders_holding, kaggle_input_dir, local_copy, local_folder, resolve_data_path
 from common.export.card import CARD_NAME, FLOAT16_TOLERANCE, ExportError, ModelCard, read_card, scaled_difference
 from common.export.loader import fetch_exports, serving_functions
 from common.inference.blend import describe_blend, find_blend, member_weights
@@ -28,23 +27,8 @@ from common.inference.blend import describe_blend, find_blend, member_weights
 import numpy as np
 import tensorflow as tf
 
-_MAX_SEARCH_DEPTH = 6
-
 
 # ------------------------------------------------------------------------------------------------------------ exports
-def _exports_under(root: Path) -> list[Path]:
-    found = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        here = Path(dirpath)
-        if CARD_NAME in filenames:
-            found.append(here)
-            dirnames.clear()
-        elif len(here.relative_to(root).parts) >= _MAX_SEARCH_DEPTH:
-            dirnames.clear()
-        dirnames.sort()
-    return found
-
-
 def export_roots(names_or_paths) -> list[Path]:
     """The folders the exports are searched under: each given path / attached dataset / gs:// folder (copied here
     first, common/export/loader.py), or /kaggle/input."""
@@ -60,7 +44,7 @@ def export_roots(names_or_paths) -> list[Path]:
 def find_exports(names_or_paths, roots: list[Path] | None = None) -> list[Path]:
     """Export folders (holding model_card.json) under export_roots(names_or_paths), or under `roots` given."""
     roots = export_roots(names_or_paths) if roots is None else roots
-    exports = [e for root in roots for e in _exports_under(root)]
+    exports = [e for root in roots for e in folders_holding(root, CARD_NAME)]
     if not exports:
         where = ", ".join(str(r) for r in roots)
         raise ExportError(

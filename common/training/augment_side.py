@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from common.core.config import Config
-from common.data.transforms import TRANSFORMS
+from common.data.transforms import active_transforms
 
 # Images a second one accelerator trains EfficientNet-B0 on at 224 px in 16-bit floats: a T4 about 400 (NVIDIA's
 # published B0 AMP training rates scaled by the T4's share: issue 79's estimate, 75-100 at 512 px); a TPU v5e chip
@@ -76,16 +76,12 @@ def host_rate(data_cfg, images: int = 96) -> float:
     return count / (time.perf_counter() - began)
 
 
-def per_image_transforms(data_cfg) -> list[str]:
-    return [name for name, active in TRANSFORMS if active(data_cfg)] if data_cfg.augment else []
-
-
 def decide(cfg: Config, accelerator: str, devices: int, cores: int, measure=host_rate) -> tuple[str, str]:
     """(host | device, why) for data.augment_on=auto on this machine (the module's rules, in order)."""
     from common.launch.routes import route_of
 
     route = route_of(cfg)
-    if not per_image_transforms(cfg.data):
+    if not active_transforms(cfg.data):
         return "host", "no per-image transform to move"
     if not route.device_augment:
         return "host", f"train.framework={route.name} augments on the host"
