@@ -233,3 +233,15 @@ def test_runs_over_other_records_or_another_class_list_are_refused_in_one_messag
         assert len(err) == 1, err
         says(err[0], "these runs cannot be blended:", *says_what, "Fix: blend runs of one competition")
         assert not (tmp_path / "blend").exists()
+
+
+def test_a_damaged_blend_json_is_one_named_error(tmp_path):
+    """A blend.json cut short, and a JSON list under the name: each one ExportError naming the file and the fix."""
+    from common.inference.blend import read_blend
+
+    path = tmp_path / "blend.json"
+    for text in ('{"format": "tpu2gpu-blend-1", "runs": [', "[1, 2]", ""):
+        path.write_text(text)
+        with pytest.raises(ExportError) as refused:
+            read_blend(path)
+        says(str(refused.value), str(path), "Fix: write it again with `tpu2gpu blend`")

@@ -44,11 +44,15 @@ def read_blend(path: Path) -> dict:
         raise ExportError(
             f"infer.blend={str(path)!r} does not exist. Fix: the blend.json `tpu2gpu blend` wrote, or auto"
         )
-    blend = json.loads(path.read_text())
-    if blend.get("format") != BLEND_FORMAT:
+    try:
+        blend = json.loads(path.read_text())
+    except ValueError as err:  # cut short, or another file under the name
+        raise ExportError(f"{path} is not a readable blend ({err}). Fix: write it again with `tpu2gpu blend`") from err
+    written = blend.get("format") if isinstance(blend, dict) else type(blend).__name__
+    if written != BLEND_FORMAT:
         raise ExportError(
-            f"{path} is not a blend this code reads ({blend.get('format')!r}, not {BLEND_FORMAT}). Fix: write it again "
-            "with `tpu2gpu blend`"
+            f"{path} is not a blend this code reads ({written!r}, not {BLEND_FORMAT}). Fix: write it again with "
+            "`tpu2gpu blend`"
         )
     return {**blend, "path": str(path)}
 
