@@ -55,20 +55,30 @@ def checkout_copy(destination: Path, link_venv: bool = False) -> Path:
 
 
 def kill_after_epochs(
-    command: list[str], progress: Path, epochs: int, timeout: float = 300, env: dict | None = None
+    command: list[str],
+    progress: Path,
+    epochs: int,
+    timeout: float = 300,
+    env: dict | None = None,
+    log: Path | None = None,
 ) -> int:
-    """Start a training run (or the demo) in `env` (default: this one), SIGKILL it and every process it started once
-    its progress.json counts `epochs` checkpointed epochs (a session that ends, or worse), and return the epochs its
-    checkpoint holds."""
-    run = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    """Start a training run (or the demo) in `env` (default: this one), its output in `log` (default: none), SIGKILL
+    it and every process it started once its progress.json counts `epochs` checkpointed epochs (a session that ends,
+    or worse), and return the epochs its checkpoint holds."""
+    output = log.open("w") if log else subprocess.DEVNULL
+    run = subprocess.Popen(command, cwd=REPO, stdout=output, stderr=subprocess.STDOUT, env=env)
     try:
         deadline = time.monotonic() + timeout
         while not (progress.is_file() and json.loads(progress.read_text())["epochs_done"] >= epochs):
-            assert run.poll() is None and time.monotonic() < deadline, f"the run ended before epoch {epochs}"
+            assert run.poll() is None and time.monotonic() < deadline, f"the run ended before epoch {epochs}" + (
+                f":\n{log.read_text()[-4000:]}" if log else ""
+            )
             time.sleep(0.05)
     finally:
         kill_tree(run.pid)
         run.wait()
+        if log:
+            output.close()
     return json.loads(progress.read_text())["epochs_done"]
 
 

@@ -4,14 +4,10 @@ line names trains. The messages are the runtimes' own, as the public reports quo
 this CPU never runs out, so a test hook raises them where a device would: at the first step, or in validation."""
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 from common.core.errors import guarded
-from common.launch.routes import torch_xla_missing
 from common.training.memory import (
     FIRST_STEP,
     OutOfMemory,
@@ -304,85 +300,6 @@ def test_an_out_of_memory_in_validation_keeps_the_checkpoints_and_the_rerun_resu
     assert train_main([*argv, "--set", "train.batch_size_per_replica=16"]) == 0
     assert "[train] resuming from the checkpoint after epoch 1" in capsys.readouterr().out
     assert (tmp_path / "out" / "export" / "fold0" / "model_card.json").is_file()
-
-
-# torch_xla in a child (imported before TensorFlow): its step raises the message pytorch/xla#1735 quotes while the
-# batch is above 8, as a chip that holds 8 would; then the child runs the command its one line names, until that run
-# has checkpointed its first epoch (then the child ends at once, as a kill would: the export is other tests' work).
-TORCH_OUT_OF_MEMORY = """
-import contextlib, io, os, re, sys
-import torch, torch_xla  # before anything imports TensorFlow
-from common.core.errors import guarded
-import common.training.backends.torch_xla.backend as torch_backend
-import common.training.epoch as epoch
-from train_tpu.train import main
-
-step, write_json = torch_backend.TorchXlaBackend._step, epoch.write_json
-
-def step_or_run_out(self, images, targets):
-    if images.shape[0] > 8:
-        raise RuntimeError(sys.argv[1])
-    return step(self, images, targets)
-
-def write_then_stop(path, data):
-    write_json(path, data)
-    if path.name == epoch.PROGRESS_NAME:
-        print("CHECKPOINTED", data, flush=True)
-        os._exit(0)
-
-torch_backend.TorchXlaBackend._step, epoch.write_json = step_or_run_out, write_then_stop
-argv, err = sys.argv[2:], io.StringIO()
-with contextlib.redirect_stderr(err):
-    code = guarded("train", main, argv)
-line = err.getvalue().strip().splitlines()[-1]
-print("LINE", line, "EXIT", code, flush=True)
-fix = re.search(r"Fix: --set (\\S+) ", line).group(1)
-print("RERUN", fix, flush=True)
-main([*argv, "--set", fix])
-"""
-
-
-@pytest.mark.e2e
-@pytest.mark.skipif(bool(torch_xla_missing()), reason="./dev test installs the torch extra")
-def test_torch_xlas_out_of_memory_at_its_first_step_is_one_line_and_the_batch_it_names_trains(
-    demo_records, tiny_timm_backbone, tmp_path
-):
-    argv = settings(
-        demo_records[0],
-        tmp_path / "out",
-        "train.framework=torch_xla",
-        "model.backbone=timm",
-        f"model.timm_model={tiny_timm_backbone}",
-        # The step kind is not the subject: the lazy step's first epoch takes about half the compiled one's here
-        # (torch.compile's tracing); the line is the same for both (its phase is the first training step).
-        "train.torch_step=lazy",
-    )
-    run = subprocess.run(
-        [sys.executable, "-c", TORCH_OUT_OF_MEMORY, PUBLIC["torch_xla_reserve"][0], *argv],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"},
-    )
-    report = (run.stdout + run.stderr)[-3000:]
-    assert run.returncode == 0 and "Traceback" not in run.stdout, report
-    line = next(x for x in run.stdout.splitlines() if x.startswith("LINE "))
-    assert line.startswith(
-        "LINE train: error: fold0, compiling and running the first training step: the device ran "
-        "out of memory: timm tiny_timm at 16 px, batch 32 per replica x 1 replica(s) = 32, float32; "
-        "it needed 3.95 GiB where 1.92 GiB of the chip's 8.00 GiB was free (Attempting to reserve "
-        "3.95G at the bottom of memory. That was not possible. There are 1.92G free, 0B reserved, "
-        "and 1.92G reservable.). Fix: --set train.batch_size_per_replica=8 (expected to fit)"
-    ), line
-    assert line.endswith(" EXIT 2"), line
-    # The rerun trained its first epoch at the batch the line names, and checkpointed it.
-    rerun = run.stdout.split("RERUN train.batch_size_per_replica=8\n", 1)[1]
-    assert "global batch 8 (1 replicas), 2 steps/epoch" in rerun, report
-    checkpointed = "{'epochs_done': 1, 'optimizer': 'adam', 'trained_in': [{'run': 'local', 'epochs': [1, 1]}]}"
-    assert rerun.rstrip().endswith(f"CHECKPOINTED {checkpointed}"), report
-    progress = tmp_path / "out" / "work" / "fold0" / "checkpoints" / "progress.json"
-    assert json.loads(progress.read_text())["epochs_done"] == 1
 
 
 class Checkpointed(BaseException):
