@@ -1,8 +1,8 @@
 """Compile once: the compile cache of the routes that compile (common/training/compile_cache.py), never a reason to
 fail. The folder's checks on made-up entries first (each kind of bad entry one line, the good ones kept); then Keras 3
 on JAX in this process: a second fold and a resumed fold take their programs from the cache, and a damaged, a foreign
-and an unwritable cache each cost a compile and one line, never the fold. The torch_xla route's resumed run takes its
-graphs from the cache in tests/test_torch_route.py (a damaged entry skipped there too)."""
+and an unwritable cache each cost a compile and one line, never the fold. The torch_xla route's resumed run says why its
+XLA CPU devices use no cache (tests/test_timm_export.py)."""
 
 import json
 import re

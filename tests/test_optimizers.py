@@ -1,7 +1,7 @@
 """train.optimizer on the PyTorch routes: the torch_xla compiled step's update (common/training/backends/torch_xla/
 step.py OptimizerUpdate, written out so that torch.compile captures it) is torch.optim's own for Adam, AdamW and SGD
 with momentum, step by step along a schedule of rates, from the slots first_slots makes. The routes' resumes are
-tested with their folds (test_steps.py: tf_keras SGD, keras_jax AdamW; test_torch_route.py: torch_xla AdamW;
+tested with their folds (test_steps.py: tf_keras SGD, keras_jax AdamW; test_timm_export.py: torch_xla AdamW;
 test_plain_torch.py: torch SGD across two processes)."""
 
 import importlib.util

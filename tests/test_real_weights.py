@@ -202,8 +202,8 @@ def test_a_linear_probe_on_real_weights_on_every_route_exports_verified_and_the_
 
     The one check of its kind (real weights learning to a bar on every route), opted into with -m slow. The default
     suite covers its parts: the three known-answer tests above (each route's model from the real weights), and each
-    route's training, export and scoring on a tiny backbone (tests/test_training.py, test_jax_route.py,
-    test_torch_route.py)."""
+    route's training, export and scoring on a small backbone (tests/test_training.py, test_jax_route.py,
+    test_timm_export.py)."""
     from sklearn.metrics import f1_score
 
     from tpu2gpu.cli import main as cli_main

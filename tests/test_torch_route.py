@@ -1,7 +1,8 @@
 """The torch_xla route (PyTorch/XLA with timm models): refused, with one line naming the routes that serve the case,
-where it cannot run; trained on two XLA CPU devices in a child interpreter (torch_xla must be imported before
-TensorFlow, which this pytest process has loaded), exported under TensorFlow and scored by the TF-only inference
-kernel. torch_xla is never imported here: the first import after TensorFlow aborts the process."""
+where it cannot run; trained on one and two XLA CPU devices in child interpreters (torch_xla must be imported before
+TensorFlow, which this pytest process has loaded) to the same weights. Its run resumed after a kill, exported and
+scored by the TF-only inference kernel is tests/test_timm_export.py's. torch_xla is never imported here: the first
+import after TensorFlow aborts the process."""
 
 import json
 import re

@@ -2,7 +2,7 @@
 (builders.task_competition), each the route's own model (model.py: the timm backbone, the task's head width and
 activation) exported by the route's own export (export.py: keras-hub's rebuild in a TensorFlow child, the fresh-process
 check) and scored by the inference kernel in a child where torch, torch_xla, timm and keras-hub cannot be imported.
-The multiclass model is tests/test_torch_route.py's (trained, killed and resumed, exported, scored).
+The route's multiclass training, killed and resumed, exported and scored, is tests/test_timm_export.py's ConvNeXt.
 
 In the default suite the models are not trained (about 55 s on 2 cores, nearly all of it the three export children):
 each task's export against the torch model, and the TF-only kernel's outputs for every test image against the torch
@@ -10,7 +10,7 @@ model's own. Trained by the training kernel on two XLA CPU devices, against held
 about 2 minutes: each task's graphs compile, about 8 s, and its export, about 13 s). Each slow run turns on one more of
 the shared pipeline's and loop's features: MixUp + CutMix soft targets with label smoothing (binary), the weights'
 moving average (multilabel), the output scaling (regression). In the default suite the route's training is
-tests/test_torch_route.py's, and each task's loss is checked against the other routes' (tests/test_tasks.py)."""
+tests/test_timm_export.py's and test_torch_route.py's, and each task's loss is checked against the other routes' (tests/test_tasks.py)."""
 
 import json
 import subprocess
