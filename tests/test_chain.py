@@ -49,13 +49,14 @@ def kaggle_env(root: Path, tmp: Path) -> dict:
     }
 
 
-def run_script(script: Path, root: Path, tmp: Path) -> subprocess.CompletedProcess:
-    """A built kernel as Kaggle runs it: its script alone in /kaggle/working, no network."""
+def run_script(script: Path, root: Path, tmp: Path, gpus: str = "") -> subprocess.CompletedProcess:
+    """A built kernel as Kaggle runs it: its script alone in /kaggle/working, no network; `gpus` as
+    CUDA_VISIBLE_DEVICES (a T4 x2 session's "0,1"), none by default."""
     shutil.copyfile(script, root / "working" / "__script__.py")
     return subprocess.run(
         offline([sys.executable, "__script__.py"]),
         cwd=root / "working",
-        env=kaggle_env(root, tmp),
+        env={**kaggle_env(root, tmp), **({"CUDA_VISIBLE_DEVICES": gpus} if gpus else {})},
         capture_output=True,
         text=True,
         timeout=1800,
@@ -342,7 +343,8 @@ def test_a_push_over_kaggles_concurrent_session_limit_is_one_line_naming_it(tmp_
 
 TIMM_PART = (
     "2@NvidiaTeslaT4 train.framework=torch model.backbone=timm model.timm_model=/kaggle/input/tiny-timm/tiny_timm "
-    "kaggle.dataset_sources=[tester/digits-tfrec,tester/tiny-timm/1] data.image_size=24"
+    "kaggle.dataset_sources=[tester/digits-tfrec,tester/tiny-timm/1] data.image_size=24 data.augment_on=device "
+    "data.rotation=15 data.brightness=0.1 data.cutout=1"
 )
 
 
@@ -354,7 +356,10 @@ def test_folds_split_over_a_tpu_kernel_and_a_gpu_kernel_gather_into_one_dataset_
     kernel (torch, a timm model, 24 px), each built script run as Kaggle runs it; `fetch` downloads each kernel's
     output into a folder of its own, `publish` gathers the three folds into one model dataset, and the inference
     kernel scores the mixed ensemble. Two exports of one fold, and an export of other class names, are refused in
-    one message."""
+    one message.
+    The T4 x2 kernel sees two GPUs (CUDA_VISIBLE_DEVICES=0,1): it starts torchrun with one process each, which train
+    here on the CPU over gloo (this machine has no CUDA) with the augmentations on the device (a GPU session's two
+    cores cannot feed two GPUs), within the T4 session's budget."""
     from common.data.conversion import convert_competition
 
     from infer_gpu.infer import main as infer_main
@@ -378,8 +383,19 @@ def test_folds_split_over_a_tpu_kernel_and_a_gpu_kernel_gather_into_one_dataset_
     for part, folder in (("p1", "train-p1"), ("p2", "train-p2")):
         root = simulated_kaggle(tmp_path / f"kaggle-{part}", tmp_path / "records", demo_dir, tiny_backbone)
         shutil.copytree(tiny_timm_backbone, root / "input" / "tiny-timm" / "tiny_timm")
-        run = run_script(build_dir / folder / "train.py", root, tmp_path / f"tmp-{part}")
+        run = run_script(build_dir / folder / "train.py", root, tmp_path / f"tmp-{part}", "0,1" if part == "p2" else "")
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        assert sorted(p.name for p in (root / "working").iterdir()) == ["__script__.py", "export"]
+        if part == "p2":
+            log = run.stdout + run.stderr
+            says(log, "[train] 2 GPUs: torchrun starts the training kernel once per GPU (DistributedDataParallel)")
+            says(log, "processes     2 (this is process 1, on cpu); collectives: gloo")
+            # The T4 x2 session's budget: 12 h less the export's margin, not the TPU session's 8.25 h.
+            says(log, "[train] time budget: 11.25 h", "train.time_budget_hours=0", "NvidiaTeslaT4")
+            assert re.search(r"\[torch\] epoch 1: the step waited for input \d+% of \d+ ms a step", log), log[-3000:]
+            card = json.loads((root / "working" / "export" / "fold2" / "model_card.json").read_text())
+            assert card["complete"] and card["runtime"]["processes"] == 2
+            assert card["config"]["data"]["augment_on"] == "device" and card["time_budget"]["budget_hours"] == 11.25
         working = root / "working" / "export"
         outputs[f"tester/tpu2gpu-train-{part}"] = {
             f"export/{p.relative_to(working)}": p.read_bytes() for p in working.rglob("*") if p.is_file()

@@ -3,7 +3,7 @@ transforms the host's pipeline draws (common/training/backends/tf_keras/augment.
 torch_shared/augment.py). Each transform is drawn on one fixed batch by the host and by each device's version, and
 measured the same way: every draw lies in the transform's range, and each version spreads over it. The torch
 version's resampling is TensorFlow's projective transform's (the TensorFlow version calls it, keras.ops'
-affine_transform takes its coefficients); test_plain_torch.py's built T4 x2 kernel trains a fold with the torch
+affine_transform takes its coefficients); test_chain.py's built T4 x2 kernel trains a fold with the torch
 version, and a tf_keras and a keras_jax fold train with theirs below."""
 
 import json
@@ -184,7 +184,7 @@ def test_the_device_resamples_as_tensorflows_projective_transform():
     assert np.abs(device.numpy() - host).max() < 0.5  # float32 rounding of the coordinates, on 0-255 values
 
 
-# A fold trained with the augmentation on the device: test_plain_torch.py's built T4 x2 kernel, where it matters most
+# A fold trained with the augmentation on the device: test_chain.py's built T4 x2 kernel, where it matters most
 # (two CPU cores feed two GPUs).
 
 

@@ -1,13 +1,11 @@
 """The torch route (plain PyTorch with timm models, train.framework=torch): its precision on each kind of device, the
 float16 loss scale skipping the step a gradient overflowed, torch.compile's fallback, CUDA's out-of-memory words, how
 many processes the kernel starts, and, end to end on the CPU (gloo), two torchrun nodes training one fold, killed and
-resumed, exported and scored by the TF-only inference kernel, and the built GPU training kernel in a simulated /kaggle
-with two GPUs' worth of processes."""
+resumed, exported and verified. The built T4 x2 training kernel in a simulated /kaggle, a process per GPU, is
+tests/test_chain.py's (the part of a split run that trains on the GPUs)."""
 
 import json
-import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -233,84 +231,3 @@ def test_two_torchrun_nodes_train_the_planned_steps_resume_after_a_kill_and_expo
         "gloo",
     )
     assert card["verification"]["max_abs_diff"]["float32"] <= 1e-4
-
-
-@pytest.mark.e2e
-def test_the_built_gpu_training_kernel_starts_a_process_per_gpu_in_a_simulated_kaggle(
-    demo_dir, tiny_timm_backbone, tmp_path
-):
-    """The training kernel built for the T4 x2 on the torch route, its script alone in a simulated /kaggle with no
-    network but loopback: two GPUs visible (CUDA_VISIBLE_DEVICES=0,1), it starts torchrun with one process each,
-    which train here on the CPU over gloo (this machine has no CUDA) with the augmentations on the device (a GPU
-    session's two cores cannot feed two GPUs), and exports."""
-    from tpu2gpu.build import build
-
-    from fake_kaggle import offline
-
-    folders = build(
-        load_config(
-            None,
-            [
-                "kaggle.owner=tester",
-                "kaggle.competition=digit-comp",
-                "kaggle.dataset_sources=[tester/tiny-timm/1]",
-                "kaggle.train_accelerator=NvidiaTeslaT4",
-                "train.framework=torch",
-                "model.backbone=timm",
-                "model.timm_model=/kaggle/input/tiny-timm/tiny_timm",
-                "data.image_size=16",
-                "data.augment_on=device",
-                "data.rotation=15",
-                "data.brightness=0.1",
-                "data.cutout=1",
-                "train.fold=0",
-                "train.epochs=1",
-                "train.steps_per_epoch=4",
-                "train.batch_size=32",
-                "train.learning_rate=0.01",
-                "train.export_float16=false",
-            ],
-        ),
-        tmp_path / "build",
-    )
-    meta = json.loads((folders["train"] / "kernel-metadata.json").read_text())
-    assert (meta["machine_shape"], meta["enable_gpu"], meta["dataset_sources"]) == (
-        "NvidiaTeslaT4",
-        True,
-        ["tester/tiny-timm/1"],
-    )
-    kaggle = tmp_path / "kaggle"
-    shutil.copytree(demo_dir, kaggle / "input" / "competitions" / "digit-comp")
-    shutil.copytree(tiny_timm_backbone, kaggle / "input" / "tiny-timm" / "tiny_timm")
-    (kaggle / "working").mkdir()
-    (tmp_path / "tmp").mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TF_USE_LEGACY_KERAS")}
-    env.update(
-        TPU2GPU_KAGGLE_ROOT=str(kaggle),
-        KAGGLE_KERNEL_RUN_TYPE="Batch",
-        PYTHONDONTWRITEBYTECODE="1",
-        TMPDIR=str(tmp_path / "tmp"),
-        CUDA_VISIBLE_DEVICES="0,1",
-    )
-    script = kaggle / "working" / "__script__.py"
-    shutil.copyfile(folders["train"] / "train.py", script)
-    train = subprocess.run(
-        offline([sys.executable, str(script)]),
-        cwd=kaggle / "working",
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    log = train.stdout + train.stderr
-    assert train.returncode == 0, log[-5000:]
-    assert "[train] 2 GPUs: torchrun starts the training kernel once per GPU (DistributedDataParallel)" in log
-    assert "processes     2 (this is process 1, on cpu); collectives: gloo" in log
-    card = json.loads((kaggle / "working" / "export" / "fold0" / "model_card.json").read_text())
-    assert card["complete"] and card["runtime"]["processes"] == 2 and card["metrics"]["optimizer_steps"] == 4
-    assert card["config"]["data"]["augment_on"] == "device"
-    # The T4 x2 session's budget: 12 h less the export's margin, not the TPU session's 8.25 h.
-    says(log, "[train] time budget: 11.25 h", "train.time_budget_hours=0", "NvidiaTeslaT4")
-    assert card["time_budget"]["budget_hours"] == 11.25
-    assert re.search(r"\[torch\] epoch 1: the step waited for input \d+% of \d+ ms a step", log), log[-3000:]
-    assert sorted(p.name for p in (kaggle / "working").iterdir()) == ["__script__.py", "export"]
