@@ -188,7 +188,7 @@ class LoweredModel:
 
         def lowered(batch: str | int):
             # Left alone by AutoGraph (as jax2tf asks): the serving tf.function would otherwise transpile JAX's own
-            # tracing code, call by call, for half the export's time (ConvNeXt: 17 of 37 s).
+            # tracing code, call by call, for about half the export's time (bench/README.md).
             return tf.autograph.experimental.do_not_convert(
                 jax2tf.convert(
                     lambda w, images: function(w, (images,)),
