@@ -213,26 +213,32 @@ def train_argv(demo_records, tiny_backbone, tmp_path):
     return argv
 
 
-@pytest.fixture(scope="session")
-def trained_export(demo_records, tiny_backbone, tmp_path_factory):
-    """The export root of a tiny model trained through the real training entry point (2 short epochs, fold 0)."""
+def exported_once(tmp_path_factory, name: str, *settings: str) -> Path:
+    """The export root of one fold trained through the real training entry point with `settings`, made once for
+    both xdist workers (made_once): read-only, copy it before changing anything."""
     from train_tpu.train import main as train_main
 
     def train(out: Path) -> None:
-        settings = [
-            f"runtime.tfrecords={demo_records[0]}",
-            f"model.hub_handle={tiny_backbone}",
-            "data.image_size=16",
-            "train.fold=0",
-            "train.epochs=2",
-            "train.steps_per_epoch=4",
-            "train.batch_size_per_replica=16",
-            "train.learning_rate=0.05",
-            f"runtime.output_dir={out}",
-        ]
-        assert train_main(set_args(*settings)) == 0
+        assert train_main(set_args(*settings, f"runtime.output_dir={out}")) == 0
 
-    return made_once(tmp_path_factory, "trained", train) / "export"  # read-only: copy it before changing anything
+    return made_once(tmp_path_factory, name, train) / "export"
+
+
+@pytest.fixture(scope="session")
+def trained_export(demo_records, tiny_backbone, tmp_path_factory):
+    """The export root of a tiny model trained through the real training entry point (2 short epochs, fold 0)."""
+    return exported_once(
+        tmp_path_factory,
+        "trained",
+        f"runtime.tfrecords={demo_records[0]}",
+        f"model.hub_handle={tiny_backbone}",
+        "data.image_size=16",
+        "train.fold=0",
+        "train.epochs=2",
+        "train.steps_per_epoch=4",
+        "train.batch_size_per_replica=16",
+        "train.learning_rate=0.05",
+    )
 
 
 @pytest.fixture(scope="session")
@@ -240,24 +246,19 @@ def efficientnet_export(demo_records, tmp_path_factory):
     """The export root of an EfficientNet-B0 (the efficientnet package, random weights) trained for 2 steps: its
     layers follow the precision policy, so its float16 copy really computes in float16. One replica (the default
     strategy): replicas are not its readers' subject, and B0's step traced for two takes twice as long."""
-    from train_tpu.train import main as train_main
-
-    def train(out: Path) -> None:
-        settings = [
-            f"runtime.tfrecords={demo_records[0]}",
-            "runtime.strategy=default",
-            "model.backbone=efficientnet",
-            "model.efficientnet_weights=none",
-            "data.image_size=32",
-            "train.fold=0",
-            "train.epochs=1",
-            "train.steps_per_epoch=2",
-            "train.batch_size_per_replica=8",
-            f"runtime.output_dir={out}",
-        ]
-        assert train_main(set_args(*settings)) == 0
-
-    return made_once(tmp_path_factory, "efficientnet", train) / "export"  # read-only: copy it before changing anything
+    return exported_once(
+        tmp_path_factory,
+        "efficientnet",
+        f"runtime.tfrecords={demo_records[0]}",
+        "runtime.strategy=default",
+        "model.backbone=efficientnet",
+        "model.efficientnet_weights=none",
+        "data.image_size=32",
+        "train.fold=0",
+        "train.epochs=1",
+        "train.steps_per_epoch=2",
+        "train.batch_size_per_replica=8",
+    )
 
 
 # Marks whose tests run only where the -m expression names them (pyproject.toml's markers say what each costs).
