@@ -4,9 +4,9 @@ activation) exported by the route's own export (export.py: keras-hub's rebuild i
 check) and scored by the inference kernel in a child where torch, torch_xla, timm and keras-hub cannot be imported.
 The route's multiclass training, killed and resumed, exported and scored, is tests/test_timm_export.py's ConvNeXt.
 
-In the default suite the models are not trained (about 55 s on 2 cores, nearly all of it the three export children):
-each task's export against the torch model, and the TF-only kernel's outputs for every test image against the torch
-model's own. Trained by the training kernel on two XLA CPU devices, against held-out bars, is the opt-in run (-m slow,
+In the default suite the models are not trained: each task's export (its job folder written by the route's export,
+the three jobs run by one export child) against the torch model, and the TF-only kernel's outputs for every test
+image against the torch model's own. Trained by the training kernel on two XLA CPU devices, against held-out bars, is the opt-in run (-m slow,
 about 2 minutes: each task's graphs compile, about 8 s, and its export, about 13 s). Each slow run turns on one more of
 the shared pipeline's and loop's features: MixUp + CutMix soft targets with label smoothing (binary), the weights'
 moving average (multilabel), the output scaling (regression). In the default suite the route's training is
@@ -62,6 +62,15 @@ for argv in json.loads(sys.argv[1]):
 
 
 TASKS = ("binary", "multilabel", "regression")
+
+# The route's export child (export.py's main) for each job folder of its arguments in turn, in one interpreter: the
+# child's imports (TensorFlow, Keras 3, keras-hub, torch, timm) once, not once per task.
+EXPORT_JOBS = """
+import sys
+from common.training.backends.torch_shared.export import main
+for job in sys.argv[1:]:
+    assert main(job) == 0, job
+"""
 
 
 def inference_argv(task: str, exports: Path, competition: Path, out: Path) -> list[str]:
@@ -264,17 +273,37 @@ def export_untrained(task_name: str, competition: Path, timm_folder: Path, expor
 
 
 def test_each_task_types_torch_model_exports_the_same_contract_and_the_tf_only_kernel_predicts_what_it_does(
-    tmp_path, demo_dir, tiny_timm_backbone
+    tmp_path, demo_dir, tiny_timm_backbone, monkeypatch
 ):
     """For each task type, the export's check against the torch model on its verify images, and the inference
     kernel's outputs (probabilities.csv) for all 360 test images against the torch model's own, both sides on the
     CPU in float32 (plain torch; TensorFlow); the submission in the template's columns and order, with the task's
     values."""
+    import shutil
+
+    import common.training.backends.torch_shared.export as torch_export
+
+    # Each task's export writes its job folder as the training kernel's fold would; the three jobs then run in one
+    # export child (EXPORT_JOBS), the product's own main for each.
+    jobs = []
+    monkeypatch.setattr(
+        torch_export, "_run_child", lambda job: jobs.append(shutil.copytree(job, tmp_path / f"job{len(jobs)}"))
+    )
+    monkeypatch.setattr(torch_export, "read_card", lambda folder: None)
     exported, inference, answers_of = {}, [], {}
     for task in TASKS:
         competition, answers_of[task] = task_competition(demo_dir, tmp_path / task / "competition", task)
         exported[task] = export_untrained(task, competition, tiny_timm_backbone, tmp_path / task / "export" / "fold0")
         inference.append(inference_argv(task, tmp_path / task / "export", competition, tmp_path / task / "infer"))
+    child = subprocess.run(
+        [sys.executable, "-c", EXPORT_JOBS, *map(str, jobs)],
+        cwd=REPO,
+        env=torch_export.child_environment(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert child.returncode == 0, child.stdout[-2000:] + child.stderr[-3000:]
     infer = run_inference_kernels(inference, blocked=("torch", "torch_xla", "timm", "keras_hub"))
     assert infer.returncode == 0, infer.stdout[-2000:] + infer.stderr[-2000:]
 

@@ -123,13 +123,20 @@ def device_named(model) -> str:
     return f"{xla_runtime.global_runtime_device_count()} x {xla_runtime.device_type().lower()} XLA device(s){bf16}"
 
 
-def _run_child(job: Path) -> None:
+def child_environment() -> dict[str, str]:
+    """The export child's environment: the CPU alone, Keras 3 on TensorFlow, no XLA client."""
     env = cpu_only_environment(os.environ)
     env["KERAS_BACKEND"] = "tensorflow"
     for name in ("PJRT_DEVICE", "CPU_NUM_DEVICES", "XLA_USE_SPMD"):  # the child is not an XLA client
         env.pop(name, None)
+    return env
+
+
+def _run_child(job: Path) -> None:
     how = "lowered through JAX" if json.loads((job / "job.json").read_text()).get("lowered") else "rebuilt by keras-hub"
-    run_rebuild_child(CHILD, job, env, f"the PyTorch routes' export (the timm model {how} under TensorFlow)")
+    run_rebuild_child(
+        CHILD, job, child_environment(), f"the PyTorch routes' export (the timm model {how} under TensorFlow)"
+    )
 
 
 # ------------------------------------------------------------------------------------------------------ the child
