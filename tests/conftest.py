@@ -57,33 +57,6 @@ def compile_cache(tmp_path_factory):
     return folder
 
 
-# What the export's check reports as its environment when a test runs it in its own process.
-CHECKED_IN_THE_TESTS_PROCESS = {"checked": "in the test's own process (tests/conftest.py), not a fresh one"}
-
-
-@pytest.fixture(autouse=True)
-def export_checked_in_this_process(request, monkeypatch):
-    """An export written in a test's own process is checked there (common.export.verify.check_export, the same
-    comparisons), not in the fresh interpreter the kernels start for it (about 3 s each, over 30 times a run): that
-    process is the subject of the tests marked fresh_check, of every test that runs a kernel as its own process (its
-    exports are checked as on Kaggle), and of the session's trained exports (made before this applies). Where the
-    check fails, the error is the one the kernels give."""
-    if request.node.get_closest_marker("fresh_check"):
-        return
-    import common.export.writer as writer
-    from common.export.card import ExportError
-    from common.export.verify import check_export
-
-    def checked_here(folder: Path) -> dict:
-        try:
-            diffs, census = check_export(str(folder))
-        except SystemExit as failed:  # how check_child.py ends on a failed check
-            raise ExportError(f"the export in {folder} failed its check in the test's process:\n{failed}") from None
-        return {"max_abs_diff": diffs, "census": census, "environment": CHECKED_IN_THE_TESTS_PROCESS}
-
-    monkeypatch.setattr(writer, "verify_in_fresh_process", checked_here)
-
-
 @pytest.fixture(scope="session")
 def demo_dir(tmp_path_factory):
     """The embedded demo competition, made once for both workers (read-only for tests: copy it before changing

@@ -67,7 +67,6 @@ def test_custom_loop_step_on_two_replicas_equals_the_single_device_step(plain_ba
 
 
 @pytest.mark.e2e
-@pytest.mark.fresh_check
 def test_train_export_reload_in_a_fresh_process(train_argv, tmp_path, monkeypatch):
     # As on a Kaggle TPU after the stack negotiation (common/launch/negotiation.py): the stack that answered is
     # recorded.
