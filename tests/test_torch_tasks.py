@@ -6,12 +6,12 @@ The route's multiclass training, killed and resumed, exported and scored, is tes
 
 In the default suite the models are not trained: each task's export (its job folder written by the route's export,
 the three jobs run by one export child) against the torch model, and the TF-only kernel's outputs for every test
-image against the torch model's own. Trained by the training kernel on two XLA CPU devices, against held-out bars, is the opt-in run (-m slow,
-about 2 minutes: each task's graphs compile, about 8 s, and its export, about 13 s). Each slow run turns on one more of
-the shared pipeline's and loop's features: MixUp + CutMix soft targets with label smoothing (binary), the weights'
-moving average (multilabel), the output scaling (regression). In the default suite the route's training is
-tests/test_timm_export.py's and test_torch_route.py's, and each task's loss is checked against the other routes'
-(tests/test_tasks.py)."""
+image against the torch model's own. Trained by the training kernel on two XLA CPU devices, against held-out bars, is
+the opt-in run (-m slow, about 2 minutes: each task's graphs compile, about 8 s, and its export, about 13 s). Each
+slow run turns on one more of the shared pipeline's and loop's features: MixUp + CutMix soft targets with label
+smoothing (binary), the weights' moving average (multilabel), the output scaling (regression). In the default suite
+the route's training is tests/test_timm_export.py's and test_torch_route.py's, and each task's loss is checked
+against the other routes' (tests/test_tasks.py)."""
 
 import json
 import subprocess
