@@ -22,6 +22,16 @@ import numpy as np
 from PIL import Image
 
 REPO = Path(__file__).resolve().parents[1]
+# The suite's tiny training run: fold 0, 2 epochs of 4 steps of 16 images at 16 px (the trained_export fixture, the
+# train_argv runs, the loopback Kaggle project's kernels).
+TINY_RUN = [
+    "data.image_size=16",
+    "train.fold=0",
+    "train.epochs=2",
+    "train.steps_per_epoch=4",
+    "train.batch_size_per_replica=16",
+    "train.learning_rate=0.05",
+]
 # A fresh interpreter with TensorFlow alone (no tf_keras, TF Hub, Keras 3 or JAX), as on a GPU image that lacks them.
 TENSORFLOW_ALONE = f"import sys; sys.modules.update(dict.fromkeys({BLOCKED_IN_CHECK!r})); "
 

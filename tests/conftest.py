@@ -33,7 +33,7 @@ settle()  # the collector's thresholds and the quick exit, as every entry point'
 
 import pytest  # noqa: E402
 
-from builders import set_args
+from builders import TINY_RUN, set_args
 
 
 def pytest_configure(config):
@@ -199,13 +199,8 @@ def train_argv(demo_records, tiny_backbone, tmp_path):
         base = [
             f"runtime.tfrecords={records_dir}",
             f"model.hub_handle={tiny_backbone}",
-            "data.image_size=16",
-            "train.fold=0",
-            "train.epochs=2",
-            "train.steps_per_epoch=4",
+            *TINY_RUN,
             "train.steps_per_execution=2",
-            "train.batch_size_per_replica=16",
-            "train.learning_rate=0.05",
             f"runtime.output_dir={tmp_path / 'out'}",
         ]
         return set_args(*base, *overrides)
@@ -232,12 +227,7 @@ def trained_export(demo_records, tiny_backbone, tmp_path_factory):
         "trained",
         f"runtime.tfrecords={demo_records[0]}",
         f"model.hub_handle={tiny_backbone}",
-        "data.image_size=16",
-        "train.fold=0",
-        "train.epochs=2",
-        "train.steps_per_epoch=4",
-        "train.batch_size_per_replica=16",
-        "train.learning_rate=0.05",
+        *TINY_RUN,
     )
 
 

@@ -14,6 +14,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import quote, unquote
 
+from builders import TINY_RUN
+
 # The project the loopback Kaggle serves: an owner, a competition, the Kaggle Model and dataset its kernels attach
 # (the tiny backbone as a Kaggle Model) and a training run small enough for a test.
 MODEL_HANDLE = "tpu2gpu/tiny-backbone/tensorflow2/demo/1"
@@ -24,12 +26,7 @@ PROJECT = [
     "kaggle.dataset_sources=[tester/extra-data/3]",
     f"model.hub_handle={MODEL_HANDLE}",
     "kaggle.tpu_wheels=tpu-wheels",
-    "data.image_size=16",
-    "train.fold=0",
-    "train.epochs=2",
-    "train.steps_per_epoch=4",
-    "train.batch_size_per_replica=16",
-    "train.learning_rate=0.05",
+    *TINY_RUN,
     "train.export_float16=false",
 ]
 
