@@ -75,8 +75,8 @@ def compare(base: dict[str, dict], main: dict[str, dict], new: list[str]) -> lis
         f"the whole tier: worker-s {main_wall / base_wall:.2f} of base's, CPU {main_cpu / base_cpu:.2f}",
     ]
     both = [test for test in base if test in main]
-    (shared_base_wall, shared_base_cpu) = totals({t: base[t] for t in both})
-    (shared_main_wall, shared_main_cpu) = totals({t: main[t] for t in both})
+    shared_base_wall, shared_base_cpu = totals({t: base[t] for t in both})
+    shared_main_wall, shared_main_cpu = totals({t: main[t] for t in both})
     lines.append(
         f"the {len(both)} tests both have: worker-s {shared_main_wall / shared_base_wall:.2f} of base's, "
         f"CPU {shared_main_cpu / shared_base_cpu:.2f}"
